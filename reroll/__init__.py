@@ -1,0 +1,2 @@
+"""reroll: RL post-training of language models."""
+__version__ = "0.1.0"
