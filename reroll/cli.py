@@ -1,0 +1,119 @@
+"""`reroll`: the command line. Every subcommand is listed by `reroll --help`.
+
+User mistakes (a bad config field, a malformed dataset row, a missing model) print one message
+and exit 2; a run that detects a broken invariant (weights out of sync) exits 1 with its reason.
+Neither prints a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from rich.console import Console
+from rich.table import Table
+
+from reroll.config.errors import ConfigError
+
+console = Console(stderr=True)
+
+
+def cmd_train(args: argparse.Namespace) -> None:
+    from reroll.config import load_config
+    from reroll.pipelines.rlvr import train
+
+    config = load_config(args.config, args.overrides, expect="rlvr")
+    show_summary("GRPO run finished", train(config))
+
+
+def cmd_sft(args: argparse.Namespace) -> None:
+    from reroll.config import load_config
+    from reroll.pipelines.sft import train_sft
+
+    config = load_config(args.config, args.overrides, expect="sft")
+    show_summary("SFT run finished", train_sft(config))
+
+
+def cmd_make_model(args: argparse.Namespace) -> None:
+    from reroll.models.factory import make_model
+
+    sizes = {k: v for k, v in {"hidden_size": args.hidden_size, "num_layers": args.num_layers,
+                               "vocab_size": args.vocab_size}.items() if v is not None}
+    corpus = None
+    if args.corpus:
+        with open(args.corpus) as f:
+            corpus = [line for line in f]
+    out = make_model(args.out, args.preset, corpus=corpus, seed=args.seed, **sizes)
+    console.print(f"wrote a {args.preset} model and tokenizer to [bold]{out}[/]")
+
+
+def cmd_make_data(args: argparse.Namespace) -> None:
+    from reroll.data.tasks import write_arithmetic
+
+    levels = tuple(int(x) for x in args.levels.split(","))
+    if not set(levels) <= {1, 2, 3, 4}:
+        raise ConfigError(f"--levels {args.levels}: levels are 1, 2, 3 and 4")
+    paths = write_arithmetic(args.out, args.train_size, args.eval_size, args.seed, levels)
+    console.print(f"wrote {paths['train']} and {paths['eval']}")
+
+
+def show_summary(title: str, summary: dict) -> None:
+    table = Table(title=title, show_header=False)
+    for key, value in summary.items():
+        table.add_row(key, f"{value:.4f}" if isinstance(value, float) else str(value))
+    Console().print(table)
+    print(json.dumps(summary))
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="reroll", description="RL post-training of language models.")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    for name, fn, text in (("train", cmd_train, "run an RL pipeline (GRPO on verifiable rewards)"),
+                           ("sft", cmd_sft, "supervised fine-tuning on prompt/response data")):
+        p = sub.add_parser(name, help=text, description=text)
+        p.add_argument("config", help="YAML config file")
+        p.add_argument("overrides", nargs="*", help="dotted overrides, e.g. optimizer.lr=1e-4 resume=true")
+        p.set_defaults(fn=fn)
+
+    p = sub.add_parser("make-model", help="write a small random-init model and a locally trained tokenizer")
+    p.add_argument("--out", required=True, help="output folder (Hugging Face format)")
+    p.add_argument("--preset", default="tiny", choices=["tiny", "small"], help="tiny ~1M, small ~30M parameters")
+    p.add_argument("--hidden-size", type=int)
+    p.add_argument("--num-layers", type=int)
+    p.add_argument("--vocab-size", type=int)
+    p.add_argument("--corpus", help="text file to train the tokenizer on (default: built-in task text)")
+    p.add_argument("--seed", type=int, default=0)
+    p.set_defaults(fn=cmd_make_model)
+
+    p = sub.add_parser("make-data", help="write the built-in arithmetic task's train/eval splits")
+    p.add_argument("--out", required=True, help="output folder for train.jsonl and eval.jsonl")
+    p.add_argument("--train-size", type=int, default=4000)
+    p.add_argument("--eval-size", type=int, default=200)
+    p.add_argument("--levels", default="1,2,3,4", help="difficulty levels to include, e.g. 1,2")
+    p.add_argument("--seed", type=int, default=0)
+    p.set_defaults(fn=cmd_make_data)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    from reroll.engines.base import WeightSyncError
+
+    args = build_parser().parse_args(argv)
+    try:
+        args.fn(args)
+    except ConfigError as e:
+        console.print(f"[bold red]error:[/] {e}", highlight=False)
+        return 2
+    except WeightSyncError as e:
+        console.print(f"[bold red]run stopped:[/] {e}", highlight=False)
+        return 1
+    except KeyboardInterrupt:
+        console.print("interrupted; checkpoints written so far are kept")
+        return 130
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,102 @@
+"""YAML loading, dotted CLI overrides, and turning validation errors into one clear message."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, TypeVar
+
+import yaml
+from pydantic import BaseModel, ValidationError
+
+from reroll.config.errors import ConfigError
+from reroll.config.schema import RLConfig, SFTConfig
+
+PIPELINES: dict[str, type[BaseModel]] = {"rlvr": RLConfig, "sft": SFTConfig}
+
+T = TypeVar("T", bound=BaseModel)
+
+
+def parse_overrides(items: list[str]) -> dict[str, Any]:
+    """`["a.b=3", "c=true"]` -> `{"a": {"b": 3}, "c": True}`; values are parsed as YAML scalars."""
+    tree: dict[str, Any] = {}
+    for item in items:
+        key, sep, raw = item.partition("=")
+        if not sep or not key or any(not part for part in key.split(".")):
+            raise ConfigError(f"override {item!r}: expected key.path=value")
+        try:
+            value = yaml.safe_load(raw) if raw != "" else ""
+        except yaml.YAMLError as e:
+            raise ConfigError(f"override {item!r}: value is not valid YAML ({e})") from None
+        node = tree
+        parts = key.split(".")
+        for part in parts[:-1]:
+            child = node.setdefault(part, {})
+            if not isinstance(child, dict):
+                raise ConfigError(f"override {item!r}: {part!r} was already set to a value")
+            node = child
+        node[parts[-1]] = value
+    return tree
+
+
+def _merge(base: dict[str, Any], patch: dict[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for key, value in patch.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = _merge(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+def read_yaml(path: str | Path) -> dict[str, Any]:
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"config file {path} does not exist")
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{path}: not valid YAML ({e})") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: the top level must be a mapping of sections, got {type(data).__name__}")
+    return data
+
+
+def format_validation_error(error: ValidationError, source: str) -> str:
+    lines = [f"invalid config ({source}):"]
+    for item in error.errors():
+        path = ".".join(str(p) for p in item["loc"]) or "(top level)"
+        msg = item["msg"]
+        if item["type"] == "extra_forbidden":
+            msg = "unknown key (check the spelling; see the schema in reroll/config/schema.py)"
+        elif item["type"] == "union_tag_invalid":
+            ctx = item.get("ctx", {})
+            path += "." + str(ctx.get("discriminator", "name")).removesuffix("()")
+            msg = f"unknown choice {ctx.get('tag')!r} (choose from {ctx.get('expected_tags')})"
+        elif item["type"] == "missing":
+            msg = "required field is missing"
+        elif "input" in item and item["type"] not in ("value_error", "assertion_error"):
+            msg = f"{msg} (got {item['input']!r})"
+        lines.append(f"  {path}: {msg}")
+    return "\n".join(lines)
+
+
+def validate(schema: type[T], data: dict[str, Any], source: str) -> T:
+    try:
+        return schema.model_validate(data)
+    except ValidationError as e:
+        raise ConfigError(format_validation_error(e, source)) from None
+
+
+def load_config(path: str | Path, overrides: list[str] | None = None,
+                expect: str | None = None) -> RLConfig | SFTConfig:
+    """Read a YAML config, apply `key.path=value` overrides, and validate it against the schema of
+    its `pipeline` (or `expect` when the command implies one)."""
+    data = _merge(read_yaml(path), parse_overrides(overrides or []))
+    pipeline = data.get("pipeline", expect or "rlvr")
+    if expect is not None and pipeline != expect:
+        raise ConfigError(f"{path}: pipeline is {pipeline!r}, but this command runs {expect!r} configs")
+    if pipeline not in PIPELINES:
+        raise ConfigError(f"{path}: pipeline: unknown pipeline {pipeline!r} (choose from {sorted(PIPELINES)})")
+    return validate(PIPELINES[pipeline], data, str(path))

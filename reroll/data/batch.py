@@ -1,0 +1,90 @@
+"""Trajectory (one sampled response and what we learned about it) and the training Batch.
+
+A Batch is a `tensordict.TensorDict` of right-padded [B, L] tensors over the concatenated
+prompt + response tokens, plus a list of per-sample metadata. Keys:
+
+- `input_ids`, `attention_mask`: the tokens the engine consumed and produced, exactly.
+- `response_mask`: 1 on policy-generated tokens (the only tokens the loss sees).
+- `behaviour_logprobs`: the engine's logprob of each generated token (0 elsewhere).
+- `old_logprobs`, `ref_logprobs`, `advantages`, ...: filled in by the pipeline's phases.
+- `rewards` [B]: the scalar reward of each sample; `group_ids` [B]: samples of one prompt share it.
+
+Token-level tensors follow the logprob convention of `reroll.models.logprobs`: position t holds
+the value for token t.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from tensordict import TensorDict
+
+
+@dataclass
+class Trajectory:
+    prompt_ids: list[int]
+    response_ids: list[int]
+    behaviour_logprobs: list[float]
+    finish_reason: str
+    group_id: int
+    prompt_text: str = ""
+    response_text: str = ""
+    answer: str | None = None
+    reward: float = 0.0
+    reward_info: dict[str, Any] = field(default_factory=dict)
+    policy_version: int = 0
+
+    def __post_init__(self) -> None:
+        if len(self.behaviour_logprobs) != len(self.response_ids):
+            raise ValueError("behaviour_logprobs must have one entry per response token")
+
+
+def collate(trajectories: list[Trajectory], pad_token_id: int) -> tuple[TensorDict, list[dict]]:
+    """Right-pad prompt+response sequences into a Batch; returns (tensors, per-sample metadata)."""
+    lengths = [len(t.prompt_ids) + len(t.response_ids) for t in trajectories]
+    size, width = len(trajectories), max(lengths)
+    input_ids = torch.full((size, width), pad_token_id, dtype=torch.long)
+    attention_mask = torch.zeros((size, width), dtype=torch.long)
+    response_mask = torch.zeros((size, width), dtype=torch.float32)
+    behaviour = torch.zeros((size, width), dtype=torch.float32)
+    for i, t in enumerate(trajectories):
+        p, r = len(t.prompt_ids), len(t.response_ids)
+        input_ids[i, : p + r] = torch.tensor(t.prompt_ids + t.response_ids, dtype=torch.long)
+        attention_mask[i, : p + r] = 1
+        response_mask[i, p : p + r] = 1.0
+        behaviour[i, p : p + r] = torch.tensor(t.behaviour_logprobs, dtype=torch.float32)
+    tensors = TensorDict(
+        {
+            "input_ids": input_ids,
+            "attention_mask": attention_mask,
+            "response_mask": response_mask,
+            "behaviour_logprobs": behaviour,
+            "rewards": torch.tensor([t.reward for t in trajectories], dtype=torch.float32),
+            "group_ids": torch.tensor([t.group_id for t in trajectories], dtype=torch.long),
+        },
+        batch_size=[size],
+    )
+    metadata = [
+        {"prompt": t.prompt_text, "response": t.response_text, "answer": t.answer,
+         "reward": t.reward, "reward_info": t.reward_info, "finish_reason": t.finish_reason,
+         "policy_version": t.policy_version}
+        for t in trajectories
+    ]
+    return tensors, metadata
+
+
+def split_micro_batches(batch: TensorDict, micro_batch_size: int) -> list[TensorDict]:
+    """Consecutive slices of `micro_batch_size` samples, each trimmed to its own longest sequence."""
+    out = []
+    for start in range(0, batch.batch_size[0], micro_batch_size):
+        micro = batch[start : start + micro_batch_size]
+        width = int(micro["attention_mask"].sum(-1).max())
+        out.append(_trim(micro, width))
+    return out
+
+
+def _trim(batch: TensorDict, width: int) -> TensorDict:
+    trimmed = {k: (v[:, :width] if v.dim() == 2 else v) for k, v in batch.items()}
+    return TensorDict(trimmed, batch_size=batch.batch_size)

@@ -1,0 +1,116 @@
+"""Prompt datasets from .jsonl or .parquet files, with errors that name the file and row.
+
+A row has `prompt` (a string) and usually `answer`, or `messages` (a chat list of
+`{role, content}`) instead of `prompt`. Other columns are kept as metadata.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from reroll.config.errors import ConfigError
+
+
+@dataclass
+class PromptRow:
+    messages: list[dict[str, str]]
+    answer: str | None
+    metadata: dict[str, Any] = field(default_factory=dict)
+    source: str = ""
+    """`file:line` (jsonl) or `file:row` (parquet), for error messages."""
+
+    @property
+    def prompt_text(self) -> str:
+        return self.messages[-1]["content"]
+
+
+def _read_records(path: Path) -> list[tuple[int, Any]]:
+    if path.suffix == ".jsonl":
+        records = []
+        with path.open() as f:
+            for lineno, line in enumerate(f, start=1):
+                if not line.strip():
+                    continue
+                try:
+                    records.append((lineno, json.loads(line)))
+                except json.JSONDecodeError as e:
+                    raise ConfigError(f"{path}:{lineno}: not valid JSON ({e.msg})") from None
+        return records
+    if path.suffix == ".parquet":
+        import pyarrow.parquet as pq
+
+        return list(enumerate(pq.read_table(path).to_pylist(), start=1))
+    raise ConfigError(f"{path}: unsupported dataset format {path.suffix!r} (use .jsonl or .parquet)")
+
+
+def _parse_row(raw: Any, where: str, system_prompt: str | None) -> PromptRow:
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{where}: a row must be an object, got {type(raw).__name__}")
+    if "messages" in raw and raw["messages"] is not None:
+        messages = raw["messages"]
+        ok = isinstance(messages, list) and messages and all(
+            isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)
+            for m in messages)
+        if not ok:
+            raise ConfigError(f"{where}: `messages` must be a non-empty list of {{role, content}} strings")
+    elif isinstance(raw.get("prompt"), str) and raw["prompt"].strip():
+        messages = [{"role": "user", "content": raw["prompt"]}]
+        if system_prompt:
+            messages.insert(0, {"role": "system", "content": system_prompt})
+    else:
+        raise ConfigError(f"{where}: needs a non-empty string `prompt` or a `messages` list "
+                          f"(found keys {sorted(raw)})")
+    answer = raw.get("answer")
+    if answer is not None and not isinstance(answer, str):
+        answer = json.dumps(answer) if isinstance(answer, (list, dict)) else str(answer)
+    metadata = {k: v for k, v in raw.items() if k not in ("prompt", "messages", "answer")}
+    return PromptRow(messages=messages, answer=answer, metadata=metadata, source=where)
+
+
+def load_prompts(path: str | Path, system_prompt: str | None = None) -> list[PromptRow]:
+    """Read every row; the first malformed one raises a ConfigError naming file and line."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"dataset {path} does not exist")
+    rows = [_parse_row(raw, f"{path}:{n}", system_prompt) for n, raw in _read_records(path)]
+    if not rows:
+        raise ConfigError(f"dataset {path} is empty")
+    return rows
+
+
+class PromptSampler:
+    """Endless, reproducible stream of prompt batches: shuffled per epoch with `seed + epoch`.
+
+    Its position (`state_dict`) is saved in checkpoints so a resumed run sees the same prompts.
+    """
+
+    def __init__(self, rows: list[PromptRow], seed: int):
+        self.rows, self.seed = rows, seed
+        self.epoch, self.index = 0, 0
+        self._order = self._shuffled(0)
+
+    def _shuffled(self, epoch: int) -> list[int]:
+        order = list(range(len(self.rows)))
+        random.Random(self.seed + epoch).shuffle(order)
+        return order
+
+    def next_batch(self, size: int) -> list[PromptRow]:
+        batch = []
+        while len(batch) < size:
+            if self.index == len(self._order):
+                self.epoch, self.index = self.epoch + 1, 0
+                self._order = self._shuffled(self.epoch)
+            batch.append(self.rows[self._order[self.index]])
+            self.index += 1
+        return batch
+
+    def state_dict(self) -> dict[str, int]:
+        return {"epoch": self.epoch, "index": self.index}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        self.epoch, self.index = state["epoch"], state["index"]
+        self._order = self._shuffled(self.epoch)

@@ -1,0 +1,94 @@
+"""Built-in verifiable tasks: generated prompt/answer datasets with train and eval splits.
+
+`arithmetic`: word problems in four difficulty levels (1: add single digits, 2: subtract,
+3: multiply, 4: two operations). Every row has a worked `solution` ending in `\\boxed{answer}`,
+used as the SFT target; RL only needs `prompt` and `answer`.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from collections.abc import Iterator
+from pathlib import Path
+
+NAMES = ["Sam", "Mia", "Leo", "Ava", "Max", "Zoe", "Ben", "Ivy", "Tom", "Eva", "Kai", "Lua"]
+ITEMS = ["apples", "pens", "books", "coins", "stickers", "marbles", "shells", "cards", "cookies",
+         "stamps", "beads", "rocks"]
+INSTRUCTION = "Put the final answer in \\boxed{}."
+
+
+def _level1(rng: random.Random, who: str, item: str) -> tuple[str, str, int]:
+    a, b = rng.randint(1, 9), rng.randint(1, 9)
+    q = f"{who} has {a} {item}. {who} gets {b} more {item}. How many {item} does {who} have now?"
+    return q, f"{a} + {b} = {a + b}.", a + b
+
+
+def _level2(rng: random.Random, who: str, item: str) -> tuple[str, str, int]:
+    a = rng.randint(10, 19)
+    b = rng.randint(1, 9)
+    q = f"{who} has {a} {item}. {who} gives away {b} {item}. How many {item} are left?"
+    return q, f"{a} - {b} = {a - b}.", a - b
+
+
+def _level3(rng: random.Random, who: str, item: str) -> tuple[str, str, int]:
+    a, b = rng.randint(2, 9), rng.randint(2, 9)
+    q = f"{who} has {a} bags with {b} {item} in each bag. How many {item} does {who} have?"
+    return q, f"{a} * {b} = {a * b}.", a * b
+
+
+def _level4(rng: random.Random, who: str, item: str) -> tuple[str, str, int]:
+    a, b, c = rng.randint(5, 19), rng.randint(1, 9), rng.randint(1, 5)
+    q = (f"{who} has {a} {item}, finds {b} more and then loses {c}. "
+         f"How many {item} does {who} have?")
+    return q, f"{a} + {b} = {a + b}. {a + b} - {c} = {a + b - c}.", a + b - c
+
+
+LEVELS = {1: _level1, 2: _level2, 3: _level3, 4: _level4}
+
+
+def arithmetic_rows(n: int, seed: int, levels: tuple[int, ...] = (1, 2, 3, 4)) -> Iterator[dict]:
+    """`n` rows `{prompt, answer, solution, level}`; levels are drawn uniformly."""
+    rng = random.Random(seed)
+    for _ in range(n):
+        level = rng.choice(levels)
+        question, work, answer = LEVELS[level](rng, rng.choice(NAMES), rng.choice(ITEMS))
+        yield {
+            "prompt": f"{question} {INSTRUCTION}",
+            "answer": str(answer),
+            "solution": f"{work} The answer is \\boxed{{{answer}}}.",
+            "level": level,
+        }
+
+
+def write_arithmetic(out: str | Path, train_size: int = 4000, eval_size: int = 200,
+                     seed: int = 0, levels: tuple[int, ...] = (1, 2, 3, 4)) -> dict[str, Path]:
+    """Write `train.jsonl` and `eval.jsonl`; eval prompts never appear in train."""
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    eval_rows = list(arithmetic_rows(eval_size, seed=seed + 1_000_003, levels=levels))
+    held_out = {row["prompt"] for row in eval_rows}
+    train_rows = []
+    for row in arithmetic_rows(train_size * 4, seed=seed, levels=levels):
+        if row["prompt"] not in held_out:
+            train_rows.append(row)
+        if len(train_rows) == train_size:
+            break
+    paths = {"train": out / "train.jsonl", "eval": out / "eval.jsonl"}
+    for split, rows in (("train", train_rows), ("eval", eval_rows)):
+        with paths[split].open("w") as f:
+            for row in rows:
+                f.write(json.dumps(row) + "\n")
+    return paths
+
+
+def tokenizer_corpus(seed: int = 0, n: int = 3000) -> Iterator[str]:
+    """Text to train the tiny models' tokenizer on: task prompts and solutions, chat markup,
+    and some general words so other prompts still tokenise sensibly."""
+    for row in arithmetic_rows(n, seed=seed):
+        yield f"<|im_start|>user\n{row['prompt']}<|im_end|>\n<|im_start|>assistant\n{row['solution']}"
+    general = ("The quick brown fox jumps over the lazy dog. You are a helpful assistant. "
+               "Think step by step, then answer. def solve(x): return x + 1 # python code\n"
+               "Observation: the agent moves left, right, up or down. Reward: 1.0. Done.")
+    for _ in range(50):
+        yield general

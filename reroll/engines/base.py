@@ -1,0 +1,80 @@
+"""The Engine contract: token ids in, token ids and behaviour logprobs out.
+
+Engines never re-tokenise: a Request carries the exact prompt token ids, and a Completion the
+exact generated ids with the log-probability the engine gave each one (at the sampling
+temperature, before top-p/top-k truncation), so the trainer can compute importance ratios
+against the policy that really sampled.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import uuid
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Literal, Protocol, runtime_checkable
+
+import torch
+
+FinishReason = Literal["stop", "length", "abort"]
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    max_new_tokens: int = 64
+    temperature: float = 1.0
+    """0 means greedy decoding."""
+    top_p: float = 1.0
+    top_k: int = 0
+    """0: no top-k limit."""
+    stop_token_ids: tuple[int, ...] = ()
+    """Generation ends after any of these (the stop token is kept in the response)."""
+
+
+@dataclass
+class Request:
+    prompt_ids: list[int]
+    params: SamplingParams
+    seed: int = 0
+    """Seeds this request's own random stream, so its sample does not depend on which other
+    requests share its batch."""
+    request_id: str = field(default_factory=lambda: uuid.uuid4().hex)
+
+
+@dataclass
+class Completion:
+    request_id: str
+    prompt_ids: list[int]
+    token_ids: list[int]
+    logprobs: list[float]
+    finish_reason: FinishReason
+    policy_version: int
+
+
+@runtime_checkable
+class Engine(Protocol):
+    async def generate(self, request: Request) -> Completion: ...
+
+    def abort(self, request_id: str) -> None: ...
+
+    def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> None: ...
+
+    def weights_fingerprint(self) -> str: ...
+
+
+def fingerprint(named_tensors: Iterable[tuple[str, torch.Tensor]]) -> str:
+    """A digest of names, dtypes, shapes and exact bytes of the weights (order-independent).
+
+    The policy and every engine compute it over their own copies; after a weight sync they must
+    agree, otherwise the engine is sampling from stale or corrupted weights.
+    """
+    digest = hashlib.blake2b(digest_size=16)
+    for name, tensor in sorted(named_tensors, key=lambda item: item[0]):
+        t = tensor.detach().to("cpu").contiguous()
+        digest.update(f"{name}|{t.dtype}|{tuple(t.shape)}|".encode())
+        digest.update(t.view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+    return digest.hexdigest()
+
+
+class WeightSyncError(RuntimeError):
+    """The engine's weights do not match the policy's after a sync."""

@@ -1,0 +1,125 @@
+"""Build a small Hugging Face causal LM and its tokenizer locally, with no downloads.
+
+The model is a randomly initialised Qwen2. The tokenizer is a byte-level BPE trained with the
+`tokenizers` library and built exactly like transformers' `Qwen2Tokenizer` (same normaliser,
+pre-tokeniser regex and decoder): transformers 5.x loads `model_type=qwen2` tokenizers through
+that class, which rebuilds the pipeline from vocab and merges, so any other pre-tokeniser would be
+silently replaced and the ids would change between saving and loading.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
+
+# The split regex of transformers' Qwen2Tokenizer: digits are single tokens, which suits arithmetic.
+QWEN2_SPLIT = (r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"""
+               r"""|\s*[\r\n]+|\s+(?!\S)|\s+""")
+PAD_TOKEN, BOS_TOKEN, EOS_TOKEN = "<|endoftext|>", "<|im_start|>", "<|im_end|>"
+SPECIAL_TOKENS = [PAD_TOKEN, BOS_TOKEN, EOS_TOKEN]
+
+# ChatML, as Qwen models use; generation stops at <|im_end|>.
+CHAT_TEMPLATE = (
+    "{% for message in messages %}"
+    "{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+)
+
+
+@dataclass(frozen=True)
+class ModelPreset:
+    vocab_size: int
+    hidden_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    intermediate_size: int
+    max_positions: int = 1024
+
+
+PRESETS = {
+    # ~1M parameters: trains and samples fast on 2 CPU cores; the default for tests and the demo.
+    "tiny": ModelPreset(vocab_size=1024, hidden_size=128, num_layers=4, num_heads=4,
+                        num_kv_heads=2, intermediate_size=384),
+    # ~30M parameters: for benchmarks at a size where compute, not overhead, dominates.
+    "small": ModelPreset(vocab_size=4096, hidden_size=512, num_layers=8, num_heads=8,
+                         num_kv_heads=4, intermediate_size=1408, max_positions=2048),
+}
+
+
+def train_tokenizer(corpus: Iterable[str], vocab_size: int) -> Tokenizer:
+    """A byte-level BPE with Qwen2's pre-tokenisation, trained on `corpus`."""
+    tokenizer = Tokenizer(models.BPE(unk_token=None, continuing_subword_prefix="",
+                                     end_of_word_suffix="", fuse_unk=False, byte_fallback=False))
+    tokenizer.normalizer = normalizers.NFC()
+    tokenizer.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(QWEN2_SPLIT), behavior="isolated", invert=False),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+    ])
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size, special_tokens=SPECIAL_TOKENS, show_progress=False,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
+    tokenizer.train_from_iterator(corpus, trainer=trainer)
+    return tokenizer
+
+
+def make_tokenizer(corpus: Iterable[str], vocab_size: int):
+    """Wrap the trained tokenizer as a transformers fast tokenizer with the chat template."""
+    from transformers import PreTrainedTokenizerFast
+
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=train_tokenizer(corpus, vocab_size),
+        bos_token=None, eos_token=EOS_TOKEN, pad_token=PAD_TOKEN, unk_token=PAD_TOKEN,
+        additional_special_tokens=[BOS_TOKEN], clean_up_tokenization_spaces=False,
+    )
+    fast.chat_template = CHAT_TEMPLATE
+    return fast
+
+
+def make_model(out: str | Path, preset: str = "tiny", corpus: Iterable[str] | None = None,
+               seed: int = 0, **overrides: int) -> Path:
+    """Write a random-init Qwen2 causal LM and a locally trained tokenizer to `out` (HF format).
+
+    `corpus` is the tokenizer's training text (default: the built-in arithmetic task's text).
+    `overrides` replace preset sizes (e.g. hidden_size=256).
+    """
+    import torch
+    from transformers import AutoModelForCausalLM, Qwen2Config
+
+    if preset not in PRESETS:
+        raise ValueError(f"unknown preset {preset!r} (choose from {sorted(PRESETS)})")
+    sizes = {**PRESETS[preset].__dict__, **overrides}
+    if corpus is None:
+        from reroll.data.tasks import tokenizer_corpus
+
+        corpus = tokenizer_corpus(seed=seed)
+    tokenizer = make_tokenizer(corpus, sizes["vocab_size"])
+    config = Qwen2Config(
+        vocab_size=len(tokenizer),
+        hidden_size=sizes["hidden_size"],
+        num_hidden_layers=sizes["num_layers"],
+        num_attention_heads=sizes["num_heads"],
+        num_key_value_heads=sizes["num_kv_heads"],
+        intermediate_size=sizes["intermediate_size"],
+        max_position_embeddings=sizes["max_positions"],
+        tie_word_embeddings=True,
+        bos_token_id=tokenizer.convert_tokens_to_ids(BOS_TOKEN),
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        torch_dtype="float32",
+    )
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(config)
+    model.generation_config.eos_token_id = tokenizer.eos_token_id
+    model.generation_config.pad_token_id = tokenizer.pad_token_id
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    return out

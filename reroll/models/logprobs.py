@@ -1,0 +1,58 @@
+"""Per-token log-probabilities and entropies of a causal LM over a padded batch.
+
+Conventions used across reroll: tensors are [B, L] aligned with `input_ids`; the value at
+position t is about token t given tokens < t (so position 0 is always 0). Logits are divided by
+the sampling temperature first, so trainer logprobs match the engine's behaviour logprobs.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def token_logprobs_from_logits(logits: torch.Tensor, input_ids: torch.Tensor) -> torch.Tensor:
+    """logits [B, L, V] (already temperature-scaled), input_ids [B, L] -> logprobs [B, L]."""
+    logprobs = torch.zeros(input_ids.shape, dtype=torch.float32, device=input_ids.device)
+    shifted = logits[:, :-1].float()
+    targets = input_ids[:, 1:].unsqueeze(-1)
+    picked = torch.gather(shifted, -1, targets).squeeze(-1)
+    logprobs[:, 1:] = picked - torch.logsumexp(shifted, dim=-1)
+    return logprobs
+
+
+def entropy_from_logits(logits: torch.Tensor) -> torch.Tensor:
+    """logits [B, L, V] -> entropy of the next-token distribution at each position [B, L],
+    aligned like logprobs (position t holds the entropy of the distribution that produced token t)."""
+    shifted = logits[:, :-1].float()
+    logp = torch.log_softmax(shifted, dim=-1)
+    entropy = torch.zeros(logits.shape[:2], dtype=torch.float32, device=logits.device)
+    entropy[:, 1:] = -(logp.exp() * logp).sum(-1)
+    return entropy
+
+
+def forward_logprobs(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                     temperature: float = 1.0, with_entropy: bool = False
+                     ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Run the model on a right-padded batch; returns (logprobs [B, L], entropy [B, L] or None)."""
+    position_ids = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
+    logits = model(input_ids=input_ids, attention_mask=attention_mask,
+                   position_ids=position_ids, use_cache=False).logits
+    if temperature != 1.0:
+        logits = logits / temperature
+    logprobs = token_logprobs_from_logits(logits, input_ids)
+    entropy = entropy_from_logits(logits) if with_entropy else None
+    return logprobs, entropy
+
+
+@torch.no_grad()
+def batched_logprobs(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                     micro_batch_size: int, temperature: float = 1.0) -> torch.Tensor:
+    """`forward_logprobs` without gradients over micro-batches of a large batch -> [B, L]."""
+    out = torch.zeros(input_ids.shape, dtype=torch.float32)
+    for start in range(0, input_ids.shape[0], micro_batch_size):
+        ids = input_ids[start : start + micro_batch_size]
+        mask = attention_mask[start : start + micro_batch_size]
+        width = int(mask.sum(-1).max())  # right-padded: trim the shared padding
+        logprobs, _ = forward_logprobs(model, ids[:, :width], mask[:, :width], temperature)
+        out[start : start + ids.shape[0], :width] = logprobs
+    return out

@@ -1,0 +1,202 @@
+"""RLVR: reinforcement learning with verifiable rewards (GRPO, PPO-style losses) on prompts.
+
+One step = sample a group of responses per prompt -> score them with the reward -> compute
+logprobs and advantages -> update the policy -> push the new weights to the engine (verified).
+`RLVRPipeline.run` reads top to bottom; each phase is one method below it.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import torch
+from tensordict import TensorDict
+
+from reroll.config.schema import RLConfig
+from reroll.data.batch import Trajectory, collate
+from reroll.data.datasets import PromptSampler, load_prompts
+from reroll.engines.base import SamplingParams, WeightSyncError, fingerprint
+from reroll.engines.hf import HFEngine
+from reroll.models.loading import load_model, load_tokenizer
+from reroll.models.logprobs import batched_logprobs
+from reroll.pipelines import objective
+from reroll.pipelines.common import RunDir, Stopwatch, seed_everything, set_threads
+from reroll.rewards import RewardRunner, build_reward
+from reroll.rollout.metrics import rollout_metrics
+from reroll.rollout.sampling import RolloutRequest, rollout
+from reroll.tracking import ProgressBar, Tracker
+from reroll.training.local import LocalStrategy
+
+
+class RLVRPipeline:
+    def __init__(self, config: RLConfig):
+        self.config = c = config
+        set_threads(c.train.num_threads)
+        seed_everything(c.seed)
+        self.run_dir = RunDir(c.run_dir())
+        self.tokenizer = load_tokenizer(c.model.path)
+        self.train_rows = load_prompts(c.data.train, c.data.system_prompt)
+        self.eval_rows = load_prompts(c.data.eval, c.data.system_prompt)[: c.eval.max_prompts] \
+            if c.data.eval else []
+        self.sampler = PromptSampler(self.train_rows, c.seed)
+        self.policy = LocalStrategy(load_model(c.model.path, c.model.dtype), c.optimizer, c.train,
+                                    total_steps=c.steps * c.algorithm.updates_per_batch)
+        # The reference model exists only when a KL term needs it.
+        self.reference = load_model(c.model.path, c.model.dtype).eval() if c.algorithm.kl.coef else None
+        self.engine = HFEngine(load_model(c.model.path, c.model.dtype), c.rollout.max_batch_size,
+                               self.tokenizer.pad_token_id)
+        self.rewards = RewardRunner(build_reward(c.reward), c.reward.timeout_s)
+        self.stop_ids = (self.tokenizer.eos_token_id,)
+        self.start_step, self.eval_reward_start = 0, None
+        resume = self.run_dir.resolve_resume(c.resume)
+        if resume:
+            self.restore(*resume)
+        self.run_dir.write_config(c)
+        self.tracker = Tracker(self.run_dir.path, c.tracking.tensorboard,
+                               resume_step=self.start_step if resume else None)
+
+    def run(self) -> dict:
+        c, clock = self.config, Stopwatch()
+        if self.eval_reward_start is None:
+            self.eval_reward_start = self.evaluate()["eval/reward_mean"]
+        bar = ProgressBar(c.steps, "GRPO", self.start_step, c.tracking.progress)
+        last_eval = None
+        for step in range(self.start_step + 1, c.steps + 1):
+            timer = Stopwatch()
+            trajectories = self.generate(step)
+            batch = self.make_batch(trajectories)
+            metrics = self.update(batch)
+            metrics |= self.sync_weights(step)
+            metrics |= rollout_metrics(trajectories, c.rollout.group_size) | self.rewards.metrics()
+            if self.eval_due(step):
+                metrics |= self.evaluate()
+                last_eval = metrics["eval/reward_mean"]
+            metrics["time/step_s"] = timer.seconds()
+            self.tracker.log(step, metrics)
+            self.record(step, trajectories)
+            self.checkpoint(step)
+            bar.update(step, f"reward {metrics['train/reward_mean']:.3f}"
+                       + (f" | eval {last_eval:.3f}" if last_eval is not None else ""))
+        bar.close()
+        return self.finish(last_eval, clock.seconds())
+
+    # -- phases ----------------------------------------------------------------------------------
+
+    def generate(self, step: int) -> list[Trajectory]:
+        """A group of scored responses for each of this step's prompts."""
+        c = self.config
+        t0 = time.perf_counter()
+        rows = self.sampler.next_batch(c.rollout.prompts_per_step)
+        params = SamplingParams(c.rollout.max_new_tokens, c.rollout.temperature, c.rollout.top_p,
+                                c.rollout.top_k, self.stop_ids)
+        trajectories = rollout(self.rollout_job(params), rows, c.rollout.group_size, c.seed, step)
+        self._rollout_s = time.perf_counter() - t0
+        return trajectories
+
+    def make_batch(self, trajectories: list[Trajectory]) -> TensorDict:
+        """Collate, then add reference logprobs (when KL is on) and advantages."""
+        c = self.config
+        batch, _ = collate(trajectories, self.tokenizer.pad_token_id)
+        if self.reference is not None:
+            batch["ref_logprobs"] = batched_logprobs(self.reference, batch["input_ids"],
+                                                     batch["attention_mask"],
+                                                     c.train.micro_batch_size, c.rollout.temperature)
+        batch["advantages"] = objective.compute_advantages(
+            c.algorithm, batch["rewards"], c.rollout.group_size, batch["response_mask"])
+        return batch
+
+    def update(self, batch: TensorDict) -> dict[str, float]:
+        """Optimizer steps over the batch (one per mini-batch)."""
+        c, t0 = self.config, time.perf_counter()
+        if c.algorithm.updates_per_batch > 1:  # else on-policy: the loss detaches the current ones
+            batch["old_logprobs"] = self.policy.forward_logprobs(batch, c.rollout.temperature)
+        metrics: dict[str, float] = {}
+        size = batch.batch_size[0] // c.algorithm.updates_per_batch
+        for start in range(0, batch.batch_size[0], size):
+            mini = batch[start : start + size]
+            loss_fn = objective.make_rl_loss(c.algorithm, mini, c.rollout.temperature,
+                                             c.rollout.max_new_tokens)
+            for key, value in self.policy.train_step(mini, loss_fn).items():
+                metrics[key] = metrics.get(key, 0.0) + value / c.algorithm.updates_per_batch
+        return metrics | {"time/train_s": time.perf_counter() - t0, "time/rollout_s": self._rollout_s}
+
+    def sync_weights(self, version: int) -> dict[str, float]:
+        """Push the policy's weights to the engine and check that they arrived intact."""
+        t0 = time.perf_counter()
+        self.engine.load_weights(self.policy.state_dict_for_sync(), version)
+        if self.engine.weights_fingerprint() != fingerprint(self.policy.state_dict_for_sync()):
+            raise WeightSyncError(
+                f"after the weight sync of step {version} the engine's weights fingerprint does "
+                f"not match the policy's: the engine would sample from stale weights")
+        return {"time/weight_sync_s": time.perf_counter() - t0, "policy_version": version}
+
+    def evaluate(self) -> dict[str, float]:
+        """Mean reward on the held-out prompts (the same sampling seeds at every evaluation)."""
+        c = self.config
+        if not self.eval_rows:
+            return {}
+        params = SamplingParams(c.rollout.max_new_tokens, c.eval.temperature, 1.0, 0, self.stop_ids)
+        trajectories = rollout(self.rollout_job(params), self.eval_rows, c.eval.samples_per_prompt,
+                               c.seed, step=-1)
+        rewards = torch.tensor([t.reward for t in trajectories])
+        return {"eval/reward_mean": float(rewards.mean())}
+
+    # -- helpers ---------------------------------------------------------------------------------
+
+    def rollout_job(self, params: SamplingParams) -> RolloutRequest:
+        return RolloutRequest(self.engine, self.rewards, self.tokenizer, params,
+                              self.config.data.max_prompt_tokens)
+
+    def eval_due(self, step: int) -> bool:
+        every = self.config.eval.every_steps
+        return bool(self.eval_rows) and (step == self.config.steps or (every and step % every == 0))
+
+    def record(self, step: int, trajectories: list[Trajectory]) -> None:
+        count = self.config.tracking.record_rollouts
+        if not count:
+            return
+        folder = self.run_dir.path / "rollouts"
+        folder.mkdir(exist_ok=True)
+        with (folder / f"step_{step}.jsonl").open("w") as f:
+            for t in trajectories[:count]:
+                f.write(json.dumps({"prompt": t.prompt_text, "response": t.response_text,
+                                    "answer": t.answer, "reward": t.reward,
+                                    "reward_info": t.reward_info, "finish_reason": t.finish_reason,
+                                    "group_id": t.group_id}) + "\n")
+
+    def checkpoint(self, step: int) -> None:
+        c = self.config
+        if step != c.steps and not (c.checkpoint.every_steps and step % c.checkpoint.every_steps == 0):
+            return
+        directory = self.run_dir.checkpoint_dir(step)
+        self.policy.save(directory, {"step": step, "sampler": self.sampler.state_dict(),
+                                     "eval_reward_start": self.eval_reward_start})
+        self.tokenizer.save_pretrained(directory)
+        self.run_dir.prune_checkpoints(c.checkpoint.keep_last)
+
+    def restore(self, step: int, directory: Path) -> None:
+        extra = self.policy.load(directory)
+        self.sampler.load_state_dict(extra["sampler"])
+        self.start_step, self.eval_reward_start = step, extra["eval_reward_start"]
+        self.engine.load_weights(self.policy.state_dict_for_sync(), step)
+
+    def finish(self, eval_reward_end: float | None, wall_time_s: float) -> dict:
+        self.tracker.close()
+        self.rewards.close()
+        summary = {
+            "run_dir": str(self.run_dir.path),
+            "steps": self.config.steps,
+            "resumed_from_step": self.start_step or None,
+            "eval_reward_start": self.eval_reward_start,
+            "eval_reward_end": eval_reward_end,
+            "wall_time_s": round(wall_time_s, 2),
+            "final_checkpoint": str(self.run_dir.checkpoint_dir(self.config.steps)),
+        }
+        self.run_dir.write_summary(summary)
+        return summary
+
+
+def train(config: RLConfig) -> dict:
+    return RLVRPipeline(config).run()

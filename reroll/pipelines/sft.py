@@ -1,0 +1,110 @@
+"""SFT: token cross-entropy on response tokens, the prompt masked out.
+
+A row is `prompt` + a target response (the field named by `data.response_key`), or `messages`
+ending with the assistant's message. The response is tokenised on its own after the templated
+prompt and closed with EOS, exactly the token sequence the RL engine later generates.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from pathlib import Path
+
+from reroll.config.errors import ConfigError
+from reroll.config.schema import SFTConfig
+from reroll.data.batch import Trajectory, collate
+from reroll.data.datasets import PromptRow, load_prompts
+from reroll.models.loading import load_model, load_tokenizer
+from reroll.models.logprobs import batched_logprobs
+from reroll.pipelines import objective
+from reroll.pipelines.common import RunDir, Stopwatch, seed_everything, set_threads
+from reroll.rollout.sampling import encode_prompt
+from reroll.tracking import ProgressBar, Tracker
+from reroll.training.local import LocalStrategy
+
+
+def sft_example(tokenizer, row: PromptRow, response_key: str, max_tokens: int) -> Trajectory:
+    if row.messages[-1]["role"] == "assistant":
+        prompt_row = PromptRow(row.messages[:-1], None, source=row.source)
+        target = row.messages[-1]["content"]
+    else:
+        prompt_row, target = row, row.metadata.get(response_key, row.answer)
+        if not isinstance(target, str) or not target:
+            raise ConfigError(f"{row.source}: needs a string `{response_key}` (the SFT target) or "
+                              f"`messages` ending with an assistant message")
+    prompt_ids = encode_prompt(tokenizer, prompt_row, max_tokens)
+    response_ids = tokenizer.encode(target, add_special_tokens=False) + [tokenizer.eos_token_id]
+    if len(prompt_ids) + len(response_ids) > max_tokens:
+        raise ConfigError(f"{row.source}: {len(prompt_ids) + len(response_ids)} tokens, over "
+                          f"data.max_tokens={max_tokens}")
+    return Trajectory(prompt_ids, response_ids, [0.0] * len(response_ids), "stop", group_id=0)
+
+
+class SFTPipeline:
+    def __init__(self, config: SFTConfig):
+        self.config = c = config
+        set_threads(c.train.num_threads)
+        seed_everything(c.seed)
+        self.run_dir = RunDir(c.run_dir())
+        self.run_dir.write_config(c)
+        self.tokenizer = load_tokenizer(c.model.path)
+        self.train_set = self.load(c.data.train)
+        self.eval_set = self.load(c.data.eval) if c.data.eval else []
+        self.steps = max(1, math.ceil(c.epochs * len(self.train_set) / c.batch_size))
+        self.policy = LocalStrategy(load_model(c.model.path, c.model.dtype), c.optimizer, c.train,
+                                    total_steps=self.steps)
+        self.tracker = Tracker(self.run_dir.path, c.tracking.tensorboard)
+
+    def load(self, path: str) -> list[Trajectory]:
+        rows = load_prompts(path, self.config.data.system_prompt)
+        return [sft_example(self.tokenizer, row, self.config.data.response_key,
+                            self.config.data.max_tokens) for row in rows]
+
+    def run(self) -> dict:
+        c, clock = self.config, Stopwatch()
+        order, rng = [], random.Random(c.seed)
+        eval_start = self.eval_nll()
+        bar = ProgressBar(self.steps, "SFT", enabled=c.tracking.progress)
+        for step in range(1, self.steps + 1):
+            timer = Stopwatch()
+            while len(order) < c.batch_size:  # reshuffle at each epoch boundary
+                epoch = list(range(len(self.train_set)))
+                rng.shuffle(epoch)
+                order += epoch
+            examples, order = [self.train_set[i] for i in order[: c.batch_size]], order[c.batch_size:]
+            batch, _ = collate(examples, self.tokenizer.pad_token_id)
+            metrics = self.policy.train_step(batch, objective.sft_loss(batch))
+            metrics["time/step_s"] = timer.seconds()
+            self.tracker.log(step, metrics)
+            bar.update(step, f"nll {metrics['sft/nll']:.3f}")
+        bar.close()
+        eval_end = self.eval_nll()
+        if eval_end is not None:
+            self.tracker.log(self.steps, {"eval/nll": eval_end})
+        return self.finish(eval_start, eval_end, clock.seconds())
+
+    def eval_nll(self) -> float | None:
+        """Mean response-token negative log-likelihood on the eval set."""
+        if not self.eval_set:
+            return None
+        batch, _ = collate(self.eval_set, self.tokenizer.pad_token_id)
+        logprobs = batched_logprobs(self.policy.model, batch["input_ids"], batch["attention_mask"],
+                                    self.config.train.micro_batch_size)
+        mask = batch["response_mask"]
+        return float(-(logprobs * mask).sum() / mask.sum())
+
+    def finish(self, eval_start: float | None, eval_end: float | None, wall_time_s: float) -> dict:
+        final = self.run_dir.path / "final"
+        self.policy.model.save_pretrained(final)
+        self.tokenizer.save_pretrained(final)
+        self.tracker.close()
+        summary = {"run_dir": str(self.run_dir.path), "steps": self.steps,
+                   "eval_nll_start": eval_start, "eval_nll_end": eval_end,
+                   "wall_time_s": round(wall_time_s, 2), "final_model": str(Path(final))}
+        self.run_dir.write_summary(summary)
+        return summary
+
+
+def train_sft(config: SFTConfig) -> dict:
+    return SFTPipeline(config).run()

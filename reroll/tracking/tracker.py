@@ -1,0 +1,102 @@
+"""Where metrics go: `metrics.jsonl` (always), tensorboard, and a rich progress bar."""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+
+class JsonlSink:
+    """One JSON object per step in `metrics.jsonl`. On resume, lines after the checkpoint's step are
+    dropped first, so the file always describes one consistent run."""
+
+    def __init__(self, path: Path, resume_step: int | None = None):
+        self.path = path
+        if resume_step is not None and path.exists():
+            kept = [line for line in path.read_text().splitlines()
+                    if line.strip() and json.loads(line)["step"] <= resume_step]
+            path.write_text("".join(line + "\n" for line in kept))
+        elif path.exists():
+            path.unlink()
+        self.file = path.open("a")
+
+    def log(self, step: int, metrics: dict[str, float]) -> None:
+        row = {"step": step, **{k: _jsonable(v) for k, v in metrics.items()}}
+        self.file.write(json.dumps(row) + "\n")
+        self.file.flush()
+
+    def close(self) -> None:
+        self.file.close()
+
+
+class TensorboardSink:
+    def __init__(self, log_dir: Path):
+        from torch.utils.tensorboard import SummaryWriter
+
+        self.writer = SummaryWriter(str(log_dir))
+
+    def log(self, step: int, metrics: dict[str, float]) -> None:
+        for key, value in metrics.items():
+            if isinstance(value, (int, float)) and math.isfinite(value):
+                self.writer.add_scalar(key, value, step)
+        self.writer.flush()
+
+    def close(self) -> None:
+        self.writer.close()
+
+
+class ProgressBar:
+    """A rich progress bar over training steps showing the live reward; silent when not a TTY."""
+
+    def __init__(self, total: int, description: str, start: int = 0, enabled: bool = True):
+        self.console = Console(stderr=True)
+        enabled = enabled and sys.stderr.isatty()
+        self.progress = Progress(
+            TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+            TextColumn("{task.fields[status]}"), TimeElapsedColumn(), TimeRemainingColumn(),
+            console=self.console, disable=not enabled, transient=False,
+        )
+        self.task = self.progress.add_task(description, total=total, completed=start, status="")
+        self.progress.start()
+
+    def update(self, step: int, status: str) -> None:
+        self.progress.update(self.task, completed=step, status=status)
+
+    def close(self) -> None:
+        self.progress.stop()
+
+
+class Tracker:
+    """Fans one `log(step, metrics)` out to every sink."""
+
+    def __init__(self, run_dir: Path, tensorboard: bool, resume_step: int | None = None):
+        self.sinks: list[Any] = [JsonlSink(run_dir / "metrics.jsonl", resume_step)]
+        if tensorboard:
+            self.sinks.append(TensorboardSink(run_dir / "tensorboard"))
+
+    def log(self, step: int, metrics: dict[str, float]) -> None:
+        for sink in self.sinks:
+            sink.log(step, metrics)
+
+    def close(self) -> None:
+        for sink in self.sinks:
+            sink.close()
+
+
+def _jsonable(value: Any) -> Any:
+    if hasattr(value, "item"):
+        value = value.item()
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    return value
+
+
+def read_metrics(run_dir: str | Path) -> list[dict[str, Any]]:
+    path = Path(run_dir) / "metrics.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]

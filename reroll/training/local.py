@@ -1,0 +1,122 @@
+"""The one-process training strategy: AdamW, warm-up + cosine/constant schedule, gradient
+clipping, micro-batch accumulation, optional bf16 autocast, and exact checkpoints.
+
+A loss function passed to `train_step` must already divide by normalisers computed over the
+whole batch (see `reroll.algorithms.aggregation`), so the gradients accumulated over
+micro-batches add up to the full-batch gradient, whatever the micro-batch size.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import random
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+from tensordict import TensorDict
+
+from reroll.config.schema import OptimizerConfig, TrainConfig
+from reroll.data.batch import split_micro_batches
+from reroll.models.logprobs import batched_logprobs
+
+LossFn = Callable[[torch.nn.Module, TensorDict], tuple[torch.Tensor, dict[str, float]]]
+TRAINER_STATE = "trainer_state.pt"
+
+
+def lr_lambda(step: int, warmup: int, total: int, schedule: str, min_ratio: float) -> float:
+    """Multiplier of the peak learning rate at optimizer step `step` (0-based)."""
+    if warmup and step < warmup:
+        return (step + 1) / warmup
+    if schedule == "constant":
+        return 1.0
+    progress = min(1.0, (step - warmup) / max(1, total - warmup))
+    return min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
+
+
+class LocalStrategy:
+    def __init__(self, model: torch.nn.Module, optimizer: OptimizerConfig, train: TrainConfig,
+                 total_steps: int):
+        self.model = model.train()
+        self.train_config = train
+        self.optimizer = torch.optim.AdamW(model.parameters(), lr=optimizer.lr, betas=optimizer.betas,
+                                           weight_decay=optimizer.weight_decay)
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
+            self.optimizer,
+            lambda s: lr_lambda(s, optimizer.warmup_steps, total_steps, optimizer.schedule,
+                                optimizer.min_lr_ratio))
+        self.grad_clip = optimizer.grad_clip
+
+    def autocast(self) -> contextlib.AbstractContextManager:
+        if self.train_config.bf16_autocast:
+            return torch.autocast(device_type="cpu", dtype=torch.bfloat16)
+        return contextlib.nullcontext()
+
+    def forward_logprobs(self, batch: TensorDict, temperature: float = 1.0) -> torch.Tensor:
+        """Logprobs [B, L] of every token under the current weights, computed in micro-batches."""
+        with self.autocast():
+            return batched_logprobs(self.model, batch["input_ids"], batch["attention_mask"],
+                                    self.train_config.micro_batch_size, temperature)
+
+    def train_step(self, batch: TensorDict, loss_fn: LossFn) -> dict[str, float]:
+        """One optimizer step over `batch`, accumulated over micro-batches."""
+        self.model.train()
+        self.optimizer.zero_grad(set_to_none=True)
+        totals: dict[str, float] = {}
+        micro_batches = split_micro_batches(batch, self.train_config.micro_batch_size)
+        loss_sum = 0.0
+        for micro in micro_batches:
+            with self.autocast():
+                loss, metrics = loss_fn(self.model, micro)
+            loss.backward()
+            loss_sum += float(loss.detach())
+            share = micro.batch_size[0] / batch.batch_size[0]
+            for key, value in metrics.items():
+                totals[key] = totals.get(key, 0.0) + share * float(value)
+        grad_norm = self._clip_gradients()
+        self.optimizer.step()
+        self.scheduler.step()
+        return {**totals, "train/loss": loss_sum, "train/grad_norm": grad_norm,
+                "train/lr": self.scheduler.get_last_lr()[0]}
+
+    def _clip_gradients(self) -> float:
+        params = [p for p in self.model.parameters() if p.grad is not None]
+        max_norm = self.grad_clip if self.grad_clip is not None else float("inf")
+        return float(torch.nn.utils.clip_grad_norm_(params, max_norm))
+
+    def state_dict_for_sync(self) -> Iterator[tuple[str, torch.Tensor]]:
+        return iter(self.model.state_dict().items())
+
+    # -- checkpoints -----------------------------------------------------------------------------
+
+    def save(self, directory: Path, extra: dict[str, Any]) -> None:
+        """HF-format weights plus optimizer, scheduler, RNG states and `extra` (data position, ...)."""
+        directory.mkdir(parents=True, exist_ok=True)
+        self.model.save_pretrained(directory)
+        torch.save({
+            "optimizer": self.optimizer.state_dict(),
+            "scheduler": self.scheduler.state_dict(),
+            "torch_rng": torch.get_rng_state(),
+            "python_rng": random.getstate(),
+            "extra": extra,
+        }, directory / TRAINER_STATE)
+
+    def load(self, directory: Path) -> dict[str, Any]:
+        """Restore everything `save` wrote; returns its `extra`."""
+        from safetensors.torch import load_file
+
+        weights = {}
+        for shard in sorted(directory.glob("*.safetensors")):
+            weights.update(load_file(shard))
+        missing, unexpected = self.model.load_state_dict(weights, strict=False)
+        if unexpected or any("embed" not in m and "lm_head" not in m for m in missing):
+            raise RuntimeError(f"checkpoint {directory} does not match the model: "
+                               f"missing={missing[:5]} unexpected={unexpected[:5]}")
+        state = torch.load(directory / TRAINER_STATE, weights_only=False)
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        torch.set_rng_state(state["torch_rng"])
+        random.setstate(state["python_rng"])
+        return state["extra"]
