@@ -9,8 +9,10 @@ STAMP := $(VENV)/.installed
 
 setup: $(STAMP)
 
-# torch first (the pinned CPU build), then the package with its dev extras.
+# bubblewrap (the sandbox for untrusted code) from Debian, then torch first (the pinned CPU
+# build), then the package with its dev extras.
 $(STAMP): pyproject.toml
+	command -v bwrap >/dev/null || { apt-get update -qq && apt-get install -y -qq bubblewrap; }
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet torch==2.13.0

@@ -54,7 +54,11 @@ def cmd_make_data(args: argparse.Namespace) -> None:
     levels = tuple(int(x) for x in args.levels.split(","))
     if not set(levels) <= {1, 2, 3, 4}:
         raise ConfigError(f"--levels {args.levels}: levels are 1, 2, 3 and 4")
-    paths = write_arithmetic(args.out, args.train_size, args.eval_size, args.seed, levels)
+    for flag in ("direct_frac", "direct_accuracy"):
+        if not 0 <= getattr(args, flag) <= 1:
+            raise ConfigError(f"--{flag.replace('_', '-')} {getattr(args, flag)}: must be between 0 and 1")
+    paths = write_arithmetic(args.out, args.train_size, args.eval_size, args.seed, levels,
+                             args.direct_frac, args.direct_accuracy)
     console.print(f"wrote {paths['train']} and {paths['eval']}")
 
 
@@ -92,6 +96,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--train-size", type=int, default=4000)
     p.add_argument("--eval-size", type=int, default=200)
     p.add_argument("--levels", default="1,2,3,4", help="difficulty levels to include, e.g. 1,2")
+    p.add_argument("--direct-frac", type=float, default=0.0,
+                   help="share of SFT targets that give an answer without the working")
+    p.add_argument("--direct-accuracy", type=float, default=1.0,
+                   help="share of those direct answers that are right (the rest are off by 1-3)")
     p.add_argument("--seed", type=int, default=0)
     p.set_defaults(fn=cmd_make_data)
     return parser

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -14,6 +15,7 @@ from reroll.config.schema import RLConfig, SFTConfig
 PIPELINES: dict[str, type[BaseModel]] = {"rlvr": RLConfig, "sft": SFTConfig}
 
 T = TypeVar("T", bound=BaseModel)
+FLOAT = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+")
 
 
 def parse_overrides(items: list[str]) -> dict[str, Any]:
@@ -27,6 +29,8 @@ def parse_overrides(items: list[str]) -> dict[str, Any]:
             value = yaml.safe_load(raw) if raw != "" else ""
         except yaml.YAMLError as e:
             raise ConfigError(f"override {item!r}: value is not valid YAML ({e})") from None
+        if isinstance(value, str) and FLOAT.fullmatch(value):
+            value = float(value)  # YAML 1.1 reads "1e-4" as a string
         node = tree
         parts = key.split(".")
         for part in parts[:-1]:

@@ -1,8 +1,14 @@
 """Built-in verifiable tasks: generated prompt/answer datasets with train and eval splits.
 
 `arithmetic`: word problems in four difficulty levels (1: add single digits, 2: subtract,
-3: multiply, 4: two operations). Every row has a worked `solution` ending in `\\boxed{answer}`,
-used as the SFT target; RL only needs `prompt` and `answer`.
+3: multiply, 4: two operations). Every row has a worked `solution` ending in `\\boxed{answer}`
+and a `response`, the SFT target; RL only needs `prompt` and `answer`.
+
+`direct_frac` and `direct_accuracy` make the SFT targets of mixed quality, as imitation data
+often is: that share of responses states an answer without the working, and only
+`direct_accuracy` of those answers is right (a careless annotator; the others are off by 1-3).
+A small model imitates both styles; RL with a verifiable reward has to discover that working it
+out pays. The demo uses this to leave RL room to show what it does.
 """
 
 from __future__ import annotations
@@ -47,29 +53,38 @@ def _level4(rng: random.Random, who: str, item: str) -> tuple[str, str, int]:
 LEVELS = {1: _level1, 2: _level2, 3: _level3, 4: _level4}
 
 
-def arithmetic_rows(n: int, seed: int, levels: tuple[int, ...] = (1, 2, 3, 4)) -> Iterator[dict]:
-    """`n` rows `{prompt, answer, solution, level}`; levels are drawn uniformly."""
+def arithmetic_rows(n: int, seed: int, levels: tuple[int, ...] = (1, 2, 3, 4),
+                    direct_frac: float = 0.0, direct_accuracy: float = 1.0) -> Iterator[dict]:
+    """`n` rows `{prompt, answer, solution, response, level}`; levels are drawn uniformly."""
     rng = random.Random(seed)
     for _ in range(n):
         level = rng.choice(levels)
         question, work, answer = LEVELS[level](rng, rng.choice(NAMES), rng.choice(ITEMS))
+        solution = f"{work} The answer is \\boxed{{{answer}}}."
+        response = solution
+        if rng.random() < direct_frac:
+            stated = answer if rng.random() < direct_accuracy else answer + rng.choice([-3, -2, -1, 1, 2, 3])
+            response = f"The answer is \\boxed{{{stated}}}."
         yield {
             "prompt": f"{question} {INSTRUCTION}",
             "answer": str(answer),
-            "solution": f"{work} The answer is \\boxed{{{answer}}}.",
+            "solution": solution,
+            "response": response,
             "level": level,
         }
 
 
 def write_arithmetic(out: str | Path, train_size: int = 4000, eval_size: int = 200,
-                     seed: int = 0, levels: tuple[int, ...] = (1, 2, 3, 4)) -> dict[str, Path]:
+                     seed: int = 0, levels: tuple[int, ...] = (1, 2, 3, 4),
+                     direct_frac: float = 0.0, direct_accuracy: float = 1.0) -> dict[str, Path]:
     """Write `train.jsonl` and `eval.jsonl`; eval prompts never appear in train."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     eval_rows = list(arithmetic_rows(eval_size, seed=seed + 1_000_003, levels=levels))
     held_out = {row["prompt"] for row in eval_rows}
     train_rows = []
-    for row in arithmetic_rows(train_size * 4, seed=seed, levels=levels):
+    for row in arithmetic_rows(train_size * 4, seed=seed, levels=levels, direct_frac=direct_frac,
+                               direct_accuracy=direct_accuracy):
         if row["prompt"] not in held_out:
             train_rows.append(row)
         if len(train_rows) == train_size:

@@ -1,61 +1,123 @@
 """Run CPU-heavy reward code in worker processes, with a hard time limit per call.
 
 Signal-based timeouts (math-verify's) only work in a process's main thread, so verifiers run in
-a process pool rather than threads. A call that overruns its limit is not merely abandoned: the
-pool is torn down (its processes killed) and rebuilt, so a hung verifier cannot pile up.
+worker processes rather than threads. Workers are plain `python -m reroll.rewards.worker`
+subprocesses: unlike multiprocessing's spawn/forkserver they never re-import the user's main
+script (a script without an `if __name__ == "__main__"` guard would otherwise break every call),
+and unlike fork they do not inherit torch's threads. A call that overruns its limit kills its
+worker, which is replaced; the other workers keep going.
 """
 
 from __future__ import annotations
 
 import asyncio
-import multiprocessing
+import pickle
+import queue
+import select
+import struct
+import subprocess
+import sys
+import threading
 from collections.abc import Callable
-from concurrent.futures import ProcessPoolExecutor
-from concurrent.futures.process import BrokenProcessPool
 from typing import Any
+
+HEADER = struct.Struct("!Q")
 
 
 class CallTimeout(Exception):
     """The call ran past its time limit and its worker was killed."""
 
 
-class ProcessPool:
-    def __init__(self, num_workers: int = 1):
-        self.num_workers = num_workers
-        self._executor: ProcessPoolExecutor | None = None
-        self.restarts = 0
+class WorkerCrashed(Exception):
+    """The worker process died during the call (segfault, out of memory, os._exit)."""
 
-    def _get(self) -> ProcessPoolExecutor:
-        if self._executor is None:
-            # forkserver: never fork a process that already runs torch's threads.
-            context = multiprocessing.get_context("forkserver")
-            self._executor = ProcessPoolExecutor(self.num_workers, mp_context=context)
-        return self._executor
 
-    async def run(self, fn: Callable[..., Any], *args: Any, timeout: float) -> Any:
-        executor = self._get()
-        future = asyncio.get_running_loop().run_in_executor(executor, fn, *args)
-        try:
-            return await asyncio.wait_for(future, timeout)
-        except TimeoutError:
-            self._kill(executor)
-            raise CallTimeout(f"no result within {timeout:g}s") from None
-        except BrokenProcessPool:
-            # Another call's timeout killed the pool under this one, or a worker died (segfault,
-            # OOM): rebuild and report this call as a crash.
-            self._kill(executor)
-            raise
+def write_frame(stream, payload: bytes) -> None:
+    stream.write(HEADER.pack(len(payload)) + payload)
+    stream.flush()
 
-    def _kill(self, executor: ProcessPoolExecutor) -> None:
-        if self._executor is not executor:
-            return  # already replaced
-        self._executor = None
-        self.restarts += 1
-        for process in list((executor._processes or {}).values()):
-            process.kill()
-        executor.shutdown(wait=False, cancel_futures=True)
+
+def read_frame(stream) -> bytes | None:
+    header = stream.read(HEADER.size)
+    if len(header) < HEADER.size:
+        return None
+    (size,) = HEADER.unpack(header)
+    return stream.read(size)
+
+
+class Worker:
+    def __init__(self) -> None:
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "reroll.rewards.worker"],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+        write_frame(self.process.stdin, pickle.dumps(list(sys.path)))
+
+    def call(self, fn: Callable[..., Any], args: tuple, timeout: float) -> Any:
+        write_frame(self.process.stdin, pickle.dumps((fn, args)))
+        ready, _, _ = select.select([self.process.stdout], [], [], timeout)
+        if not ready:
+            self.kill()
+            raise CallTimeout(f"no result within {timeout:g}s")
+        frame = read_frame(self.process.stdout)
+        if frame is None:
+            self.kill()
+            raise WorkerCrashed(f"reward worker exited with code {self.process.poll()}")
+        ok, value = pickle.loads(frame)
+        if not ok:
+            raise value
+        return value
+
+    def alive(self) -> bool:
+        return self.process.poll() is None
+
+    def kill(self) -> None:
+        self.process.kill()
+        self.process.wait()
 
     def close(self) -> None:
-        if self._executor is not None:
-            self._executor.shutdown(wait=True, cancel_futures=True)
-            self._executor = None
+        if self.alive():
+            self.process.stdin.close()
+            try:
+                self.process.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                self.kill()
+
+
+class ProcessPool:
+    """`await pool.run(fn, *args, timeout=s)` runs `fn(*args)` in one of `num_workers` processes.
+    `fn` must be importable by module path (a top-level function)."""
+
+    def __init__(self, num_workers: int = 1):
+        self.num_workers = num_workers
+        self._idle: queue.Queue[Worker] = queue.Queue()
+        self._started = 0
+        self._lock = threading.Lock()
+        self.restarts = 0
+
+    def _acquire(self) -> Worker:
+        with self._lock:
+            if self._idle.empty() and self._started < self.num_workers:
+                self._started += 1
+                return Worker()
+        return self._idle.get()
+
+    def _release(self, worker: Worker) -> None:
+        if not worker.alive():
+            with self._lock:
+                self.restarts += 1
+            worker = Worker()
+        self._idle.put(worker)
+
+    def _call(self, fn: Callable[..., Any], args: tuple, timeout: float) -> Any:
+        worker = self._acquire()
+        try:
+            return worker.call(fn, args, timeout)
+        finally:
+            self._release(worker)
+
+    async def run(self, fn: Callable[..., Any], *args: Any, timeout: float) -> Any:
+        return await asyncio.to_thread(self._call, fn, args, timeout)
+
+    def close(self) -> None:
+        while not self._idle.empty():
+            self._idle.get().close()

@@ -1,0 +1,106 @@
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from reroll.config import ConfigError, RLConfig, SFTConfig, load_config, parse_overrides
+
+pytestmark = pytest.mark.unit
+ROOT = Path(__file__).resolve().parents[2]
+MINIMAL = {"steps": 2, "model": {"path": "m"}, "data": {"train": "t.jsonl"}}
+
+
+def write(tmp_path, data) -> Path:
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+def error_of(tmp_path, data, overrides=()) -> str:
+    with pytest.raises(ConfigError) as info:
+        load_config(write(tmp_path, data), list(overrides))
+    return str(info.value)
+
+
+def test_overrides_are_yaml_scalars_in_a_tree():
+    assert parse_overrides(["a.b=3", "a.c=1e-4", "d=true", "e=null", "f=text"]) == {
+        "a": {"b": 3, "c": 1e-4}, "d": True, "e": None, "f": "text"}
+
+
+def test_override_without_equals_is_an_error():
+    with pytest.raises(ConfigError, match="expected key.path=value"):
+        parse_overrides(["optimizer.lr"])
+
+
+def test_defaults_fill_a_minimal_config(tmp_path):
+    config = load_config(write(tmp_path, MINIMAL))
+    assert isinstance(config, RLConfig)
+    assert config.algorithm.advantage.name == "grpo" and config.algorithm.policy_loss.clip_low == 0.2
+    assert config.run_dir() == Path("runs/run")
+
+
+def test_override_changes_a_nested_field(tmp_path):
+    config = load_config(write(tmp_path, MINIMAL), ["optimizer.lr=3e-4", "algorithm.policy_loss.clip_high=0.28"])
+    assert config.optimizer.lr == 3e-4 and config.algorithm.policy_loss.clip_high == 0.28
+
+
+def test_unknown_key_names_its_path(tmp_path):
+    message = error_of(tmp_path, {**MINIMAL, "optimizer": {"lrr": 1.0}})
+    assert "optimizer.lrr" in message and "unknown key" in message
+
+
+def test_wrong_type_names_field_and_value(tmp_path):
+    message = error_of(tmp_path, MINIMAL, ["rollout.group_size=many"])
+    assert "rollout.group_size" in message and "'many'" in message
+
+
+def test_out_of_bounds_value(tmp_path):
+    assert "optimizer.lr" in error_of(tmp_path, MINIMAL, ["optimizer.lr=-1"])
+
+
+def test_missing_required_field(tmp_path):
+    message = error_of(tmp_path, {"steps": 2, "data": {"train": "t"}})
+    assert "model" in message and "missing" in message
+
+
+def test_unknown_algorithm_name_lists_choices(tmp_path):
+    message = error_of(tmp_path, MINIMAL, ["algorithm.advantage.name=grpoo"])
+    assert "algorithm.advantage.name" in message and "grpoo" in message and "grpo" in message
+
+
+def test_batch_must_split_into_micro_batches(tmp_path):
+    message = error_of(tmp_path, MINIMAL, ["rollout.prompts_per_step=3", "rollout.group_size=3",
+                                           "train.micro_batch_size=4"])
+    assert "train.micro_batch_size" in message and "9" in message
+
+
+def test_grpo_needs_groups_of_two(tmp_path):
+    message = error_of(tmp_path, MINIMAL, ["rollout.group_size=1", "train.micro_batch_size=1"])
+    assert "group_size" in message
+
+
+def test_missing_config_file(tmp_path):
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_config(tmp_path / "nope.yaml")
+
+
+def test_sft_config_rejected_by_train(tmp_path):
+    with pytest.raises(ConfigError, match="pipeline is 'sft'"):
+        load_config(write(tmp_path, {"pipeline": "sft", **MINIMAL}), expect="rlvr")
+
+
+@pytest.mark.parametrize("path", sorted((ROOT / "examples").rglob("*.yaml")), ids=lambda p: p.name)
+def test_every_example_config_parses(path):
+    config = load_config(path)
+    assert isinstance(config, (RLConfig, SFTConfig))
+
+
+def test_cli_config_error_exits_2_without_traceback(tmp_path):
+    path = write(tmp_path, {**MINIMAL, "rollout": {"group_sise": 8}})
+    result = subprocess.run([sys.executable, "-m", "reroll.cli", "train", str(path)],
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2
+    assert "rollout.group_sise" in result.stderr
+    assert "Traceback" not in result.stderr + result.stdout

@@ -1,0 +1,28 @@
+"""Shared fixtures: a tiny model and the arithmetic task, built locally once per session."""
+
+from __future__ import annotations
+
+import pytest
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tmp_path_factory) -> str:
+    from reroll.models.factory import make_model
+
+    return str(make_model(tmp_path_factory.mktemp("models") / "tiny", "tiny", seed=0))
+
+
+@pytest.fixture(scope="session")
+def arithmetic(tmp_path_factory) -> dict:
+    from reroll.data.tasks import write_arithmetic
+
+    paths = write_arithmetic(tmp_path_factory.mktemp("data") / "arithmetic", train_size=600,
+                             eval_size=32, seed=0)
+    return {k: str(v) for k, v in paths.items()}
+
+
+@pytest.fixture(scope="session")
+def tokenizer(tiny_model):
+    from reroll.models.loading import load_tokenizer
+
+    return load_tokenizer(tiny_model)

@@ -1,0 +1,104 @@
+import asyncio
+
+import pytest
+import torch
+
+from reroll.engines.base import Request, SamplingParams, fingerprint
+from reroll.engines.hf import HFEngine, _top_k_top_p
+from reroll.models.loading import load_model
+from reroll.models.logprobs import forward_logprobs
+
+pytestmark = pytest.mark.unit
+
+
+@pytest.fixture(scope="module")
+def engine(tiny_model, tokenizer):
+    return HFEngine(load_model(tiny_model), max_batch_size=64, pad_token_id=tokenizer.pad_token_id)
+
+
+def prompts(tokenizer, n):
+    return [tokenizer.apply_chat_template([{"role": "user", "content": "apples " * (1 + i % 4)}],
+                                          add_generation_prompt=True, tokenize=True)["input_ids"]
+            for i in range(n)]
+
+
+def run(engine, requests):
+    async def go():
+        return await asyncio.gather(*(engine.generate(r) for r in requests))
+    return asyncio.run(go())
+
+
+def test_behaviour_logprobs_match_the_trainer(engine, tokenizer, tiny_model):
+    params = SamplingParams(max_new_tokens=12, temperature=0.7)
+    outs = run(engine, [Request(p, params, seed=i) for i, p in enumerate(prompts(tokenizer, 6))])
+    model = load_model(tiny_model)
+    for out in outs:
+        ids = torch.tensor([out.prompt_ids + out.token_ids])
+        logprobs, _ = forward_logprobs(model, ids, torch.ones_like(ids), temperature=0.7)
+        assert torch.allclose(logprobs[0, len(out.prompt_ids):], torch.tensor(out.logprobs), atol=1e-4)
+        assert len(out.token_ids) == 12 and out.finish_reason == "length"
+
+
+def test_sample_does_not_depend_on_batch_neighbours(engine, tokenizer):
+    params = SamplingParams(max_new_tokens=10, temperature=1.0)
+    many = run(engine, [Request(p, params, seed=100 + i) for i, p in enumerate(prompts(tokenizer, 8))])
+    alone = run(engine, [Request(many[5].prompt_ids, params, seed=105)])[0]
+    assert alone.token_ids == many[5].token_ids
+    other_seed = run(engine, [Request(many[5].prompt_ids, params, seed=7)])[0]
+    assert other_seed.token_ids != alone.token_ids
+
+
+def test_greedy_equals_top_k_one_and_stop_token_ends(engine, tokenizer):
+    prompt = prompts(tokenizer, 1)[0]
+    greedy = run(engine, [Request(prompt, SamplingParams(8, temperature=0.0))])[0]
+    top1 = run(engine, [Request(prompt, SamplingParams(8, temperature=1.0, top_k=1), seed=3)])[0]
+    assert greedy.token_ids == top1.token_ids
+    stop = greedy.token_ids[2]
+    stopped = run(engine, [Request(prompt, SamplingParams(8, temperature=0.0, stop_token_ids=(stop,)))])[0]
+    assert stopped.finish_reason == "stop" and stopped.token_ids[-1] == stop
+    assert stopped.token_ids == greedy.token_ids[: len(stopped.token_ids)]
+
+
+def test_top_p_keeps_the_smallest_set_reaching_p():
+    logits = torch.log(torch.tensor([[0.5, 0.3, 0.15, 0.05]]))
+    kept = torch.isfinite(_top_k_top_p(logits, 0, 0.8))
+    assert kept.tolist() == [[True, True, False, False]]
+    assert torch.isfinite(_top_k_top_p(logits, 2, 1.0)).tolist() == [[True, True, False, False]]
+
+
+def test_abort_returns_tokens_generated_so_far(engine, tokenizer):
+    prompt = prompts(tokenizer, 1)[0]
+    params = SamplingParams(max_new_tokens=400, temperature=1.0)
+
+    async def go():
+        request = Request(prompt, params, seed=1)
+        task = asyncio.create_task(engine.generate(request))
+        await asyncio.sleep(0.05)
+        engine.abort(request.request_id)
+        return await task
+
+    out = asyncio.run(go())
+    assert out.finish_reason == "abort" and 0 < len(out.token_ids) < 400
+    assert len(out.logprobs) == len(out.token_ids)
+
+
+def test_load_weights_changes_fingerprint_and_outputs(tiny_model, tokenizer):
+    engine = HFEngine(load_model(tiny_model), pad_token_id=tokenizer.pad_token_id)
+    other = load_model(tiny_model)
+    assert engine.weights_fingerprint() == fingerprint(other.state_dict().items())
+    prompt = prompts(tokenizer, 1)[0]
+    before = run(engine, [Request(prompt, SamplingParams(6, temperature=0.0))])[0]
+    with torch.no_grad():
+        for p in other.parameters():
+            p.add_(torch.randn_like(p) * 0.5)
+    engine.load_weights(other.state_dict().items(), version=3)
+    after = run(engine, [Request(prompt, SamplingParams(6, temperature=0.0))])[0]
+    assert engine.weights_fingerprint() == fingerprint(other.state_dict().items())
+    assert after.policy_version == 3 and after.token_ids != before.token_ids
+
+
+def test_fingerprint_sees_a_single_changed_value():
+    weights = {"a": torch.zeros(3), "b": torch.ones(2, 2)}
+    changed = {**weights, "b": torch.tensor([[1.0, 1.0], [1.0, 1.0 + 1e-6]])}
+    assert fingerprint(weights.items()) == fingerprint(reversed(list(weights.items())))
+    assert fingerprint(weights.items()) != fingerprint(changed.items())

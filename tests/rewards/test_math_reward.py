@@ -1,0 +1,111 @@
+import asyncio
+import time
+
+import pytest
+
+from reroll.rewards import RewardResult, RewardRunner, RewardSample
+from reroll.rewards.math import MathRewardFn, last_boxed
+from reroll.rewards.pool import CallTimeout, ProcessPool
+
+pytestmark = pytest.mark.unit
+
+
+def test_last_boxed_balances_braces():
+    assert last_boxed("a \\boxed{1} then \\boxed{\\frac{1}{2}} end") == "\\frac{1}{2}"
+    assert last_boxed("no answer") is None
+    assert last_boxed("\\boxed{unclosed") is None
+
+
+@pytest.mark.parametrize("response, answer, score", [
+    ("3 + 4 = 7. The answer is \\boxed{7}.", "7", 1.0),
+    ("The answer is \\boxed{7.0}.", "7", 1.0),
+    ("The answer is \\boxed{\\frac{1}{2}}.", "0.5", 1.0),
+    ("The answer is \\boxed{8}.", "7", 0.0),
+    ("The answer is 7.", "7", 0.0),  # no boxed answer: no credit, even if the number is right
+])
+def test_math_reward_scores(response, answer, score):
+    reward = MathRewardFn(timeout_s=5)
+    try:
+        result = asyncio.run(reward(RewardSample("q", response, answer)))
+    finally:
+        reward.close()
+    assert result.score == score
+
+
+def test_format_weight_mixes_in_a_format_score():
+    reward = MathRewardFn(format_weight=0.2)
+    try:
+        wrong_but_boxed = asyncio.run(reward(RewardSample("q", "\\boxed{8}", "7")))
+        truncated = asyncio.run(reward(RewardSample("q", "\\boxed{7}", "7", finish_reason="length")))
+    finally:
+        reward.close()
+    assert wrong_but_boxed.score == pytest.approx(0.2)
+    assert truncated.score == pytest.approx(0.8)
+
+
+def sleepy(seconds: float) -> str:
+    time.sleep(seconds)
+    return "done"
+
+
+def crash() -> None:
+    import os
+
+    os._exit(3)
+
+
+def test_process_pool_kills_a_hung_call_and_keeps_serving():
+    pool = ProcessPool(num_workers=2)
+
+    async def go():
+        return await asyncio.gather(pool.run(sleepy, 30, timeout=0.5), pool.run(sleepy, 0, timeout=5),
+                                    return_exceptions=True)
+    try:
+        start = time.perf_counter()
+        hung, fine = asyncio.run(go())
+        assert isinstance(hung, CallTimeout) and fine == "done"
+        assert time.perf_counter() - start < 10
+        assert asyncio.run(pool.run(sleepy, 0, timeout=5)) == "done"
+        with pytest.raises(Exception, match="exited"):
+            asyncio.run(pool.run(crash, timeout=5))
+        assert asyncio.run(pool.run(sleepy, 0, timeout=5)) == "done"
+        assert pool.restarts >= 1
+    finally:
+        pool.close()
+
+
+class Hangs:
+    name = "hangs"
+
+    async def __call__(self, sample):
+        await asyncio.sleep(60)
+
+
+class Crashes:
+    name = "crashes"
+
+    async def __call__(self, sample):
+        raise RuntimeError("verifier bug")
+
+
+class Works:
+    name = "works"
+
+    async def __call__(self, sample):
+        return RewardResult(1.0)
+
+
+def test_runner_counts_timeouts_and_errors_and_never_raises():
+    hangs, crashes, works = (RewardRunner(fn(), timeout_s=0.1) for fn in (Hangs, Crashes, Works))
+    hangs.timeout_s = 0.2
+    sample = RewardSample("q", "r", "a")
+
+    async def go():
+        return await asyncio.gather(hangs.score(sample), crashes.score(sample), works.score(sample))
+
+    timed_out, crashed, ok = asyncio.run(go())
+    assert timed_out.score == 0.0 and "timeout" in timed_out.info["error"]
+    assert crashed.score == 0.0 and "verifier bug" in crashed.info["error"]
+    assert ok.score == 1.0
+    assert hangs.metrics() == {"reward/errors": 0.0, "reward/timeouts": 1.0}
+    assert crashes.metrics() == {"reward/errors": 1.0, "reward/timeouts": 0.0}

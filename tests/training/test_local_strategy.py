@@ -1,0 +1,99 @@
+import math
+
+import pytest
+import torch
+
+from reroll.config.schema import AlgorithmConfig, OptimizerConfig, TrainConfig
+from reroll.data.batch import Trajectory, collate
+from reroll.models.loading import load_model
+from reroll.pipelines import objective
+from reroll.training.local import LocalStrategy, lr_lambda
+
+pytestmark = pytest.mark.unit
+
+
+def random_batch(seed: int, size: int = 8):
+    g = torch.Generator().manual_seed(seed)
+    trajectories = []
+    for i in range(size):
+        prompt = torch.randint(3, 500, (int(torch.randint(2, 9, (1,), generator=g)),), generator=g)
+        response = torch.randint(3, 500, (int(torch.randint(1, 12, (1,), generator=g)),), generator=g)
+        trajectories.append(Trajectory(prompt.tolist(), response.tolist(), [-1.0] * len(response),
+                                       "stop", group_id=i // 4, reward=float(i % 3 == 0)))
+    batch, _ = collate(trajectories, pad_token_id=0)
+    batch["advantages"] = objective.compute_advantages(AlgorithmConfig(), batch["rewards"], 4,
+                                                       batch["response_mask"])
+    return batch
+
+
+@pytest.mark.parametrize("agg", ["token_mean", "seq_mean_token_mean", "seq_mean_token_sum",
+                                 "seq_mean_token_sum_norm"])
+def test_micro_batches_give_the_full_batch_update(tiny_model, agg):
+    config = AlgorithmConfig(loss_agg=agg)
+    batch = random_batch(seed=1)
+    results = []
+    for micro in (8, 4, 1):
+        torch.manual_seed(0)
+        strategy = LocalStrategy(load_model(tiny_model), OptimizerConfig(lr=1e-3, grad_clip=None),
+                                 TrainConfig(micro_batch_size=micro), total_steps=1)
+        loss_fn = objective.make_rl_loss(config, batch, temperature=1.0, max_response_len=16)
+        metrics = strategy.train_step(batch, loss_fn)
+        grads = [p.grad.clone() for p in strategy.model.parameters()]
+        results.append((metrics["train/loss"], grads))
+    # (Adam's first step is ~lr*sign(g), so weights after the step would amplify float noise in
+    # near-zero gradients; the gradient itself is what must agree.)
+    loss_full, grads_full = results[0]
+    assert any(g.abs().max() > 0 for g in grads_full)
+    for loss, grads in results[1:]:
+        assert math.isclose(loss, loss_full, rel_tol=1e-5, abs_tol=1e-7)
+        for a, b in zip(grads, grads_full, strict=True):
+            assert torch.allclose(a, b, atol=1e-6, rtol=1e-4)
+
+
+def test_sft_loss_is_micro_batch_invariant(tiny_model):
+    batch = random_batch(seed=2)
+    grads = []
+    for micro in (8, 2):
+        strategy = LocalStrategy(load_model(tiny_model), OptimizerConfig(grad_clip=None),
+                                 TrainConfig(micro_batch_size=micro), total_steps=1)
+        strategy.train_step(batch, objective.sft_loss(batch))
+        grads.append(torch.cat([p.grad.flatten() for p in strategy.model.parameters()]))
+    assert torch.allclose(grads[0], grads[1], atol=1e-6, rtol=1e-4)
+
+
+def test_learning_rate_schedules():
+    # warm-up 2 of 10 steps: 0.5, 1.0, then cosine from 1 down to min_ratio 0.1 at the end.
+    assert lr_lambda(0, 2, 10, "cosine", 0.1) == 0.5
+    assert lr_lambda(1, 2, 10, "cosine", 0.1) == 1.0
+    assert lr_lambda(2, 2, 10, "cosine", 0.1) == pytest.approx(1.0)
+    assert lr_lambda(6, 2, 10, "cosine", 0.1) == pytest.approx(0.1 + 0.9 * 0.5)  # half way
+    assert lr_lambda(10, 2, 10, "cosine", 0.1) == pytest.approx(0.1)
+    assert lr_lambda(7, 0, 10, "constant", 0.0) == 1.0
+
+
+def test_gradient_clipping_bounds_the_update(tiny_model):
+    batch = random_batch(seed=3)
+    strategy = LocalStrategy(load_model(tiny_model), OptimizerConfig(grad_clip=1e-3),
+                             TrainConfig(micro_batch_size=8), total_steps=1)
+    metrics = strategy.train_step(batch, objective.sft_loss(batch))
+    clipped = torch.cat([p.grad.flatten() for p in strategy.model.parameters()]).norm()
+    assert metrics["train/grad_norm"] > 1e-3 and float(clipped) == pytest.approx(1e-3, rel=1e-3)
+
+
+def test_checkpoint_restores_weights_optimizer_and_rng(tiny_model, tmp_path):
+    batch = random_batch(seed=4)
+    make = lambda: LocalStrategy(load_model(tiny_model), OptimizerConfig(lr=1e-3, warmup_steps=3),  # noqa: E731
+                                 TrainConfig(micro_batch_size=4), total_steps=5)
+    a = make()
+    a.train_step(batch, objective.sft_loss(batch))
+    a.save(tmp_path / "step_1", {"step": 1})
+    expected_noise = torch.rand(3)
+    expected = a.train_step(batch, objective.sft_loss(batch))
+
+    b = make()
+    assert b.load(tmp_path / "step_1") == {"step": 1}
+    assert torch.equal(torch.rand(3), expected_noise)
+    got = b.train_step(batch, objective.sft_loss(batch))
+    assert got["train/loss"] == expected["train/loss"] and got["train/lr"] == expected["train/lr"]
+    for (name, p), q in zip(a.model.named_parameters(), b.model.parameters(), strict=True):
+        assert torch.equal(p, q), name
