@@ -9,36 +9,12 @@ owns both fields.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, model_validator
+from pydantic import Field, model_validator
 
-
-class Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True, frozen=False)
-
-
-def choice(key: str, default: str, *options: type[BaseModel]) -> Any:
-    """A typed union of config models told apart by the literal field `key`, which defaults to
-    `default` when the YAML leaves it out. Used wherever the user picks one algorithm by name."""
-
-    def tag_of(value: Any) -> str | None:
-        if isinstance(value, dict):
-            return value.get(key, default)
-        return getattr(value, key, None)
-
-    tag_of.__name__ = key  # pydantic names the field as "<name>()" in its error messages
-
-    tagged = tuple(Annotated[o, Tag(o.model_fields[key].default)] for o in options)
-    return Annotated[tagged[0] if len(tagged) == 1 else _union(tagged), Discriminator(tag_of)]
-
-
-def _union(types: tuple[Any, ...]) -> Any:
-    from functools import reduce
-    from operator import or_
-
-    return reduce(or_, types)
-
+from reroll.config.algorithm import AlgorithmConfig
+from reroll.config.base import Section, choice
 
 # ----------------------------------------------------------------------------------------------
 # Shared sections
@@ -140,58 +116,34 @@ class MathReward(Section):
     """Processes in the reward pool (math-verify uses signals, which fail in threads)."""
 
 
-RewardConfig = choice("type", "math", MathReward)
+class CodeReward(Section):
+    """Run the response's program against the row's test cases (its `answer`, as JSON) in the
+    sandbox; see reroll/rewards/code.py for the accepted test formats."""
+
+    type: Literal["code"] = "code"
+    credit: Literal["all_or_nothing", "fractional"] = "all_or_nothing"
+    """all_or_nothing: 1.0 only if every test passes; fractional: passed / total."""
+    time_limit_s: float = Field(6.0, gt=0, le=600)
+    """Per-test wall-clock and CPU limit."""
+    max_tests: int | None = Field(None, ge=1)
+    """Use at most this many tests per sample (None: all)."""
+    timeout_s: float = Field(60.0, gt=0)
+    """Limit for the whole call (all tests of one sample)."""
 
 
-class GRPOAdvantage(Section):
-    """Group-normalised outcome reward (DeepSeekMath): (r - mean_group) / (std_group + eps)."""
+class CustomReward(Section):
+    """Your own function, `function(sample) -> float | RewardResult`, given as `module:name`
+    (importable from the working directory). Sync functions run in worker processes."""
 
-    name: Literal["grpo"] = "grpo"
-    scale_by_std: bool = True
-    """Divide by the group std (False gives Dr. GRPO's mean-centred advantage)."""
-    eps: float = Field(1e-6, gt=0)
-
-
-AdvantageConfig = choice("name", "grpo", GRPOAdvantage)
-
-
-class PPOLoss(Section):
-    """PPO's clipped surrogate with separate low/high clip (DAPO's clip-higher) and optional dual clip."""
-
-    name: Literal["ppo"] = "ppo"
-    clip_low: float = Field(0.2, ge=0, le=1)
-    clip_high: float = Field(0.2, ge=0, le=10)
-    dual_clip: float | None = Field(None, gt=1)
-    """For negative advantages also bound the loss by `dual_clip * |A|` (Ye et al. 2020); None: off."""
+    type: Literal["custom"] = "custom"
+    function: str = Field(..., pattern=r"^[\w.]+:[\w.]+$")
+    """Import path `package.module:function`."""
+    timeout_s: float = Field(10.0, gt=0)
+    """Per-call limit; a call past it scores 0 and counts in `reward/timeouts`."""
+    num_workers: int = Field(1, ge=1, le=64)
 
 
-PolicyLossConfig = choice("name", "ppo", PPOLoss)
-
-
-class KLConfig(Section):
-    coef: float = Field(0.0, ge=0)
-    """Weight of the KL(policy || reference) loss term. 0 turns it off and the reference model
-    is not loaded at all."""
-    estimator: Literal["k1", "k2", "k3"] = "k3"
-    """Per-token estimator (Schulman's 'Approximating KL divergence')."""
-
-
-class AlgorithmConfig(Section):
-    advantage: AdvantageConfig = Field(default_factory=GRPOAdvantage)
-    """How rewards become per-token advantages; chosen by `name`."""
-    policy_loss: PolicyLossConfig = Field(default_factory=PPOLoss)
-    """The policy objective; chosen by `name`."""
-    loss_agg: Literal[
-        "token_mean", "seq_mean_token_mean", "seq_mean_token_sum", "seq_mean_token_sum_norm"
-    ] = "token_mean"
-    """How per-token losses become one number; normalisers are global over the step's batch."""
-    kl: KLConfig = Field(default_factory=KLConfig)
-    entropy_coef: float = Field(0.0, ge=0)
-    """Weight of the entropy bonus (entropy is always logged)."""
-    updates_per_batch: int = Field(1, ge=1, le=16)
-    """Optimizer steps per rollout batch: the batch is split into this many mini-batches, one
-    step each (PPO mini-batches). With 1 the update is exactly on-policy, so the old logprobs are
-    the current ones and no extra forward pass is spent on them."""
+RewardConfig = choice("type", "math", MathReward, CodeReward, CustomReward)
 
 
 class EvalConfig(Section):

@@ -172,13 +172,15 @@ class RLVRPipeline:
             return
         directory = self.run_dir.checkpoint_dir(step)
         self.policy.save(directory, {"step": step, "sampler": self.sampler.state_dict(),
-                                     "eval_reward_start": self.eval_reward_start})
+                                     "eval_reward_start": self.eval_reward_start,
+                                     "reward_counters": dict(vars(self.rewards.counters))})
         self.tokenizer.save_pretrained(directory)
         self.run_dir.prune_checkpoints(c.checkpoint.keep_last)
 
     def restore(self, step: int, directory: Path) -> None:
         extra = self.policy.load(directory)
         self.sampler.load_state_dict(extra["sampler"])
+        vars(self.rewards.counters).update(extra["reward_counters"])
         self.start_step, self.eval_reward_start = step, extra["eval_reward_start"]
         self.engine.load_weights(self.policy.state_dict_for_sync(), step)
 

@@ -1,0 +1,33 @@
+"""Building blocks of every config section."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from pydantic import BaseModel, ConfigDict, Discriminator, Tag
+
+
+class Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True, frozen=False)
+
+
+def choice(key: str, default: str, *options: type[BaseModel]) -> Any:
+    """A typed union of config models told apart by the literal field `key`, which defaults to
+    `default` when the YAML leaves it out. Used wherever the user picks one algorithm by name."""
+
+    def tag_of(value: Any) -> str | None:
+        if isinstance(value, dict):
+            return value.get(key, default)
+        return getattr(value, key, None)
+
+    tag_of.__name__ = key  # pydantic names the field as "<name>()" in its error messages
+
+    tagged = tuple(Annotated[o, Tag(o.model_fields[key].default)] for o in options)
+    return Annotated[tagged[0] if len(tagged) == 1 else _union(tagged), Discriminator(tag_of)]
+
+
+def _union(types: tuple[Any, ...]) -> Any:
+    from functools import reduce
+    from operator import or_
+
+    return reduce(or_, types)
