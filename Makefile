@@ -9,10 +9,11 @@ STAMP := $(VENV)/.installed
 
 setup: $(STAMP)
 
-# bubblewrap (the sandbox for untrusted code) from Debian, then torch first (the pinned CPU
-# build), then the package with its dev extras.
+# From Debian: bubblewrap (the sandbox for untrusted code) and chromium (the run viewer's browser
+# tests). Then torch first (the pinned CPU build), then the package with its dev extras.
 $(STAMP): pyproject.toml
-	command -v bwrap >/dev/null || { apt-get update -qq && apt-get install -y -qq bubblewrap; }
+	command -v bwrap >/dev/null && command -v chromium >/dev/null && command -v chromedriver >/dev/null \
+	  || { apt-get update -qq && apt-get install -y -qq bubblewrap chromium chromium-driver; }
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet torch==2.13.0
@@ -22,8 +23,9 @@ $(STAMP): pyproject.toml
 models/tiny/config.json: | $(STAMP)
 	$(REROLL) make-model --out models/tiny --preset tiny
 
+# Demonstrations of mixed quality (README): 60% of the SFT targets skip the working and are right only 25% of the time.
 data/arithmetic/train.jsonl: | $(STAMP)
-	$(REROLL) make-data --out data/arithmetic
+	$(REROLL) make-data --out data/arithmetic --direct-frac 0.6 --direct-accuracy 0.25
 
 # Tiny model -> SFT warm start -> GRPO with held-out evaluation; prints the summary.
 demo: $(STAMP) models/tiny/config.json data/arithmetic/train.jsonl

@@ -102,13 +102,26 @@ def build_parser() -> argparse.ArgumentParser:
                    help="share of those direct answers that are right (the rest are off by 1-3)")
     p.add_argument("--seed", type=int, default=0)
     p.set_defaults(fn=cmd_make_data)
+
+    from reroll.viewer import add_view_parser
+
+    add_view_parser(sub)
     return parser
+
+
+def quiet_libraries() -> None:
+    """Our own progress bars say what is happening; transformers' per-load bars are noise."""
+    import transformers
+
+    transformers.utils.logging.disable_progress_bar()
+    transformers.utils.logging.set_verbosity_error()
 
 
 def main(argv: list[str] | None = None) -> int:
     from reroll.engines.base import WeightSyncError
 
     args = build_parser().parse_args(argv)
+    quiet_libraries()
     try:
         args.fn(args)
     except ConfigError as e:

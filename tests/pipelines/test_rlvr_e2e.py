@@ -115,7 +115,7 @@ def test_hanging_and_crashing_rewards_are_counted_and_the_run_finishes(tmp_path,
     data = rl_config(tmp_path, warm_model, steps=2, eval={"every_steps": 0},
                      reward={"type": "custom", "function": "rewards_for_tests:hangs_or_crashes",
                              "timeout_s": 0.5, "num_workers": 2},
-                     rollout={"prompts_per_step": 2, "group_size": 4})
+                     rollout={"prompts_per_step": 2, "group_size": 4}, train={"micro_batch_size": 8})
     data["data"]["eval"] = None
     try:
         train(load_config(write_config(tmp_path / "rl.yaml", data)))
@@ -130,7 +130,8 @@ def test_cli_train_runs_and_prints_the_summary(tmp_path, warm_model):
     data = rl_config(tmp_path, warm_model, steps=1, eval={"every_steps": 0})
     path = write_config(tmp_path / "rl.yaml", data)
     result = subprocess.run([sys.executable, "-m", "reroll.cli", "train", str(path),
-                             "rollout.prompts_per_step=2"], capture_output=True, text=True, timeout=300)
+                             "rollout.prompts_per_step=2", "train.micro_batch_size=16"],
+                            capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-2000:]
     summary = json.loads(result.stdout.strip().splitlines()[-1])
     assert summary["steps"] == 1 and summary["eval_reward_start"] is not None

@@ -1,0 +1,98 @@
+"""Which curves the report draws: metric names grouped into charts, one chart per group.
+
+A group is drawn only when at least one of its metrics is in the run, so an SFT run gets its NLL
+chart and an RL run its reward chart from the same list. Metrics that no group claims are drawn
+one small chart each under "More metrics", so nothing the trainer logged is hidden.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True)
+class GroupSpec:
+    """A chart: its metrics (exact names, or every name under `prefix`), and an optional band
+    drawn as mean ± std around `band[0]` using `band[1]`."""
+
+    id: str
+    title: str
+    keys: tuple[str, ...] = ()
+    prefix: str | None = None
+    band: tuple[str, str] | None = None
+    note: str = ""
+
+
+GROUPS: tuple[GroupSpec, ...] = (
+    GroupSpec("reward", "Reward", ("train/reward_mean", "eval/reward_mean"),
+              band=("train/reward_mean", "train/reward_std"),
+              note="train: mean over the step's rollouts (band: ± std); eval: held-out prompts"),
+    GroupSpec("nll", "Negative log-likelihood", ("sft/nll", "eval/nll")),
+    GroupSpec("kl", "KL", ("actor/kl_ref", "actor/approx_kl", "actor/approx_kl_k3",
+                           "actor/behaviour_kl_k3")),
+    GroupSpec("entropy", "Entropy", ("actor/entropy",)),
+    GroupSpec("length", "Response length (tokens)",
+              ("train/response_len_mean", "train/response_len_max")),
+    GroupSpec("clip", "Clip fraction", ("actor/clip_frac",)),
+    GroupSpec("truncation", "Truncated responses / all-equal groups",
+              ("train/truncated_frac", "train/groups_all_equal")),
+    GroupSpec("staleness", "Staleness", prefix="staleness/"),
+    GroupSpec("time", "Time per step (s)", ("time/step_s", "time/rollout_s", "time/train_s",
+                                            "time/weight_sync_s"), prefix="time/"),
+    GroupSpec("loss", "Loss", ("train/loss",)),
+    GroupSpec("grad", "Gradient norm", ("train/grad_norm",)),
+    GroupSpec("lr", "Learning rate", ("train/lr",)),
+    GroupSpec("reward-errors", "Reward errors / timeouts", ("reward/errors", "reward/timeouts")),
+)
+
+
+@dataclass
+class Chart:
+    """One chart as the page's script draws it (see `as_json`)."""
+
+    id: str
+    title: str
+    keys: list[str]
+    band: tuple[str, str] | None = None
+    note: str = ""
+    extra: bool = False
+    non_finite: dict[str, list[int]] = field(default_factory=dict)
+
+    def as_json(self) -> dict[str, Any]:
+        return {"id": self.id, "title": self.title, "keys": self.keys,
+                "band": list(self.band) if self.band else None, "note": self.note,
+                "extra": self.extra, "nonFinite": self.non_finite}
+
+
+def plan_charts(keys: list[str], non_finite: dict[str, list[int]] | None = None,
+                groups: tuple[GroupSpec, ...] = GROUPS) -> list[Chart]:
+    """Charts for the metric names in `keys` (in the order of `groups`, then the unclaimed ones)."""
+    non_finite = non_finite or {}
+    present, claimed, charts = set(keys), set(), []
+    for spec in groups:
+        chosen = [k for k in spec.keys if k in present]
+        if spec.prefix:
+            chosen += [k for k in keys if k.startswith(spec.prefix) and k not in chosen]
+        chosen = [k for k in chosen if k not in claimed]
+        if not chosen:
+            continue
+        claimed.update(chosen)
+        band = spec.band if spec.band and set(spec.band) <= present else None
+        if band:
+            claimed.add(band[1])
+        charts.append(Chart(spec.id, spec.title, chosen, band, spec.note,
+                            non_finite=_only(non_finite, chosen)))
+    for key in keys:
+        if key not in claimed:
+            charts.append(Chart("metric-" + _slug(key), key, [key], extra=True,
+                                non_finite=_only(non_finite, [key])))
+    return charts
+
+
+def _only(non_finite: dict[str, list[int]], keys: list[str]) -> dict[str, list[int]]:
+    return {k: non_finite[k] for k in keys if k in non_finite}
+
+
+def _slug(key: str) -> str:
+    return "".join(c if c.isalnum() else "-" for c in key).strip("-").lower()

@@ -1,0 +1,217 @@
+"""The report in a real headless Chromium (Debian's `chromium` and `chromium-driver`, driven by
+selenium): it loads from disk without console errors or network requests, the curves are drawn,
+and the rollout table's filters change what is shown.
+
+Skipped, with the reason, only when chromium or chromedriver is not installed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+
+import pytest
+import yaml
+
+from reroll.viewer import cmd_view, write_report
+
+pytestmark = pytest.mark.e2e
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+CHROMEDRIVER = shutil.which("chromedriver")
+FLAGS = ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-quic",
+         "--disable-background-networking", "--disable-component-update", "--disable-sync",
+         "--no-first-run", "--window-size=1400,1000")
+
+
+@pytest.fixture(scope="module")
+def browser(tmp_path_factory):
+    if not CHROMIUM or not CHROMEDRIVER:
+        pytest.skip("Chromium is not installed: apt-get install -y chromium chromium-driver")
+    try:
+        from selenium import webdriver
+        from selenium.webdriver.chrome.service import Service
+    except ImportError:
+        pytest.fail("selenium is missing from the environment: pip install -e .[dev]")
+    os.environ.setdefault("SE_OFFLINE", "true")  # never let selenium look for drivers online
+    options = webdriver.ChromeOptions()
+    options.binary_location = CHROMIUM
+    for flag in FLAGS + (f"--user-data-dir={tmp_path_factory.mktemp('chromium-profile')}",):
+        options.add_argument(flag)
+    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
+    driver = webdriver.Chrome(options=options, service=Service(CHROMEDRIVER))
+    driver.set_page_load_timeout(30)
+    yield driver
+    driver.quit()
+
+
+def open_report(driver, path):
+    driver.get(path.resolve().as_uri())
+    deadline = time.monotonic() + 20
+    while driver.execute_script("return document.body && document.body.dataset.ready") != "1":
+        assert time.monotonic() < deadline, "the page's script did not finish"
+        time.sleep(0.05)
+
+
+def console_problems(driver) -> list[dict]:
+    return [e for e in driver.get_log("browser") if e["level"] in ("SEVERE", "WARNING")]
+
+
+def visible_rows(driver) -> int:
+    rows = driver.find_elements("css selector", "#rollout-body tr.rollout-row")
+    return sum(row.is_displayed() for row in rows)
+
+
+def path_vertices(driver, chart: str, key: str) -> dict:
+    """Vertices and pen-up moves of a series' drawn path, and its length on screen."""
+    return driver.execute_script("""
+        const p = document.querySelector(`#chart-${arguments[0]} path[data-key="${arguments[1]}"]`);
+        if (!p) return null;
+        const d = p.getAttribute("d");
+        const box = p.getBoundingClientRect();
+        return {moves: (d.match(/M/g) || []).length, lines: (d.match(/L/g) || []).length,
+                length: p.getTotalLength(), width: box.width, height: box.height};
+    """, chart, key)
+
+
+def set_value(driver, element_id: str, text: str) -> None:
+    element = driver.find_element("id", element_id)
+    element.clear()
+    element.send_keys(text)
+
+
+def select(driver, element_id: str, value: str) -> None:
+    from selenium.webdriver.support.ui import Select
+
+    Select(driver.find_element("id", element_id)).select_by_value(value)
+
+
+def test_console_errors_would_be_seen(browser, run_dir):
+    """The console check below is real: an error thrown on the page shows in the log."""
+    _, report = write_report(run_dir)
+    open_report(browser, report)
+    browser.get_log("browser")
+    browser.execute_script("setTimeout(() => { throw new Error('probe-error'); }, 0)")
+    time.sleep(0.3)
+    assert any("probe-error" in e["message"] for e in console_problems(browser))
+
+
+def test_report_loads_offline_and_draws_the_curves(browser, run_dir, spec):
+    _, report = write_report(run_dir)
+    browser.get_log("browser")  # start from an empty log
+    open_report(browser, report)
+    assert console_problems(browser) == []
+    assert browser.execute_script("return performance.getEntriesByType('resource').length") == 0
+
+    reward = path_vertices(browser, "reward", "train/reward_mean")
+    assert reward["moves"] == 1 and reward["lines"] == spec["steps"] - 1
+    assert reward["length"] > 100 and reward["width"] > 200 and reward["height"] > 50
+    eval_points = browser.find_elements("css selector", '#chart-reward circle[data-key="eval/reward_mean"]')
+    assert len(eval_points) == spec["steps"] // spec["eval_every"] + 1  # + the start, at step 0
+    assert browser.find_elements("css selector", "#chart-reward polygon.band")  # ± std
+    grad = path_vertices(browser, "grad", "train/grad_norm")
+    assert grad["moves"] == 2  # the nan at step 17 breaks the line
+    assert "non-finite" in browser.find_element("id", "chart-grad").text
+    for chart in ("kl", "entropy", "length", "clip", "staleness", "time"):
+        assert browser.find_elements("css selector", f"#chart-{chart} path.series"), chart
+    assert not browser.find_elements("css selector", "#chart-nll")
+    assert browser.find_element("id", "more-count").text == "1"
+
+
+def test_filters_change_the_visible_rows(browser, run_dir, spec):
+    _, report = write_report(run_dir)
+    open_report(browser, report)
+    total = len(spec["rollout_steps"]) * spec["rows_per_step"]
+    count = browser.find_element("id", "rollout-count")
+    assert visible_rows(browser) == total and count.text.startswith(f"{total} of {total}")
+
+    set_value(browser, "f-text", "zebra")
+    assert visible_rows(browser) == spec["zebra_rows"]
+    assert count.text.startswith(f"{spec['zebra_rows']} of {total}")
+    set_value(browser, "f-min", "0.5")  # zebra rows have rewards 0, 1, 0.5
+    assert visible_rows(browser) == 2
+    select(browser, "f-step", "2")  # no zebras at step 2
+    assert visible_rows(browser) == 0 and count.text.startswith(f"0 of {total}")
+
+    browser.find_element("id", "f-clear").click()
+    assert visible_rows(browser) == total
+    set_value(browser, "f-min", "0")
+    set_value(browser, "f-max", "0.5")  # rewards cycle 0, 1, 0.5, -1
+    assert visible_rows(browser) == total // 2
+    browser.find_element("id", "f-clear").click()
+    set_value(browser, "f-text", "LEGS   cat")  # every word, any case
+    assert visible_rows(browser) == total - spec["zebra_rows"]
+    browser.find_element("id", "f-clear").click()
+    select(browser, "f-finish", "stop")
+    assert visible_rows(browser) == total // 2
+    browser.find_element("id", "f-clear").click()
+
+    browser.find_element("css selector", 'th[data-key="reward"]').click()  # highest reward first
+    first = browser.find_element("css selector", "#rollout-body tr.rollout-row td.reward")
+    assert first.text == "1"
+    assert console_problems(browser) == []
+
+
+def test_agentic_trajectories_show_their_turns(browser, run_dir):
+    _, report = write_report(run_dir)
+    open_report(browser, report)
+    select(browser, "f-step", "20")
+    row = browser.find_element("css selector", "#rollout-body tr.rollout-row")
+    assert "4 turns" in row.text
+    row.click()
+    turns = browser.find_elements("css selector", "tr.rollout-detail .turn")
+    assert [t.get_attribute("data-role") for t in turns] == ["policy", "env", "policy", "env"]
+    assert "turn-policy" in turns[0].get_attribute("class")
+    assert "turn-env" in turns[1].get_attribute("class")
+    assert turns[0].value_of_css_property("background-color") != \
+        turns[1].value_of_css_property("background-color")
+    assert "Game over: you won." in turns[3].text
+    browser.find_element("css selector", "#rollout-body tr.rollout-row.open").click()  # closes
+    assert not browser.find_elements("css selector", "tr.rollout-detail")
+    assert console_problems(browser) == []
+
+
+def test_report_of_a_real_training_run(browser, tmp_path, tiny_model, arithmetic, capsys):
+    """Train the tiny model for 3 steps, recording rollouts; the report shows those numbers."""
+    from reroll.config import load_config
+    from reroll.pipelines.rlvr import train
+
+    steps, recorded = 3, 8
+    config = tmp_path / "rl.yaml"
+    config.write_text(yaml.safe_dump({
+        "output_dir": str(tmp_path / "run"), "seed": 0, "steps": steps,
+        "model": {"path": tiny_model},
+        "data": {"train": arithmetic["train"], "eval": arithmetic["eval"]},
+        "rollout": {"prompts_per_step": 2, "group_size": 4, "max_new_tokens": 12},
+        "train": {"micro_batch_size": 8}, "eval": {"every_steps": 2, "max_prompts": 4},
+        "tracking": {"progress": False, "tensorboard": False, "record_rollouts": recorded}}))
+    summary = train(load_config(config))
+    run_dir = tmp_path / "run"
+
+    cmd_view(type("Args", (), {"run_dir": str(run_dir), "out": None, "max_rollouts_per_step": 500})())
+    assert f"report written to {(run_dir / 'report.html').resolve()}" in capsys.readouterr().out
+    browser.get_log("browser")
+    open_report(browser, run_dir / "report.html")
+    assert console_problems(browser) == []
+
+    metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    drawn = browser.execute_script(
+        "return JSON.parse(document.getElementById('run-data').textContent).series['train/reward_mean']")
+    assert drawn == [[m["step"], m["train/reward_mean"]] for m in metrics]
+    assert path_vertices(browser, "reward", "train/reward_mean")["lines"] == steps - 1
+    eval_points = browser.find_elements("css selector", '#chart-reward circle[data-key="eval/reward_mean"]')
+    assert len(eval_points) == 1 + sum("eval/reward_mean" in m for m in metrics)  # + start
+    cards = browser.find_element("id", "overview").text
+    assert f"STEPS\n{summary['steps']}" in cards and "finished" in cards
+
+    assert visible_rows(browser) == steps * recorded
+    select(browser, "f-step", "2")
+    assert visible_rows(browser) == recorded
+    first_prompt = json.loads((run_dir / "rollouts" / "step_2.jsonl").read_text().splitlines()[0])["prompt"]
+    set_value(browser, "f-text", first_prompt.split("?")[0])
+    shown = visible_rows(browser)
+    assert 1 <= shown <= recorded
+    assert all(first_prompt.split("?")[0] in r.get_attribute("textContent") for r in
+               browser.find_elements("css selector", "#rollout-body tr.rollout-row"))

@@ -1,0 +1,165 @@
+"""The HTML report and the `view` subcommand, without a browser."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+from html.parser import HTMLParser
+
+import pytest
+
+from reroll.config.errors import ConfigError
+from reroll.viewer import add_view_parser, cmd_view, load_run, render_report, write_report
+from reroll.viewer.report import embed_json, payload
+
+pytestmark = pytest.mark.unit
+
+
+class Tags(HTMLParser):
+    """Every start tag with its attributes, and the text of each <script>."""
+
+    def __init__(self):
+        super().__init__()
+        self.tags: list[tuple[str, dict]] = []
+        self.scripts: list[str] = []
+        self._in_script = False
+
+    def handle_starttag(self, tag, attrs):
+        self.tags.append((tag, dict(attrs)))
+        self._in_script = tag == "script"
+        if self._in_script:
+            self.scripts.append("")
+
+    def handle_endtag(self, tag):
+        self._in_script = False if tag == "script" else self._in_script
+
+    def handle_data(self, data):
+        if self._in_script:
+            self.scripts[-1] += data
+
+
+def parse(html: str) -> Tags:
+    tags = Tags()
+    tags.feed(html)
+    return tags
+
+
+def cli(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="reroll")
+    add_view_parser(parser.add_subparsers(dest="command", required=True))
+    return parser.parse_args(argv)
+
+
+def test_the_report_is_self_contained(run_dir):
+    html = render_report(load_run(run_dir))
+    tags = parse(html)
+    remote = re.compile(r"^\s*(https?:|//|ftp:)", re.I)
+    for tag, attrs in tags.tags:
+        for name in ("src", "href", "srcset", "data", "action", "poster"):
+            assert not remote.match(attrs.get(name) or ""), f"<{tag} {name}={attrs[name]!r}>"
+        assert not (tag == "script" and "src" in attrs), "scripts must be inline"
+        assert not (tag == "link" and attrs.get("rel") == "stylesheet"), "styles must be inline"
+    hrefs = [a["href"] for t, a in tags.tags if "href" in a]
+    assert hrefs and all(h.startswith("#") for h in hrefs)  # only in-page anchors
+    assert "@import" not in html and "url(" not in html
+    assert not re.search(r"\bfetch\(|XMLHttpRequest|import\(", html)
+    assert "http://" not in html and "https://" not in html
+    assert html.startswith("<!DOCTYPE html>") and html.rstrip().endswith("</html>")
+
+
+def test_the_embedded_data_is_the_payload_and_cannot_break_out_of_its_script(run_dir):
+    run = load_run(run_dir)
+    html = render_report(run)
+    tags = parse(html)
+    scripts = [attrs for tag, attrs in tags.tags if tag == "script"]
+    data_tags = [i for i, attrs in enumerate(scripts) if attrs.get("type") == "application/json"]
+    assert len(data_tags) == 1
+    embedded = json.loads(tags.scripts[data_tags[0]])
+    assert embedded == json.loads(json.dumps(payload(run)))
+    # A response holds '</script><b>x</b>': it stays data, escaped in the page's source.
+    assert "</script><b>" not in html and "\\u003c/script\\u003e" in html
+    assert embedded["rollouts"][0]["response"].endswith("</script><b>x</b>")
+    assert html.count("<script") == 2
+
+
+def test_payload_series_charts_and_rollouts(run_dir, spec):
+    data = payload(load_run(run_dir))
+    reward = data["series"]["train/reward_mean"]
+    assert [s for s, _ in reward] == list(range(1, spec["steps"] + 1))
+    eval_points = data["series"]["eval/reward_mean"]
+    assert eval_points[0] == [0, 0.15]  # the start eval from summary.json, drawn at step 0
+    assert len(eval_points) == 1 + spec["steps"] // spec["eval_every"]
+    assert [spec["non_finite_step"], None] in data["series"]["train/grad_norm"]
+    assert data["charts"][0]["id"] == "reward" and data["charts"][0]["band"] == [
+        "train/reward_mean", "train/reward_std"]
+    assert len(data["rollouts"]) == len(spec["rollout_steps"]) * spec["rows_per_step"]
+    assert [r["step"] for r in data["rollouts"][:: spec["rows_per_step"]]] == list(spec["rollout_steps"])
+
+
+def test_embed_json_escapes_markup_and_rejects_nan():
+    text = embed_json({"a": "</script><!-- & -->", "b": "\u2028\x00"})
+    assert "<" not in text and ">" not in text and "&" not in text
+    assert json.loads(text) == {"a": "</script><!-- & -->", "b": "\u2028\x00"}
+    with pytest.raises(ValueError):
+        embed_json({"x": float("nan")})
+
+
+def test_static_sections_show_headline_summary_and_escaped_config(run_dir):
+    (run_dir / "summary.json").write_text(json.dumps(
+        {"steps": 30, "eval_reward_start": 0.15, "eval_reward_end": 0.8, "wall_time_s": 61.5,
+         "note": "<b>bold</b>", "nested": {"a": 1}}))
+    html = render_report(load_run(run_dir))
+    assert '<div class="card" data-label="eval reward">' in html and "0.15 → 0.8" in html
+    assert "&lt;b&gt;bold&lt;/b&gt;" in html and "<b>bold</b>" not in html
+    assert "{&quot;a&quot;: 1}" in html
+    assert "path: models/tiny  # &lt;not a tag&gt;" in html
+    assert 'id="warnings"' not in html
+
+
+def test_notes_and_missing_files_are_shown(run_dir):
+    (run_dir / "summary.json").unlink()
+    (run_dir / "config.yaml").unlink()
+    html = render_report(load_run(run_dir))
+    assert 'id="warnings"' in html and "summary.json is missing" in html
+    assert "config.yaml is missing" in html
+
+
+def test_a_run_without_rollouts_still_renders(tmp_path):
+    (tmp_path / "metrics.jsonl").write_text('{"step": 1, "train/reward_mean": 0.5, "time/step_s": 1}\n')
+    run, path = write_report(tmp_path)
+    assert path == tmp_path / "report.html" and path.is_file()
+    assert payload(run)["rollouts"] == []
+
+
+def test_cmd_view_writes_the_report_and_prints_the_summary(run_dir, capsys):
+    cmd_view(cli(["view", str(run_dir)]))
+    report = run_dir / "report.html"
+    assert report.is_file() and 'id="run-data"' in report.read_text()
+    out = capsys.readouterr().out
+    for text in ("steps", "30", "train reward", "eval reward", "0.15 → 0.8", "wall time",
+                 "1 min 02 s", "report"):
+        assert text in out, text
+    assert "report.html" in out.replace("\n", "").replace(" ", "").replace("│", "")
+
+
+def test_cmd_view_out_option(run_dir, tmp_path, capsys):
+    target = tmp_path / "elsewhere" / "r.html"
+    args = cli(["view", str(run_dir), "--out", str(target)])
+    assert args.fn is cmd_view
+    cmd_view(args)
+    assert target.is_file() and not (run_dir / "report.html").exists()
+
+
+def test_cmd_view_errors_name_the_path(tmp_path):
+    with pytest.raises(ConfigError, match=f"{tmp_path / 'nope'}: no such run directory"):
+        cmd_view(cli(["view", str(tmp_path / "nope")]))
+    with pytest.raises(ConfigError, match="metrics.jsonl: not found"):
+        cmd_view(cli(["view", str(tmp_path)]))
+    (tmp_path / "metrics.jsonl").write_text('{"step": 1}\n')
+    with pytest.raises(ConfigError, match="--max-rollouts-per-step 0"):
+        cmd_view(cli(["view", str(tmp_path), "--max-rollouts-per-step", "0"]))
+    blocker = tmp_path / "blocker"
+    blocker.write_text("a file where a folder should be")
+    with pytest.raises(ConfigError, match="cannot write the report"):
+        cmd_view(cli(["view", str(tmp_path), "--out", str(blocker / "r.html")]))
