@@ -99,7 +99,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--direct-frac", type=float, default=0.0,
                    help="share of SFT targets that give an answer without the working")
     p.add_argument("--direct-accuracy", type=float, default=1.0,
-                   help="share of those direct answers that are right (the rest are off by 1-3)")
+                   help="share of those direct answers that are right (the rest copy a number "
+                        "from the question)")
     p.add_argument("--seed", type=int, default=0)
     p.set_defaults(fn=cmd_make_data)
 

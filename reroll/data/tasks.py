@@ -6,7 +6,8 @@ and a `response`, the SFT target; RL only needs `prompt` and `answer`.
 
 `direct_frac` and `direct_accuracy` make the SFT targets of mixed quality, as imitation data
 often is: that share of responses states an answer without the working, and only
-`direct_accuracy` of those answers is right (a careless annotator; the others are off by 1-3).
+`direct_accuracy` of those answers is right (the others take a careless annotator's shortcut:
+they copy the first number of the question).
 A small model imitates both styles; RL with a verifiable reward has to discover that working it
 out pays. The demo uses this to leave RL room to show what it does.
 """
@@ -63,7 +64,8 @@ def arithmetic_rows(n: int, seed: int, levels: tuple[int, ...] = (1, 2, 3, 4),
         solution = f"{work} The answer is \\boxed{{{answer}}}."
         response = solution
         if rng.random() < direct_frac:
-            stated = answer if rng.random() < direct_accuracy else answer + rng.choice([-3, -2, -1, 1, 2, 3])
+            # The shortcut of a careless annotator: copy the first number of the question.
+            stated = answer if rng.random() < direct_accuracy else int(work.split(" ")[0])
             response = f"The answer is \\boxed{{{stated}}}."
         yield {
             "prompt": f"{question} {INSTRUCTION}",

@@ -1,0 +1,86 @@
+"""Render the config schemas as a Markdown reference (docs/config.md), from the field docstrings."""
+
+from __future__ import annotations
+
+import types
+import typing
+from typing import Any
+
+from pydantic import BaseModel
+from pydantic_core import PydanticUndefined
+
+
+def _models_in(annotation: Any) -> list[type[BaseModel]]:
+    """The config models inside a field's annotation (through Optional, unions, Annotated)."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return [annotation]
+    found = []
+    for arg in typing.get_args(annotation):
+        found += _models_in(arg)
+    return found
+
+
+def _type_name(annotation: Any) -> str:
+    if isinstance(annotation, type):
+        return annotation.__name__
+    origin = typing.get_origin(annotation)
+    if origin is typing.Literal:
+        return " \\| ".join(repr(a) for a in typing.get_args(annotation))
+    if origin in (typing.Union, types.UnionType):
+        return " \\| ".join(_type_name(a) for a in typing.get_args(annotation))
+    if origin is typing.Annotated:
+        return _type_name(typing.get_args(annotation)[0])
+    return str(annotation).replace("typing.", "")
+
+
+def _implied_doc(name: str, field, models: list[type[BaseModel]]) -> str:
+    if name in ("name", "type") and typing.get_origin(field.annotation) is typing.Literal:
+        return "Selects this variant."
+    if models and models[0].__doc__:
+        return " ".join(models[0].__doc__.split()).split(". ")[0].rstrip(".") + "."
+    return ""
+
+
+def _default(field) -> str:
+    if field.default is PydanticUndefined:
+        return "required" if field.default_factory is None else "(section)"
+    return f"`{field.default!r}`"
+
+
+def render(model: type[BaseModel], prefix: str = "", seen: set | None = None) -> list[str]:
+    seen = set() if seen is None else seen
+    lines = []
+    nested = []
+    for name, field in model.model_fields.items():
+        path = f"{prefix}{name}"
+        models = _models_in(field.annotation)
+        doc = (field.description or _implied_doc(name, field, models)).replace("\n", " ")
+        lines.append(f"| `{path}` | {_type_name(field.annotation)} | {_default(field)} | {doc} |")
+        nested += [(path, m) for m in models]
+    out = []
+    if lines:
+        title = prefix.rstrip(".") or "top level"
+        out += [f"### `{title}` ({model.__name__})", ""]
+        if model.__doc__ and prefix:
+            out += [" ".join(model.__doc__.split()), ""]
+        out += ["| key | type | default | meaning |", "|---|---|---|---|", *lines, ""]
+    for path, sub in nested:
+        if (path, sub) not in seen:
+            seen.add((path, sub))
+            out += render(sub, f"{path}.", seen)
+    return out
+
+
+def render_markdown() -> str:
+    from reroll.config.schema import RLConfig, SFTConfig
+
+    parts = ["# Config reference", "",
+             "Generated from the schemas in `reroll/config/` (`python -m reroll.config.reference`).",
+             "Unknown keys are errors; a union section picks its variant by `name` (or `type`).", ""]
+    for title, model in (("`reroll train` (RLVR)", RLConfig), ("`reroll sft`", SFTConfig)):
+        parts += [f"## {title}", "", *render(model)]
+    return "\n".join(parts)
+
+
+if __name__ == "__main__":
+    print(render_markdown())

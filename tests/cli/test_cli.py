@@ -1,0 +1,39 @@
+import json
+import subprocess
+import sys
+
+import pytest
+
+from reroll.cli import build_parser, main
+
+pytestmark = pytest.mark.unit
+
+
+def test_help_lists_every_subcommand():
+    text = build_parser().format_help()
+    for command in ("train", "sft", "make-model", "make-data", "view"):
+        assert command in text
+
+
+def test_make_data_writes_splits(tmp_path, capsys):
+    assert main(["make-data", "--out", str(tmp_path), "--train-size", "20", "--eval-size", "5",
+                 "--levels", "1,3", "--direct-frac", "1", "--direct-accuracy", "1"]) == 0
+    rows = [json.loads(line) for line in (tmp_path / "train.jsonl").open()]
+    assert len(rows) == 20 and {r["level"] for r in rows} <= {1, 3}
+    assert all(r["response"] == f"The answer is \\boxed{{{r['answer']}}}." for r in rows)
+
+
+@pytest.mark.parametrize("flags, problem", [(["--levels", "1,7"], "--levels"),
+                                            (["--direct-frac", "2"], "--direct-frac")])
+def test_make_data_rejects_bad_flags(tmp_path, capsys, flags, problem):
+    assert main(["make-data", "--out", str(tmp_path), *flags]) == 2
+    assert problem in capsys.readouterr().err
+
+
+def test_missing_model_exits_2_naming_the_fix(tmp_path):
+    config = tmp_path / "c.yaml"
+    config.write_text(f"steps: 1\nmodel: {{path: {tmp_path / 'nope'}}}\ndata: {{train: x.jsonl}}\n")
+    result = subprocess.run([sys.executable, "-m", "reroll.cli", "train", str(config)],
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2 and "reroll make-model" in result.stderr
+    assert "Traceback" not in result.stderr
