@@ -9,11 +9,13 @@ STAMP := $(VENV)/.installed
 
 setup: $(STAMP)
 
-# From Debian: bubblewrap (the sandbox for untrusted code) and chromium (the run viewer's browser
-# tests). Then torch first (the pinned CPU build), then the package with its dev extras.
+# From Debian: bubblewrap and a system python3 (the sandbox for untrusted code runs programs with
+# /usr/bin/python3) and chromium (the run viewer's browser tests). Then torch first (the pinned
+# CPU build), then the package with its dev extras.
 $(STAMP): pyproject.toml
-	command -v bwrap >/dev/null && command -v chromium >/dev/null && command -v chromedriver >/dev/null \
-	  || { apt-get update -qq && apt-get install -y -qq bubblewrap chromium chromium-driver; }
+	command -v bwrap >/dev/null && test -x /usr/bin/python3 && command -v chromium >/dev/null \
+	  && command -v chromedriver >/dev/null \
+	  || { apt-get update -qq && apt-get install -y -qq bubblewrap python3 chromium chromium-driver; }
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet torch==2.13.0
@@ -27,10 +29,12 @@ models/tiny/config.json: | $(STAMP)
 data/arithmetic/train.jsonl: | $(STAMP)
 	$(REROLL) make-data --out data/arithmetic --direct-frac 0.6 --direct-accuracy 0.25
 
-# Tiny model -> SFT warm start -> GRPO with held-out evaluation; prints the summary.
+# Tiny model -> SFT warm start -> GRPO with held-out evaluation; prints the summary and writes
+# an HTML report of the run.
 demo: $(STAMP) models/tiny/config.json data/arithmetic/train.jsonl
 	$(REROLL) sft examples/arithmetic/sft.yaml
 	$(REROLL) train examples/arithmetic/grpo.yaml
+	$(REROLL) view runs/arithmetic-grpo
 
 # Every tier this machine can run: unit, e2e (tiny models). Exit code 5 (no tests selected) is fine.
 test: $(STAMP)

@@ -21,6 +21,8 @@ from reroll.config.base import Section, choice
 
 
 class ModelConfig(Section):
+    """The policy model (and its tokenizer, from the same folder)."""
+
     path: str
     """A local folder in Hugging Face format (as written by `reroll make-model` or `save_pretrained`),
     or a hub id when the machine has network access."""
@@ -29,6 +31,8 @@ class ModelConfig(Section):
 
 
 class DataConfig(Section):
+    """Prompt datasets."""
+
     train: str
     """Training prompts: a .jsonl or .parquet file with `prompt` and `answer` (or `messages`)."""
     eval: str | None = None
@@ -40,9 +44,12 @@ class DataConfig(Section):
 
 
 class OptimizerConfig(Section):
+    """AdamW and its learning-rate schedule."""
+
     lr: float = Field(1e-5, gt=0, le=1.0)
     """Peak learning rate of AdamW."""
     weight_decay: float = Field(0.0, ge=0)
+    """Decoupled weight decay of AdamW."""
     betas: tuple[float, float] = (0.9, 0.999)
     """AdamW betas."""
     warmup_steps: int = Field(0, ge=0)
@@ -50,11 +57,14 @@ class OptimizerConfig(Section):
     schedule: Literal["constant", "cosine"] = "constant"
     """After warm-up: constant, or cosine decay to `min_lr_ratio * lr` at the last step."""
     min_lr_ratio: float = Field(0.0, ge=0, le=1)
+    """Floor of the cosine schedule, as a fraction of `lr`."""
     grad_clip: float | None = Field(1.0, gt=0)
     """Clip the global gradient norm to this value (None: no clipping; the norm is still logged)."""
 
 
 class TrainConfig(Section):
+    """How the training strategy runs forward/backward passes."""
+
     micro_batch_size: int = Field(16, ge=1)
     """Sequences per forward/backward pass. Gradients are accumulated so that the update equals
     the full-batch update whatever this is (it trades memory for speed only)."""
@@ -66,6 +76,8 @@ class TrainConfig(Section):
 
 
 class CheckpointConfig(Section):
+    """When to write `checkpoints/step_N/` (HF weights + trainer state, for resume)."""
+
     every_steps: int = Field(0, ge=0)
     """Save `checkpoints/step_N/` every N steps (0: only at the end)."""
     keep_last: int = Field(2, ge=1)
@@ -73,6 +85,8 @@ class CheckpointConfig(Section):
 
 
 class TrackingConfig(Section):
+    """Where metrics and rollouts go (metrics.jsonl is always written)."""
+
     tensorboard: bool = True
     """Write tensorboard event files to `<run>/tensorboard/`."""
     progress: bool = True
@@ -86,6 +100,8 @@ class TrackingConfig(Section):
 
 
 class RolloutConfig(Section):
+    """How responses are sampled for training."""
+
     engine: Literal["hf"] = "hf"
     """Inference engine that samples responses: `hf` (transformers, in-process)."""
     prompts_per_step: int = Field(16, ge=1)
@@ -97,6 +113,7 @@ class RolloutConfig(Section):
     temperature: float = Field(1.0, gt=0, le=10)
     """Sampling temperature. Behaviour and training logprobs are both computed at this temperature."""
     top_p: float = Field(1.0, gt=0, le=1)
+    """Nucleus sampling: keep the smallest set of tokens whose probability reaches top_p."""
     top_k: int = Field(0, ge=0)
     """Keep the k most likely tokens (0: no limit)."""
     max_batch_size: int = Field(256, ge=1)
@@ -141,12 +158,15 @@ class CustomReward(Section):
     timeout_s: float = Field(10.0, gt=0)
     """Per-call limit; a call past it scores 0 and counts in `reward/timeouts`."""
     num_workers: int = Field(1, ge=1, le=64)
+    """Worker processes for a synchronous function."""
 
 
 RewardConfig = choice("type", "math", MathReward, CodeReward, CustomReward)
 
 
 class EvalConfig(Section):
+    """Held-out evaluation on `data.eval` (mean reward)."""
+
     every_steps: int = Field(10, ge=0)
     """Evaluate on `data.eval` every N steps, and always before the first and after the last step
     (0: only before the first and after the last)."""
@@ -162,9 +182,11 @@ class RLConfig(Section):
     """`reroll train CONFIG.yaml`: reinforcement learning with verifiable rewards (RLVR)."""
 
     pipeline: Literal["rlvr"] = "rlvr"
+    """Which pipeline this config is for."""
     name: str = Field("run", min_length=1)
     """Run name; the run directory is `runs/<name>/` unless `output_dir` is set."""
     output_dir: str | None = None
+    """Run directory (default `runs/<name>/`)."""
     seed: int = 0
     """Seeds data order, sampling and initialisation; the same seed reproduces the same run on CPU."""
     steps: int = Field(..., ge=1)
@@ -210,6 +232,8 @@ class RLConfig(Section):
 
 
 class SFTData(Section):
+    """SFT datasets."""
+
     train: str
     """A .jsonl or .parquet file with `prompt` and the target response (see `response_key`), or
     `messages` ending with the assistant's message."""
@@ -218,6 +242,7 @@ class SFTData(Section):
     response_key: str = "response"
     """The column holding the target response (falls back to `answer` when absent)."""
     system_prompt: str | None = None
+    """Prepended as a system message when a row has only `prompt`."""
     max_tokens: int = Field(512, ge=8)
     """Rows longer than this after templating are an error naming the row."""
 
@@ -226,9 +251,13 @@ class SFTConfig(Section):
     """`reroll sft CONFIG.yaml`: supervised fine-tuning on response tokens (prompt tokens masked)."""
 
     pipeline: Literal["sft"] = "sft"
+    """Which pipeline this config is for."""
     name: str = Field("sft", min_length=1)
+    """Run name; the run directory is `runs/<name>/` unless `output_dir` is set."""
     output_dir: str | None = None
+    """Run directory (default `runs/<name>/`); the model is saved to its `final/`."""
     seed: int = 0
+    """Seeds data order and initialisation."""
     model: ModelConfig
     data: SFTData
     epochs: float = Field(1.0, gt=0)

@@ -97,3 +97,15 @@ def test_checkpoint_restores_weights_optimizer_and_rng(tiny_model, tmp_path):
     assert got["train/loss"] == expected["train/loss"] and got["train/lr"] == expected["train/lr"]
     for (name, p), q in zip(a.model.named_parameters(), b.model.parameters(), strict=True):
         assert torch.equal(p, q), name
+
+
+def test_bf16_autocast_trains_with_float32_weights(tiny_model):
+    batch = random_batch(seed=5)
+    strategy = LocalStrategy(load_model(tiny_model), OptimizerConfig(lr=1e-3),
+                             TrainConfig(micro_batch_size=4, bf16_autocast=True), total_steps=2)
+    before = [p.detach().clone() for p in strategy.model.parameters()]
+    first = strategy.train_step(batch, objective.sft_loss(batch))["train/loss"]
+    second = strategy.train_step(batch, objective.sft_loss(batch))["train/loss"]
+    assert math.isfinite(first) and second < first
+    assert all(p.dtype == torch.float32 for p in strategy.model.parameters())
+    assert any(not torch.equal(a, b) for a, b in zip(before, strategy.model.parameters(), strict=True))
