@@ -218,9 +218,10 @@ class RLConfig(Section):
         if (batch // self.algorithm.updates_per_batch) % self.train.micro_batch_size:
             raise ValueError("train.micro_batch_size must divide each update's mini-batch "
                              "(batch / algorithm.updates_per_batch)")
-        if self.algorithm.advantage.name == "grpo" and self.rollout.group_size < 2:
-            raise ValueError("algorithm.advantage grpo needs rollout.group_size >= 2 (a group of "
-                             "one response has no baseline)")
+        problems = self.algorithm.rollout_errors(self.rollout.group_size,
+                                                 self.rollout.max_new_tokens)
+        if problems:
+            raise ValueError("; ".join(problems))
         return self
 
     def run_dir(self) -> Path:

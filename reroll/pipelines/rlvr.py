@@ -1,8 +1,12 @@
-"""RLVR: reinforcement learning with verifiable rewards (GRPO, PPO-style losses) on prompts.
+"""RLVR: reinforcement learning with verifiable rewards on prompts, with every algorithm of the
+catalogue (GRPO, Dr. GRPO, DAPO, Lite PPO, RLOO, REINFORCE++, PPO with a critic, GSPO, CISPO,
+TOPR, AsyPPO, ...) chosen by the `algorithm:` config.
 
-One step = sample a group of responses per prompt -> score them with the reward -> compute
-logprobs and advantages -> update the policy -> push the new weights to the engine (verified).
-`RLVRPipeline.run` reads top to bottom; each phase is one method below it.
+One step = sample a group of responses per prompt -> score them with the reward -> shape and
+filter -> logprobs, values and advantages -> update the critic and the policy -> push the new
+weights to the engine (verified). `RLVRPipeline.run` reads top to bottom; each phase is one
+method below it; the config-to-function mapping lives in `objective.py`, reward shaping, filters
+and corrections in `rl_batch.py`, the critic in `reroll/training/critic.py`.
 """
 
 from __future__ import annotations
@@ -14,25 +18,28 @@ from pathlib import Path
 import torch
 from tensordict import TensorDict
 
+from reroll import algorithms
 from reroll.config.schema import RLConfig
-from reroll.data.batch import Trajectory, collate
+from reroll.data.batch import Trajectory
 from reroll.data.datasets import PromptSampler, load_prompts
 from reroll.engines.base import SamplingParams, WeightSyncError, fingerprint
 from reroll.engines.hf import HFEngine
 from reroll.models.loading import load_model, load_tokenizer
 from reroll.models.logprobs import batched_logprobs
-from reroll.pipelines import objective
+from reroll.pipelines import objective, rl_batch
 from reroll.pipelines.common import RunDir, Stopwatch, seed_everything, set_threads
 from reroll.rewards import RewardRunner, build_reward
 from reroll.rollout.metrics import rollout_metrics
 from reroll.rollout.sampling import RolloutRequest, rollout
 from reroll.tracking import ProgressBar, Tracker
+from reroll.training.critic import Critic
 from reroll.training.local import LocalStrategy
 
 
 class RLVRPipeline:
     def __init__(self, config: RLConfig):
         self.config = c = config
+        a = c.algorithm
         set_threads(c.train.num_threads)
         seed_everything(c.seed)
         self.run_dir = RunDir(c.run_dir())
@@ -41,10 +48,14 @@ class RLVRPipeline:
         self.eval_rows = load_prompts(c.data.eval, c.data.system_prompt)[: c.eval.max_prompts] \
             if c.data.eval else []
         self.sampler = PromptSampler(self.train_rows, c.seed)
+        total_steps = c.steps * a.updates_per_batch
         self.policy = LocalStrategy(load_model(c.model.path, c.model.dtype), c.optimizer, c.train,
-                                    total_steps=c.steps * c.algorithm.updates_per_batch)
-        # The reference model exists only when a KL term needs it.
-        self.reference = load_model(c.model.path, c.model.dtype).eval() if c.algorithm.kl.coef else None
+                                    total_steps=total_steps)
+        # The reference model exists only when a KL term needs it, the critic only for gae.
+        self.reference = load_model(c.model.path, c.model.dtype).eval() if a.kl.coef else None
+        self.critic = Critic(a.critic, c.model.path, c.model.dtype, c.optimizer, c.train,
+                             total_steps) if a.critic else None
+        self.kl = objective.kl_controller(a.kl)
         self.engine = HFEngine(load_model(c.model.path, c.model.dtype), c.rollout.max_batch_size,
                                self.tokenizer.pad_token_id)
         self.rewards = RewardRunner(build_reward(c.reward), c.reward.timeout_s)
@@ -60,14 +71,14 @@ class RLVRPipeline:
     def run(self) -> dict:
         c, clock = self.config, Stopwatch()
         if self.eval_reward_start is None:
-            self.eval_reward_start = self.evaluate()["eval/reward_mean"]
-        bar = ProgressBar(c.steps, "GRPO", self.start_step, c.tracking.progress)
+            self.eval_reward_start = self.evaluate().get("eval/reward_mean")
+        bar = ProgressBar(c.steps, self.method_name(), self.start_step, c.tracking.progress)
         last_eval = None
         for step in range(self.start_step + 1, c.steps + 1):
             timer = Stopwatch()
             trajectories = self.generate(step)
-            batch = self.make_batch(trajectories)
-            metrics = self.update(batch)
+            batch, metrics = self.make_batch(trajectories)
+            metrics |= self.update(batch, step)
             metrics |= self.sync_weights(step)
             metrics |= rollout_metrics(trajectories, c.rollout.group_size) | self.rewards.metrics()
             if self.eval_due(step):
@@ -95,32 +106,104 @@ class RLVRPipeline:
         self._rollout_s = time.perf_counter() - t0
         return trajectories
 
-    def make_batch(self, trajectories: list[Trajectory]) -> TensorDict:
-        """Collate, then add reference logprobs (when KL is on) and advantages."""
+    def make_batch(self, trajectories: list[Trajectory]) -> tuple[TensorDict, dict[str, float]]:
+        """Collate and shape the rewards, drop groups without signal, score the tokens (reference,
+        pi_old, critic, corrections), then the advantages."""
         c = self.config
-        batch, _ = collate(trajectories, self.tokenizer.pad_token_id)
+        batch, metrics = rl_batch.collate_for_rl(trajectories, self.tokenizer.pad_token_id,
+                                                 c.algorithm, c.rollout.group_size,
+                                                 c.rollout.max_new_tokens)
+        batch, filtered = rl_batch.filter_groups(batch, c.algorithm.dynamic_sampling,
+                                                 c.rollout.group_size)
+        if batch.batch_size[0]:
+            metrics |= self.score(batch)
+            metrics |= self.estimate(batch)
+        return batch, metrics | filtered
+
+    def score(self, batch: TensorDict) -> dict[str, float]:
+        """Per-token inputs of the objective: reference and pi_old logprobs, the KL reward penalty,
+        off-policy corrections, critic values (and AsyPPO's masks)."""
+        c, a = self.config, self.config.algorithm
+        metrics: dict[str, float] = {}
         if self.reference is not None:
             batch["ref_logprobs"] = batched_logprobs(self.reference, batch["input_ids"],
                                                      batch["attention_mask"],
                                                      c.train.micro_batch_size, c.rollout.temperature)
-        batch["advantages"] = objective.compute_advantages(
-            c.algorithm, batch["rewards"], c.rollout.group_size, batch["response_mask"])
-        return batch
-
-    def update(self, batch: TensorDict) -> dict[str, float]:
-        """Optimizer steps over the batch (one per mini-batch)."""
-        c, t0 = self.config, time.perf_counter()
-        if c.algorithm.updates_per_batch > 1:  # else on-policy: the loss detaches the current ones
+        if objective.needs_old_logprobs(a):
             batch["old_logprobs"] = self.policy.forward_logprobs(batch, c.rollout.temperature)
+        if a.kl.mode == "reward" and self.reference is not None:
+            batch["token_kl"] = objective.reward_kl(a.kl, batch["old_logprobs"],
+                                                    batch["ref_logprobs"], batch["response_mask"])
+            metrics["kl/reward_kl_mean"] = float(algorithms.masked_mean(batch["token_kl"],
+                                                                        batch["response_mask"]))
+        if a.correction.tis is not None or a.correction.ratio_mask is not None:
+            metrics |= rl_batch.apply_corrections(batch, a.correction)
+        if self.critic is not None:
+            values = self.critic.values(batch)
+            for m in range(self.critic.num_critics):
+                batch[f"old_values_{m}"] = values[m]
+            batch["values"] = algorithms.critic_ensemble_mean(values)
+            if self.critic.num_critics > 1:
+                batch["loss_mask"], batch["entropy_mask"], asy = objective.asyppo_masks(
+                    a.critic.asyppo, values, batch["loss_mask"], batch["response_mask"])
+                metrics |= asy
+        return metrics
+
+    def estimate(self, batch: TensorDict) -> dict[str, float]:
+        """Advantages (and returns, for token-level estimators) of the batch."""
+        c = self.config
+        advantages, returns = objective.estimate_advantages(c.algorithm, batch,
+                                                            c.rollout.group_size,
+                                                            kl_coef=self.kl.value)
+        batch["advantages"] = advantages
+        mask = batch["response_mask"]
+        metrics = {"train/advantage_abs_mean": float(algorithms.masked_mean(advantages.abs(), mask))}
+        if returns is not None:
+            batch["returns"] = returns
+        if "values" in batch.keys():
+            residual = algorithms.masked_var(returns - batch["values"], mask)
+            metrics["critic/explained_var"] = float(1 - residual / algorithms.masked_var(
+                returns, mask).clamp_min(1e-8))
+        return metrics
+
+    def update(self, batch: TensorDict, step: int) -> dict[str, float]:
+        """The critic's update, then the policy's (one optimizer step per mini-batch), then the KL
+        coefficient. The policy waits out the critic's warm-up steps; a step whose batch has no
+        token left in the loss (every group filtered) updates nothing."""
+        c, t0 = self.config, time.perf_counter()
         metrics: dict[str, float] = {}
-        size = batch.batch_size[0] // c.algorithm.updates_per_batch
-        for start in range(0, batch.batch_size[0], size):
-            mini = batch[start : start + size]
-            loss_fn = objective.make_rl_loss(c.algorithm, mini, c.rollout.temperature,
-                                             c.rollout.max_new_tokens)
-            for key, value in self.policy.train_step(mini, loss_fn).items():
-                metrics[key] = metrics.get(key, 0.0) + value / c.algorithm.updates_per_batch
+        if batch.batch_size[0] and self.critic is not None:
+            metrics |= self.critic.update(batch, c.algorithm.updates_per_batch)
+        warmup = c.algorithm.critic.warmup_steps if c.algorithm.critic else 0
+        if step > warmup and batch.batch_size[0] and float(batch["loss_mask"].sum()) > 0:
+            metrics |= self.update_policy(batch)
+        else:
+            metrics["train/policy_skipped"] = 1.0
+        metrics |= self.update_kl_coef(metrics, batch)
         return metrics | {"time/train_s": time.perf_counter() - t0, "time/rollout_s": self._rollout_s}
+
+    def update_policy(self, batch: TensorDict) -> dict[str, float]:
+        c = self.config
+        minis = rl_batch.split_mini_batches(batch, c.algorithm.updates_per_batch)
+        metrics: dict[str, float] = {}
+        for mini in minis:
+            loss_fn = objective.make_rl_loss(c.algorithm, mini, c.rollout.temperature,
+                                             c.rollout.max_new_tokens, kl_coef=self.kl.value)
+            for key, value in self.policy.train_step(mini, loss_fn).items():
+                metrics[key] = metrics.get(key, 0.0) + value / len(minis)
+        return metrics
+
+    def update_kl_coef(self, metrics: dict[str, float], batch: TensorDict) -> dict[str, float]:
+        """Feed the measured per-token KL to the controller (a no-op for a fixed coefficient):
+        the sampled responses' KL penalty in reward mode, the loss term's KL in loss mode."""
+        if not self.config.algorithm.kl.coef:
+            return {}
+        current = metrics.get("actor/kl_ref")
+        if "token_kl" in batch.keys() and batch.batch_size[0]:
+            current = float(algorithms.masked_mean(batch["token_kl"], batch["response_mask"]))
+        if current is not None:
+            self.kl.update(current, batch.batch_size[0])
+        return {"kl/coef": self.kl.value}
 
     def sync_weights(self, version: int) -> dict[str, float]:
         """Push the policy's weights to the engine and check that they arrived intact."""
@@ -144,6 +227,10 @@ class RLVRPipeline:
         return {"eval/reward_mean": float(rewards.mean())}
 
     # -- helpers ---------------------------------------------------------------------------------
+
+    def method_name(self) -> str:
+        a = self.config.algorithm
+        return f"{a.advantage.name}/{a.policy_loss.name}"
 
     def rollout_job(self, params: SamplingParams) -> RolloutRequest:
         return RolloutRequest(self.engine, self.rewards, self.tokenizer, params,
@@ -171,14 +258,20 @@ class RLVRPipeline:
         if step != c.steps and not (c.checkpoint.every_steps and step % c.checkpoint.every_steps == 0):
             return
         directory = self.run_dir.checkpoint_dir(step)
+        if self.critic is not None:
+            self.critic.save(directory)
         self.policy.save(directory, {"step": step, "sampler": self.sampler.state_dict(),
                                      "eval_reward_start": self.eval_reward_start,
-                                     "reward_counters": dict(vars(self.rewards.counters))})
+                                     "reward_counters": dict(vars(self.rewards.counters)),
+                                     "kl_coef": self.kl.value})
         self.tokenizer.save_pretrained(directory)
         self.run_dir.prune_checkpoints(c.checkpoint.keep_last)
 
     def restore(self, step: int, directory: Path) -> None:
-        extra = self.policy.load(directory)
+        if self.critic is not None:
+            self.critic.load(directory)
+        extra = self.policy.load(directory)  # last: its RNG state is the one to continue from
+        self.kl.value = extra.get("kl_coef", self.kl.value)
         self.sampler.load_state_dict(extra["sampler"])
         vars(self.rewards.counters).update(extra["reward_counters"])
         self.start_step, self.eval_reward_start = step, extra["eval_reward_start"]

@@ -45,6 +45,9 @@ class ExecResult:
     wall_s: float = 0.0
     cpu_s: float = 0.0
     max_rss_bytes: int = 0
+    """Peak resident memory of the sandbox's process tree, as Linux reports it for the host's
+    child: an upper bound, since it also counts the memory image of the host process at the
+    moment it forked (a host with torch loaded makes this several hundred MB)."""
     spawn_s: float = 0.0
     """Start-up of the sandbox this execution used (done ahead of time for a warm sandbox)."""
     queue_s: float = 0.0

@@ -127,7 +127,8 @@ def test_hanging_and_crashing_rewards_are_counted_and_the_run_finishes(tmp_path,
 
 
 def test_cli_train_runs_and_prints_the_summary(tmp_path, warm_model):
-    data = rl_config(tmp_path, warm_model, steps=1, eval={"every_steps": 0})
+    data = rl_config(tmp_path, warm_model, steps=1, eval={"every_steps": 0},
+                     tracking={"tensorboard": True})
     path = write_config(tmp_path / "rl.yaml", data)
     result = subprocess.run([sys.executable, "-m", "reroll.cli", "train", str(path),
                              "rollout.prompts_per_step=2", "train.micro_batch_size=16"],
@@ -135,3 +136,20 @@ def test_cli_train_runs_and_prints_the_summary(tmp_path, warm_model):
     assert result.returncode == 0, result.stderr[-2000:]
     summary = json.loads(result.stdout.strip().splitlines()[-1])
     assert summary["steps"] == 1 and summary["eval_reward_start"] is not None
+    assert list((tmp_path / "run" / "tensorboard").glob("events.out.tfevents.*"))
+
+
+def test_code_reward_runs_inside_training(tmp_path, warm_model):
+    tests = json.dumps({"inputs": ["1 2\n"], "outputs": ["3\n"]})
+    rows = [{"prompt": "Read two integers and print their sum in python.", "answer": tests}] * 2
+    (tmp_path / "code.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    data = rl_config(tmp_path, warm_model, steps=1, eval={"every_steps": 0},
+                     reward={"type": "code", "time_limit_s": 2.0},
+                     rollout={"prompts_per_step": 2, "group_size": 2}, train={"micro_batch_size": 4})
+    data["data"] = {"train": str(tmp_path / "code.jsonl")}
+    train(load_config(write_config(tmp_path / "rl.yaml", data)))
+    last = read_metrics(tmp_path / "run")[-1]
+    # The tiny model writes no valid program: every sample scores 0, but none is an error.
+    assert last["train/reward_mean"] == 0.0 and last["reward/errors"] == 0.0
+    recorded = [json.loads(line) for line in (tmp_path / "run" / "rollouts" / "step_1.jsonl").open()]
+    assert all("passed" in r["reward_info"] for r in recorded)

@@ -197,7 +197,6 @@ def test_memory_bomb_hits_the_memory_limit(sandbox, host):
     result = run(sandbox, code, limits=limits)
     assert not result.ok and result.limit == "memory", result
     assert "MemoryError" in result.stderr
-    assert result.max_rss_bytes < 300 << 20
     assert_all_gone(host, result, before)
 
 
