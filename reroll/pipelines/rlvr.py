@@ -30,7 +30,7 @@ from reroll.pipelines import objective, rl_batch
 from reroll.pipelines.common import RunDir, Stopwatch, seed_everything, set_threads
 from reroll.rewards import RewardRunner, build_reward
 from reroll.rollout.metrics import rollout_metrics
-from reroll.rollout.sampling import RolloutRequest, rollout
+from reroll.rollout.sampling import RolloutJob, rollout
 from reroll.tracking import ProgressBar, Tracker
 from reroll.training.critic import Critic
 from reroll.training.local import LocalStrategy
@@ -232,8 +232,8 @@ class RLVRPipeline:
         a = self.config.algorithm
         return f"{a.advantage.name}/{a.policy_loss.name}"
 
-    def rollout_job(self, params: SamplingParams) -> RolloutRequest:
-        return RolloutRequest(self.engine, self.rewards, self.tokenizer, params,
+    def rollout_job(self, params: SamplingParams) -> RolloutJob:
+        return RolloutJob(self.engine, self.rewards, self.tokenizer, params,
                               self.config.data.max_prompt_tokens)
 
     def eval_due(self, step: int) -> bool:

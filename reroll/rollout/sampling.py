@@ -30,7 +30,9 @@ def request_seed(run_seed: int, step: int, index: int) -> int:
 
 
 @dataclass
-class RolloutRequest:
+class RolloutJob:
+    """What a rollout needs: the engine that samples, the rewards that score, how to sample."""
+
     engine: Engine
     rewards: RewardRunner
     tokenizer: object
@@ -38,7 +40,7 @@ class RolloutRequest:
     max_prompt_tokens: int
 
 
-async def _one(job: RolloutRequest, row: PromptRow, prompt_ids: list[int], seed: int,
+async def _one(job: RolloutJob, row: PromptRow, prompt_ids: list[int], seed: int,
                group_id: int, version: int) -> Trajectory:
     completion = await job.engine.generate(Request(prompt_ids, job.params, seed=seed))
     response_text = job.tokenizer.decode(completion.token_ids, skip_special_tokens=True)
@@ -53,7 +55,7 @@ async def _one(job: RolloutRequest, row: PromptRow, prompt_ids: list[int], seed:
         policy_version=completion.policy_version if version < 0 else version)
 
 
-def rollout(job: RolloutRequest, rows: list[PromptRow], group_size: int, run_seed: int,
+def rollout(job: RolloutJob, rows: list[PromptRow], group_size: int, run_seed: int,
             step: int, version: int = -1) -> list[Trajectory]:
     """`group_size` scored trajectories per row, in row-major order (a group is contiguous)."""
 
