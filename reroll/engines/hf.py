@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import torch
 
 from reroll.engines.base import Completion, Request, SamplingParams, fingerprint
+from reroll.models.logprobs import load_weights
 
 
 @dataclass
@@ -53,11 +54,7 @@ class HFEngine:
         self._aborted.add(request_id)
 
     def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
-        state = dict(named_tensors)
-        missing, unexpected = self.model.load_state_dict(state, strict=False)
-        if unexpected or [m for m in missing if m not in _tied_names(self.model)]:
-            raise ValueError(f"engine weights do not fit the model: missing={missing[:5]} "
-                             f"unexpected={unexpected[:5]}")
+        load_weights(self.model, dict(named_tensors), "the weights sent to the engine")
         self.version = version
 
     def weights_fingerprint(self) -> str:
@@ -191,8 +188,3 @@ def _top_k_top_p(logits: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor
         drop = drop_sorted.scatter(-1, order, drop_sorted)
         logits = logits.masked_fill(drop, float("-inf"))
     return logits
-
-
-def _tied_names(model: torch.nn.Module) -> set[str]:
-    tied = getattr(model, "_tied_weights_keys", None) or {}
-    return set(tied) if not isinstance(tied, dict) else set(tied)

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import torch
 
+from reroll.algorithms import entropy_from_logits
+
 
 def token_logprobs_from_logits(logits: torch.Tensor, input_ids: torch.Tensor) -> torch.Tensor:
     """logits [B, L, V] (already temperature-scaled), input_ids [B, L] -> logprobs [B, L]."""
@@ -20,14 +22,21 @@ def token_logprobs_from_logits(logits: torch.Tensor, input_ids: torch.Tensor) ->
     return logprobs
 
 
-def entropy_from_logits(logits: torch.Tensor) -> torch.Tensor:
-    """logits [B, L, V] -> entropy of the next-token distribution at each position [B, L],
-    aligned like logprobs (position t holds the entropy of the distribution that produced token t)."""
-    shifted = logits[:, :-1].float()
-    logp = torch.log_softmax(shifted, dim=-1)
+def aligned_entropy(logits: torch.Tensor) -> torch.Tensor:
+    """logits [B, L, V] -> entropy [B, L] of the next-token distribution, aligned like logprobs
+    (position t holds the entropy of the distribution that produced token t; position 0 is 0)."""
     entropy = torch.zeros(logits.shape[:2], dtype=torch.float32, device=logits.device)
-    entropy[:, 1:] = -(logp.exp() * logp).sum(-1)
+    entropy[:, 1:] = entropy_from_logits(logits[:, :-1].float())
     return entropy
+
+
+def load_weights(model: torch.nn.Module, state: dict[str, torch.Tensor], source: str) -> None:
+    """Load `state` into `model`; only keys tied to another weight (lm_head) may be missing."""
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    tied = set(getattr(model, "_tied_weights_keys", None) or ())
+    if unexpected or [key for key in missing if key not in tied]:
+        raise ValueError(f"{source} does not fit the model: missing={missing[:5]} "
+                         f"unexpected={unexpected[:5]}")
 
 
 def forward_logprobs(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
@@ -40,7 +49,7 @@ def forward_logprobs(model: torch.nn.Module, input_ids: torch.Tensor, attention_
     if temperature != 1.0:
         logits = logits / temperature
     logprobs = token_logprobs_from_logits(logits, input_ids)
-    entropy = entropy_from_logits(logits) if with_entropy else None
+    entropy = aligned_entropy(logits) if with_entropy else None
     return logprobs, entropy
 
 

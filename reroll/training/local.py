@@ -20,7 +20,7 @@ from tensordict import TensorDict
 
 from reroll.config.schema import OptimizerConfig, TrainConfig
 from reroll.data.batch import split_micro_batches
-from reroll.models.logprobs import batched_logprobs
+from reroll.models.logprobs import batched_logprobs, load_weights
 
 LossFn = Callable[[torch.nn.Module, TensorDict], tuple[torch.Tensor, dict[str, float]]]
 TRAINER_STATE = "trainer_state.pt"
@@ -110,10 +110,7 @@ class LocalStrategy:
         weights = {}
         for shard in sorted(directory.glob("*.safetensors")):
             weights.update(load_file(shard))
-        missing, unexpected = self.model.load_state_dict(weights, strict=False)
-        if unexpected or any("embed" not in m and "lm_head" not in m for m in missing):
-            raise RuntimeError(f"checkpoint {directory} does not match the model: "
-                               f"missing={missing[:5]} unexpected={unexpected[:5]}")
+        load_weights(self.model, weights, f"checkpoint {directory}")
         state = torch.load(directory / TRAINER_STATE, weights_only=False)
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
