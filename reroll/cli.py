@@ -21,10 +21,48 @@ console = Console(stderr=True)
 
 def cmd_train(args: argparse.Namespace) -> None:
     from reroll.config import load_config
+    from reroll.config.loading import pipeline_of
+
+    if pipeline_of(args.config, args.overrides) == "agentic":
+        from reroll.pipelines.agentic import train_agentic
+
+        config = load_config(args.config, args.overrides, expect="agentic")
+        show_summary("agentic run finished", train_agentic(config))
+        return
     from reroll.pipelines.rlvr import train
 
     config = load_config(args.config, args.overrides, expect="rlvr")
     show_summary("GRPO run finished", train(config))
+
+
+def cmd_envs(args: argparse.Namespace) -> None:
+    from reroll.envs.gem_adapter import gem_env_ids
+    from reroll.envs.registry import env_specs
+
+    table = Table(title="environments (env.id)")
+    table.add_column("id")
+    table.add_column("description")
+    for spec in env_specs().values():
+        table.add_row(spec.id, spec.description)
+    gem_ids = gem_env_ids()
+    table.add_row("gem:<id>", f"any gem-llm environment ({len(gem_ids)} installed"
+                  + (f", e.g. gem:{gem_ids[0]})" if gem_ids else "; pip install gem-llm)"))
+    Console().print(table)
+    if args.gem:
+        for env_id in gem_ids:
+            print(f"gem:{env_id}")
+
+
+def cmd_make_episodes(args: argparse.Namespace) -> None:
+    from reroll.envs.episodes import expert_rows, write_expert_rows
+
+    try:
+        kwargs = json.loads(args.kwargs)
+    except json.JSONDecodeError as e:
+        raise ConfigError(f"--kwargs {args.kwargs!r}: not valid JSON ({e.msg})") from None
+    rows = expert_rows(args.env, args.episodes, args.seed, kwargs, args.system_prompt)
+    path = write_expert_rows(args.out, rows)
+    console.print(f"wrote {len(rows)} expert turns of {args.episodes} episodes to {path}")
 
 
 def cmd_sft(args: argparse.Namespace) -> None:
@@ -104,9 +142,27 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0)
     p.set_defaults(fn=cmd_make_data)
 
+    p = sub.add_parser("envs", help="list the environments `env.id` can name")
+    p.add_argument("--gem", action="store_true", help="also print every installed gem-llm id")
+    p.set_defaults(fn=cmd_envs)
+
+    p = sub.add_parser("make-episodes",
+                       help="write SFT rows (one per turn) from an environment's scripted expert")
+    p.add_argument("--env", required=True, help="environment id (see `reroll envs`)")
+    p.add_argument("--out", required=True, help="output .jsonl file")
+    p.add_argument("--episodes", type=int, default=500)
+    p.add_argument("--seed", type=int, default=0, help="env seeds are seed, seed+1, ...")
+    p.add_argument("--kwargs", default="{}", help='env arguments as JSON, e.g. \'{"noise": 0.5}\'')
+    p.add_argument("--system-prompt", default=None)
+    p.set_defaults(fn=cmd_make_episodes)
+
+    from reroll.evaluation import add_eval_parser
+    from reroll.pipelines.replay import add_replay_parser
     from reroll.viewer import add_view_parser
 
     add_view_parser(sub)
+    add_replay_parser(sub)
+    add_eval_parser(sub)
     return parser
 
 

@@ -9,10 +9,12 @@ from typing import Any, TypeVar
 import yaml
 from pydantic import BaseModel, ValidationError
 
+from reroll.config.agentic import AgenticConfig
 from reroll.config.errors import ConfigError
 from reroll.config.schema import RLConfig, SFTConfig
 
-PIPELINES: dict[str, type[BaseModel]] = {"rlvr": RLConfig, "sft": SFTConfig}
+PIPELINES: dict[str, type[BaseModel]] = {"rlvr": RLConfig, "sft": SFTConfig,
+                                         "agentic": AgenticConfig}
 
 T = TypeVar("T", bound=BaseModel)
 FLOAT = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+")
@@ -93,8 +95,14 @@ def validate(schema: type[T], data: dict[str, Any], source: str) -> T:
         raise ConfigError(format_validation_error(e, source)) from None
 
 
+def pipeline_of(path: str | Path, overrides: list[str] | None = None) -> str:
+    """The `pipeline` a config file (with its overrides) asks for; `rlvr` when it names none."""
+    data = _merge(read_yaml(path), parse_overrides(overrides or []))
+    return str(data.get("pipeline", "rlvr"))
+
+
 def load_config(path: str | Path, overrides: list[str] | None = None,
-                expect: str | None = None) -> RLConfig | SFTConfig:
+                expect: str | None = None) -> RLConfig | SFTConfig | AgenticConfig:
     """Read a YAML config, apply `key.path=value` overrides, and validate it against the schema of
     its `pipeline` (or `expect` when the command implies one)."""
     data = _merge(read_yaml(path), parse_overrides(overrides or []))

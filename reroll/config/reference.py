@@ -72,12 +72,14 @@ def render(model: type[BaseModel], prefix: str = "", seen: set | None = None) ->
 
 
 def render_markdown() -> str:
+    from reroll.config.agentic import AgenticConfig
     from reroll.config.schema import RLConfig, SFTConfig
 
     parts = ["# Config reference", "",
              "Generated from the schemas in `reroll/config/` (`python -m reroll.config.reference`).",
              "Unknown keys are errors; a union section picks its variant by `name` (or `type`).", ""]
-    for title, model in (("`reroll train` (RLVR)", RLConfig), ("`reroll sft`", SFTConfig)):
+    for title, model in (("`reroll train` (RLVR)", RLConfig), ("`reroll sft`", SFTConfig),
+                         ("`reroll train` with `pipeline: agentic`", AgenticConfig)):
         parts += [f"## {title}", "", *render(model)]
     return "\n".join(parts)
 

@@ -15,6 +15,10 @@ from pydantic import Field, model_validator
 
 from reroll.config.algorithm import AlgorithmConfig
 from reroll.config.base import Section, choice
+from reroll.config.distributed import DistributedConfig
+from reroll.config.engines import RemoteSettings, VLLMSettings
+from reroll.config.scheduling import (AsyncTrainingConfig, SchedulerConfig, TailBatchingConfig,
+                                     scheduling_errors)
 
 # ----------------------------------------------------------------------------------------------
 # Shared sections
@@ -89,10 +93,29 @@ class TrackingConfig(Section):
 
     tensorboard: bool = True
     """Write tensorboard event files to `<run>/tensorboard/`."""
+    wandb: bool = False
+    """Also log to Weights & Biases (run files under `<run>/wandb/`). A tracker that fails to
+    start stops the run with an error naming it."""
+    wandb_mode: Literal["offline", "online"] = "offline"
+    """offline: no network, upload later with `wandb sync <run>/wandb/offline-run-*`; online:
+    stream to the wandb server (needs `wandb login`)."""
+    wandb_entity: str | None = None
+    """wandb team or user to log under (None: your default entity)."""
+    trackio: bool = False
+    """Also log to trackio (a local database, `trackio show --project <project>` to browse)."""
+    trackio_space_id: str | None = None
+    """Hugging Face Space to sync the trackio logs to (needs network); None: local only."""
+    project: str = Field("reroll", min_length=1)
+    """Project name in wandb and trackio; the run's name there is the config's `name`."""
     progress: bool = True
     """Show a rich progress bar with the live reward (off automatically when not a terminal)."""
     record_rollouts: int = Field(8, ge=0)
-    """Write this many trajectories of each step to `rollouts/step_N.jsonl` (0: none)."""
+    """Write this many trajectories of each step, as text, to `rollouts/step_N.jsonl` for
+    `reroll view` (0: none)."""
+    record_batch_every: int = Field(1, ge=0)
+    """Every N steps, store the step's whole batch (token ids, behaviour logprobs, rewards) in
+    `rollouts/step_N.batch.pt`, so `reroll replay --step N` can recompute its losses (0: never).
+    About 12 bytes per token; raise N to bound disk use on long runs."""
 
 
 # ----------------------------------------------------------------------------------------------
@@ -102,8 +125,14 @@ class TrackingConfig(Section):
 class RolloutConfig(Section):
     """How responses are sampled for training."""
 
-    engine: Literal["hf"] = "hf"
-    """Inference engine that samples responses: `hf` (transformers, in-process)."""
+    engine: Literal["hf", "vllm", "remote"] = "hf"
+    """Inference engine that samples responses: `hf` (transformers, in-process, any machine),
+    `vllm` (vLLM's async engine; settings in `rollout.vllm`; `make vllm` installs it on CPU), or
+    `remote` (OpenAI-compatible endpoints in `rollout.remote`). See docs/engines.md."""
+    vllm: VLLMSettings = Field(default_factory=VLLMSettings)
+    """Settings of the `vllm` engine (ignored by the others)."""
+    remote: RemoteSettings = Field(default_factory=RemoteSettings)
+    """Settings of the `remote` engine (ignored by the others)."""
     prompts_per_step: int = Field(16, ge=1)
     """Prompts sampled from the dataset per training step."""
     group_size: int = Field(8, ge=1)
@@ -118,6 +147,14 @@ class RolloutConfig(Section):
     """Keep the k most likely tokens (0: no limit)."""
     max_batch_size: int = Field(256, ge=1)
     """Most sequences the engine decodes together."""
+
+    @model_validator(mode="after")
+    def _remote_needs_endpoints(self) -> RolloutConfig:
+        if self.engine == "remote" and not self.remote.endpoints:
+            raise ValueError("rollout.engine is remote but rollout.remote.endpoints is empty: "
+                             "list the base URLs of OpenAI-compatible servers "
+                             "(e.g. http://127.0.0.1:8000/v1)")
+        return self
 
 
 class MathReward(Section):
@@ -203,6 +240,10 @@ class RLConfig(Section):
     eval: EvalConfig = Field(default_factory=EvalConfig)
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
     tracking: TrackingConfig = Field(default_factory=TrackingConfig)
+    distributed: DistributedConfig = Field(default_factory=DistributedConfig)
+    scheduler: SchedulerConfig = Field(default_factory=SchedulerConfig)
+    async_training: AsyncTrainingConfig = Field(default_factory=AsyncTrainingConfig)
+    tail_batching: TailBatchingConfig = Field(default_factory=TailBatchingConfig)
 
     @model_validator(mode="after")
     def _check_combinations(self) -> RLConfig:
@@ -218,8 +259,14 @@ class RLConfig(Section):
         if (batch // self.algorithm.updates_per_batch) % self.train.micro_batch_size:
             raise ValueError("train.micro_batch_size must divide each update's mini-batch "
                              "(batch / algorithm.updates_per_batch)")
+        shards = self.distributed.policy.num_workers * self.train.micro_batch_size
+        if (batch // self.algorithm.updates_per_batch) % shards:
+            raise ValueError(f"each update's mini-batch ({batch // self.algorithm.updates_per_batch}"
+                             f" sequences) must split evenly into distributed.policy.num_workers x "
+                             f"train.micro_batch_size = {shards}")
         problems = self.algorithm.rollout_errors(self.rollout.group_size,
                                                  self.rollout.max_new_tokens)
+        problems += scheduling_errors(self)
         if problems:
             raise ValueError("; ".join(problems))
         return self

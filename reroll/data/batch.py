@@ -4,8 +4,12 @@ A Batch is a `tensordict.TensorDict` of right-padded [B, L] tensors over the con
 prompt + response tokens, plus a list of per-sample metadata. Keys:
 
 - `input_ids`, `attention_mask`: the tokens the engine consumed and produced, exactly.
-- `response_mask`: 1 on policy-generated tokens (the only tokens the loss sees).
+- `response_mask`: 1 on policy-generated tokens (the only tokens the loss sees). In a multi-turn
+  episode the response also holds the environment's tokens between turns: they have mask 0.
 - `behaviour_logprobs`: the engine's logprob of each generated token (0 elsewhere).
+- multi-turn only (present when any trajectory has `turn_ids`): `turn_ids` [B, T] (turn index of
+  each policy token, -1 elsewhere), `turn_rewards` [B, K] (reward of each turn) and `state_ids`
+  [B, K] (an id of the observation each turn acted on: GiGPO's anchor states).
 - `old_logprobs`, `ref_logprobs`, `advantages`, ...: filled in by the pipeline's phases.
 - `rewards` [B]: the scalar reward of each sample; `group_ids` [B]: samples of one prompt share it.
 
@@ -35,10 +39,24 @@ class Trajectory:
     reward: float = 0.0
     reward_info: dict[str, Any] = field(default_factory=dict)
     policy_version: int = 0
+    policy_mask: list[int] | None = None
+    """Multi-turn: 1 on the model's tokens, 0 on environment tokens in the response (None: all 1)."""
+    turn_ids: list[int] | None = None
+    """Multi-turn: per response token, the turn of a policy token (0, 1, ...), -1 elsewhere."""
+    turn_rewards: list[float] | None = None
+    """Multi-turn: the reward of each turn (`reward` is their sum, the episode's return)."""
+    turn_states: list[int] | None = None
+    """Multi-turn: an id of the observation each turn acted on (equal ids = the same state)."""
+    segments: list[dict[str, Any]] | None = None
+    """Multi-turn: the episode as text segments `{text, policy, turn}`, for the run viewer."""
 
     def __post_init__(self) -> None:
         if len(self.behaviour_logprobs) != len(self.response_ids):
             raise ValueError("behaviour_logprobs must have one entry per response token")
+        for name in ("policy_mask", "turn_ids"):
+            value = getattr(self, name)
+            if value is not None and len(value) != len(self.response_ids):
+                raise ValueError(f"{name} must have one entry per response token")
 
 
 def collate(trajectories: list[Trajectory], pad_token_id: int) -> tuple[TensorDict, list[dict]]:
@@ -53,7 +71,8 @@ def collate(trajectories: list[Trajectory], pad_token_id: int) -> tuple[TensorDi
         p, r = len(t.prompt_ids), len(t.response_ids)
         input_ids[i, : p + r] = torch.tensor(t.prompt_ids + t.response_ids, dtype=torch.long)
         attention_mask[i, : p + r] = 1
-        response_mask[i, p : p + r] = 1.0
+        response_mask[i, p : p + r] = 1.0 if t.policy_mask is None else \
+            torch.tensor(t.policy_mask, dtype=torch.float32)
         behaviour[i, p : p + r] = torch.tensor(t.behaviour_logprobs, dtype=torch.float32)
     tensors = TensorDict(
         {
@@ -66,13 +85,35 @@ def collate(trajectories: list[Trajectory], pad_token_id: int) -> tuple[TensorDi
         },
         batch_size=[size],
     )
+    if any(t.turn_ids is not None for t in trajectories):
+        tensors.update(_turn_tensors(trajectories, width))
     metadata = [
         {"prompt": t.prompt_text, "response": t.response_text, "answer": t.answer,
          "reward": t.reward, "reward_info": t.reward_info, "finish_reason": t.finish_reason,
          "policy_version": t.policy_version}
+        | ({"segments": t.segments} if t.segments is not None else {})
         for t in trajectories
     ]
     return tensors, metadata
+
+
+def _turn_tensors(trajectories: list[Trajectory], width: int) -> dict[str, torch.Tensor]:
+    """`turn_ids` [B, width], `turn_rewards` and `state_ids` [B, K] of multi-turn trajectories (a
+    trajectory without turns counts as one turn holding its reward)."""
+    size = len(trajectories)
+    turns = max(len(t.turn_rewards or [0]) for t in trajectories)
+    turn_ids = torch.full((size, width), -1, dtype=torch.long)
+    turn_rewards = torch.zeros((size, turns), dtype=torch.float32)
+    state_ids = torch.full((size, turns), -1, dtype=torch.long)
+    for i, t in enumerate(trajectories):
+        p, r = len(t.prompt_ids), len(t.response_ids)
+        ids = t.turn_ids if t.turn_ids is not None else [0] * r
+        turn_ids[i, p : p + r] = torch.tensor(ids, dtype=torch.long)
+        rewards = t.turn_rewards if t.turn_rewards is not None else [t.reward]
+        turn_rewards[i, : len(rewards)] = torch.tensor(rewards, dtype=torch.float32)
+        if t.turn_states:
+            state_ids[i, : len(t.turn_states)] = torch.tensor(t.turn_states, dtype=torch.long)
+    return {"turn_ids": turn_ids, "turn_rewards": turn_rewards, "state_ids": state_ids}
 
 
 def split_micro_batches(batch: TensorDict, micro_batch_size: int) -> list[TensorDict]:

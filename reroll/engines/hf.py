@@ -14,7 +14,14 @@ from dataclasses import dataclass
 
 import torch
 
-from reroll.engines.base import Completion, Request, SamplingParams, fingerprint
+from reroll.engines.base import (
+    Completion,
+    EngineStats,
+    LoadMeter,
+    Request,
+    SamplingParams,
+    fingerprint,
+)
 from reroll.models.logprobs import load_weights
 
 
@@ -40,15 +47,24 @@ class HFEngine:
         self._aborted: set[str] = set()
         self._worker: asyncio.Task | None = None
         self.generated_tokens = 0
+        self.meter = LoadMeter()
+        self._device_when_awake: torch.device | None = None
 
     # -- Engine protocol -------------------------------------------------------------------------
 
     async def generate(self, request: Request) -> Completion:
         future = asyncio.get_running_loop().create_future()
         self._pending.append((request, future))
+        self.meter.started()
         if self._worker is None or self._worker.done():
             self._worker = asyncio.create_task(self._serve())
-        return await future
+        tokens = 0
+        try:
+            completion = await future
+            tokens = len(completion.token_ids)
+            return completion
+        finally:
+            self.meter.finished(tokens)
 
     def abort(self, request_id: str) -> None:
         self._aborted.add(request_id)
@@ -60,14 +76,40 @@ class HFEngine:
     def weights_fingerprint(self) -> str:
         return fingerprint(self.model.state_dict().items())
 
+    # -- colocation, load, shutdown ---------------------------------------------------------------
+
+    def sleep(self) -> None:
+        """On an accelerator, move the weights to CPU memory and free the cache (the KV cache is
+        per batch and already gone between batches). On CPU there is nothing to free."""
+        device = next(self.model.parameters()).device
+        if device.type != "cpu":
+            self._device_when_awake = device
+            self.model.to("cpu")
+            torch.cuda.empty_cache() if device.type == "cuda" else None
+
+    def wake(self) -> None:
+        if self._device_when_awake is not None:
+            self.model.to(self._device_when_awake)
+            self._device_when_awake = None
+
+    def stats(self) -> EngineStats:
+        """`queued` counts requests waiting for a batch and those decoding."""
+        return self.meter.stats()
+
+    def close(self) -> None:
+        """Nothing to release: the engine lives in this process."""
+
+    shutdown = close
+
     # -- batching --------------------------------------------------------------------------------
 
     async def _serve(self) -> None:
         await asyncio.sleep(0)  # let every request submitted in this tick join the first batch
         while self._pending:
-            params = self._pending[0][0].params
-            same = [(r, f) for r, f in self._pending if _batch_key(r.params) == _batch_key(params)]
-            batch = same[: self.max_batch_size]
+            oldest = self._pending[0][0]
+            same = [(r, f) for r, f in self._pending
+                    if _batch_key(r.params) == _batch_key(oldest.params)]
+            batch = _similar_lengths(same, len(oldest.prompt_ids), self.max_batch_size)
             taken = {id(f) for _, f in batch}
             self._pending = [(r, f) for r, f in self._pending if id(f) not in taken]
             try:
@@ -108,6 +150,8 @@ class HFEngine:
         for j, p in enumerate(prompts):
             input_ids[j, width - len(p):] = torch.tensor(p, dtype=torch.long)
             attention[j, width - len(p):] = 1
+        device = next(self.model.parameters()).device
+        input_ids, attention = input_ids.to(device), attention.to(device)
         positions = (attention.cumsum(-1) - 1).clamp(min=0)
         cache = DynamicCache()
         logits = self.model(input_ids=input_ids, attention_mask=attention, position_ids=positions,
@@ -126,7 +170,7 @@ class HFEngine:
             if not keep:
                 return
             if len(keep) < len(active):
-                index = torch.tensor(keep, dtype=torch.long)
+                index = torch.tensor(keep, dtype=torch.long, device=device)
                 cache.batch_select_indices(index)
                 attention, next_position, tokens = attention[index], next_position[index], tokens[index]
                 active = [active[j] for j in keep]
@@ -139,6 +183,14 @@ class HFEngine:
 
 def _batch_key(params: SamplingParams) -> tuple:
     return (params.temperature, params.top_p, params.top_k)
+
+
+def _similar_lengths(candidates: list, anchor: int, size: int) -> list:
+    """Up to `size` requests whose prompt lengths are closest to the oldest request's (`anchor`),
+    which is always included: less left padding, and no request waits forever."""
+    if len(candidates) <= size:
+        return candidates
+    return sorted(candidates, key=lambda item: abs(len(item[0].prompt_ids) - anchor))[:size]
 
 
 def _generator(request: Request, params: SamplingParams) -> torch.Generator | None:
@@ -170,7 +222,9 @@ def _sample(logits: torch.Tensor, params: SamplingParams,
     scaled = logits / params.temperature
     logprobs = torch.log_softmax(scaled, -1)
     filtered = _top_k_top_p(scaled, params.top_k, params.top_p)
+    # Per-row CPU generators keep each request's stream independent of its batch and device.
     uniform = torch.stack([torch.rand(scaled.shape[-1], generator=g) for g in generators])
+    uniform = uniform.to(scaled.device)
     gumbel = -torch.log(-torch.log(uniform.clamp(min=1e-20)))
     tokens = (filtered + gumbel).argmax(-1)
     return tokens, logprobs.gather(-1, tokens[:, None]).squeeze(-1)

@@ -5,7 +5,8 @@ Keys this adds to the Batch of `reroll.data.batch.collate`:
 - `scores` [B]: the task reward; `rewards` [B] becomes the shaped reward (overlong penalty).
 - `loss_mask` [B, T]: the response tokens that enter the policy loss (overlong filter, ratio
   masks and AsyPPO's mask remove tokens from it; `response_mask` keeps every sampled token).
-- `turn_ids` [B, T]: 0 on response tokens, -1 elsewhere (a single-turn response is one turn).
+- `turn_ids` [B, T]: 0 on response tokens, -1 elsewhere (a single-turn response is one turn);
+  multi-turn trajectories bring their own (see `reroll.data.batch`).
 - `index_in_group` [B]: the response's position in its group (AsyPPO's critic shards).
 - `is_weights` [B, T]: truncated importance-sampling weights, when `correction.tis` is on.
 - `token_kl` [B, T]: KL(pi_old || pi_ref) per token, when `kl.mode` is `reward`.
@@ -29,7 +30,8 @@ def collate_for_rl(trajectories: list[Trajectory], pad_token_id: int, config: Al
     mask = batch["response_mask"]
     size = batch.batch_size[0]
     batch["scores"] = batch["rewards"].clone()
-    batch["turn_ids"] = single_turn_ids(mask)
+    if "turn_ids" not in batch.keys():
+        batch["turn_ids"] = single_turn_ids(mask)
     batch["index_in_group"] = torch.arange(size) % group_size
     metrics: dict[str, float] = {}
     overlong = config.overlong

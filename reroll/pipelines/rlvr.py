@@ -22,18 +22,21 @@ from reroll import algorithms
 from reroll.config.schema import RLConfig
 from reroll.data.batch import Trajectory
 from reroll.data.datasets import PromptSampler, load_prompts
-from reroll.engines.base import SamplingParams, WeightSyncError, fingerprint
-from reroll.engines.hf import HFEngine
-from reroll.models.loading import load_model, load_tokenizer
-from reroll.models.logprobs import batched_logprobs
+from reroll.distributed.colocation import take_turns
+from reroll.distributed.roles import build_roles
+from reroll.distributed.supervisor import supervise
+from reroll.distributed.weight_sync import make_weight_sync
+from reroll.engines.base import SamplingParams
+from reroll.models.loading import load_tokenizer
 from reroll.pipelines import objective, rl_batch
 from reroll.pipelines.common import RunDir, Stopwatch, seed_everything, set_threads
 from reroll.rewards import RewardRunner, build_reward
 from reroll.rollout.metrics import rollout_metrics
+from reroll.rollout.recording import batch_path, save_batch
 from reroll.rollout.sampling import RolloutJob, rollout
+from reroll.rollout.sources import build_source
+from reroll.rollout.stream import PromptStream
 from reroll.tracking import ProgressBar, Tracker
-from reroll.training.critic import Critic
-from reroll.training.local import LocalStrategy
 
 
 class RLVRPipeline:
@@ -47,26 +50,30 @@ class RLVRPipeline:
         self.train_rows = load_prompts(c.data.train, c.data.system_prompt)
         self.eval_rows = load_prompts(c.data.eval, c.data.system_prompt)[: c.eval.max_prompts] \
             if c.data.eval else []
-        self.sampler = PromptSampler(self.train_rows, c.seed)
-        total_steps = c.steps * a.updates_per_batch
-        self.policy = LocalStrategy(load_model(c.model.path, c.model.dtype), c.optimizer, c.train,
-                                    total_steps=total_steps)
-        # The reference model exists only when a KL term needs it, the critic only for gae.
-        self.reference = load_model(c.model.path, c.model.dtype).eval() if a.kl.coef else None
-        self.critic = Critic(a.critic, c.model.path, c.model.dtype, c.optimizer, c.train,
-                             total_steps) if a.critic else None
+        self.sampler = PromptStream(PromptSampler(self.train_rows, c.seed))
+        # Policy, reference (when a KL term needs it), critic (for gae) and engine: in this
+        # process or as Ray actors placed by `distributed:`, behind the same interfaces.
+        self.roles = build_roles(c, c.steps * a.updates_per_batch, self.tokenizer.pad_token_id)
+        self.policy, self.reference = self.roles.policy, self.roles.reference
+        self.critic, self.engine = self.roles.critic, self.roles.engine
+        self.restarts = 0  # set by the supervisor when this pipeline resumes after a failure
         self.kl = objective.kl_controller(a.kl)
-        self.engine = HFEngine(load_model(c.model.path, c.model.dtype), c.rollout.max_batch_size,
-                               self.tokenizer.pad_token_id)
         self.rewards = RewardRunner(build_reward(c.reward), c.reward.timeout_s)
         self.stop_ids = (self.tokenizer.eos_token_id,)
+        # Sync or async rollout (docs/async.md); async: `engine` becomes the producer's facade.
+        self.source = build_source(c, self.engine, self.rewards, self.tokenizer, self.sampler)
+        self.engine = self.source.engine
+        self.weight_sync = make_weight_sync(self.policy, self.engine, c.distributed)
+        # Rollout colocated with the policy: they take turns on the devices at phase boundaries.
+        self.turns = take_turns(c, self.policy, self.engine)
         self.start_step, self.eval_reward_start = 0, None
         resume = self.run_dir.resolve_resume(c.resume)
         if resume:
             self.restore(*resume)
         self.run_dir.write_config(c)
-        self.tracker = Tracker(self.run_dir.path, c.tracking.tensorboard,
-                               resume_step=self.start_step if resume else None)
+        self.tracker = Tracker(self.run_dir.path, c.tracking,
+                               resume_step=self.start_step if resume else None,
+                               run_config=c.model_dump(mode="json"))
 
     def run(self) -> dict:
         c, clock = self.config, Stopwatch()
@@ -81,12 +88,14 @@ class RLVRPipeline:
             metrics |= self.update(batch, step)
             metrics |= self.sync_weights(step)
             metrics |= rollout_metrics(trajectories, c.rollout.group_size) | self.rewards.metrics()
+            metrics |= self.source.metrics()
             if self.eval_due(step):
                 metrics |= self.evaluate()
                 last_eval = metrics["eval/reward_mean"]
             metrics["time/step_s"] = timer.seconds()
             self.tracker.log(step, metrics)
             self.record(step, trajectories)
+            self.record_batch(step, trajectories)
             self.checkpoint(step)
             bar.update(step, f"reward {metrics['train/reward_mean']:.3f}"
                        + (f" | eval {last_eval:.3f}" if last_eval is not None else ""))
@@ -96,13 +105,15 @@ class RLVRPipeline:
     # -- phases ----------------------------------------------------------------------------------
 
     def generate(self, step: int) -> list[Trajectory]:
-        """A group of scored responses for each of this step's prompts."""
+        """A group of scored responses for each of this step's prompts, from the rollout source
+        (sync: generated now; async: taken from the buffer within the staleness bound of the
+        trainer's version, step - 1)."""
         c = self.config
+        self.turns.rollout_turn()
         t0 = time.perf_counter()
-        rows = self.sampler.next_batch(c.rollout.prompts_per_step)
         params = SamplingParams(c.rollout.max_new_tokens, c.rollout.temperature, c.rollout.top_p,
                                 c.rollout.top_k, self.stop_ids)
-        trajectories = rollout(self.rollout_job(params), rows, c.rollout.group_size, c.seed, step)
+        trajectories = self.source.next_batch(step, step - 1, params)
         self._rollout_s = time.perf_counter() - t0
         return trajectories
 
@@ -110,6 +121,7 @@ class RLVRPipeline:
         """Collate and shape the rewards, drop groups without signal, score the tokens (reference,
         pi_old, critic, corrections), then the advantages."""
         c = self.config
+        self.turns.train_turn()
         batch, metrics = rl_batch.collate_for_rl(trajectories, self.tokenizer.pad_token_id,
                                                  c.algorithm, c.rollout.group_size,
                                                  c.rollout.max_new_tokens)
@@ -126,9 +138,7 @@ class RLVRPipeline:
         c, a = self.config, self.config.algorithm
         metrics: dict[str, float] = {}
         if self.reference is not None:
-            batch["ref_logprobs"] = batched_logprobs(self.reference, batch["input_ids"],
-                                                     batch["attention_mask"],
-                                                     c.train.micro_batch_size, c.rollout.temperature)
+            batch["ref_logprobs"] = self.reference.logprobs(batch, c.rollout.temperature)
         if objective.needs_old_logprobs(a):
             batch["old_logprobs"] = self.policy.forward_logprobs(batch, c.rollout.temperature)
         if a.kl.mode == "reward" and self.reference is not None:
@@ -206,20 +216,18 @@ class RLVRPipeline:
         return {"kl/coef": self.kl.value}
 
     def sync_weights(self, version: int) -> dict[str, float]:
-        """Push the policy's weights to the engine and check that they arrived intact."""
-        t0 = time.perf_counter()
-        self.engine.load_weights(self.policy.state_dict_for_sync(), version)
-        if self.engine.weights_fingerprint() != fingerprint(self.policy.state_dict_for_sync()):
-            raise WeightSyncError(
-                f"after the weight sync of step {version} the engine's weights fingerprint does "
-                f"not match the policy's: the engine would sample from stale weights")
-        return {"time/weight_sync_s": time.perf_counter() - t0, "policy_version": version}
+        """Push the policy's weights to the engine and check that they arrived intact (a
+        mismatch raises WeightSyncError). After a restart, every step shows `fault/restarts`."""
+        self.turns.rollout_turn()
+        metrics = self.weight_sync(version) | self.turns.metrics()
+        return metrics | ({"fault/restarts": self.restarts} if self.restarts else {})
 
     def evaluate(self) -> dict[str, float]:
         """Mean reward on the held-out prompts (the same sampling seeds at every evaluation)."""
         c = self.config
         if not self.eval_rows:
             return {}
+        self.turns.rollout_turn()
         params = SamplingParams(c.rollout.max_new_tokens, c.eval.temperature, 1.0, 0, self.stop_ids)
         trajectories = rollout(self.rollout_job(params), self.eval_rows, c.eval.samples_per_prompt,
                                c.seed, step=-1)
@@ -240,7 +248,14 @@ class RLVRPipeline:
         every = self.config.eval.every_steps
         return bool(self.eval_rows) and (step == self.config.steps or (every and step % every == 0))
 
+    def record_batch(self, step: int, trajectories: list[Trajectory]) -> None:
+        """Every `record_batch_every` steps, the step's whole batch, for `reroll replay`."""
+        every = self.config.tracking.record_batch_every
+        if every and step % every == 0:
+            save_batch(batch_path(self.run_dir.path, step), step, trajectories)
+
     def record(self, step: int, trajectories: list[Trajectory]) -> None:
+        """Sampled text rows of the step for `reroll view`."""
         count = self.config.tracking.record_rollouts
         if not count:
             return
@@ -275,15 +290,16 @@ class RLVRPipeline:
         self.sampler.load_state_dict(extra["sampler"])
         vars(self.rewards.counters).update(extra["reward_counters"])
         self.start_step, self.eval_reward_start = step, extra["eval_reward_start"]
-        self.engine.load_weights(self.policy.state_dict_for_sync(), step)
+        self.weight_sync(step)
 
     def finish(self, eval_reward_end: float | None, wall_time_s: float) -> dict:
         self.tracker.close()
-        self.rewards.close()
+        self.close()
         summary = {
             "run_dir": str(self.run_dir.path),
             "steps": self.config.steps,
             "resumed_from_step": self.start_step or None,
+            "restarts": self.restarts,
             "eval_reward_start": self.eval_reward_start,
             "eval_reward_end": eval_reward_end,
             "wall_time_s": round(wall_time_s, 2),
@@ -293,5 +309,14 @@ class RLVRPipeline:
         return summary
 
 
+    def close(self) -> None:
+        """Stop the rollout source, the reward workers and every role's worker processes."""
+        self.source.close()
+        self.rewards.close()
+        self.roles.shutdown()
+
+
 def train(config: RLConfig) -> dict:
-    return RLVRPipeline(config).run()
+    """Run the pipeline; when a worker process dies, restart the roles and resume from the last
+    checkpoint, up to `distributed.max_restarts` times."""
+    return supervise(RLVRPipeline, config)

@@ -54,7 +54,7 @@ class SFTPipeline:
         self.steps = max(1, math.ceil(c.epochs * len(self.train_set) / c.batch_size))
         self.policy = LocalStrategy(load_model(c.model.path, c.model.dtype), c.optimizer, c.train,
                                     total_steps=self.steps)
-        self.tracker = Tracker(self.run_dir.path, c.tracking.tensorboard)
+        self.tracker = Tracker(self.run_dir.path, c.tracking, run_config=c.model_dump(mode="json"))
 
     def load(self, path: str) -> list[Trajectory]:
         rows = load_prompts(path, self.config.data.system_prompt)

@@ -9,9 +9,9 @@ from dataclasses import dataclass
 from reroll.config.errors import ConfigError
 from reroll.data.batch import Trajectory
 from reroll.data.datasets import PromptRow
-from reroll.engines.base import Engine, Request, SamplingParams
-from reroll.rewards.base import RewardSample
+from reroll.engines.base import Engine, SamplingParams
 from reroll.rewards.runner import RewardRunner
+from reroll.rollout.scheduler import RolloutScheduler
 
 
 def encode_prompt(tokenizer, row: PromptRow, max_tokens: int) -> list[int]:
@@ -40,32 +40,13 @@ class RolloutJob:
     max_prompt_tokens: int
 
 
-async def _one(job: RolloutJob, row: PromptRow, prompt_ids: list[int], seed: int,
-               group_id: int, version: int) -> Trajectory:
-    completion = await job.engine.generate(Request(prompt_ids, job.params, seed=seed))
-    response_text = job.tokenizer.decode(completion.token_ids, skip_special_tokens=True)
-    result = await job.rewards.score(RewardSample(
-        prompt=row.prompt_text, response=response_text, answer=row.answer,
-        finish_reason=completion.finish_reason, metadata=row.metadata))
-    return Trajectory(
-        prompt_ids=prompt_ids, response_ids=completion.token_ids,
-        behaviour_logprobs=completion.logprobs, finish_reason=completion.finish_reason,
-        group_id=group_id, prompt_text=row.prompt_text, response_text=response_text,
-        answer=row.answer, reward=result.score, reward_info=result.info,
-        policy_version=completion.policy_version if version < 0 else version)
-
-
 def rollout(job: RolloutJob, rows: list[PromptRow], group_size: int, run_seed: int,
             step: int, version: int = -1) -> list[Trajectory]:
-    """`group_size` scored trajectories per row, in row-major order (a group is contiguous)."""
-
-    async def run() -> list[Trajectory]:
-        tasks = []
-        for g, row in enumerate(rows):
-            prompt_ids = encode_prompt(job.tokenizer, row, job.max_prompt_tokens)
-            for k in range(group_size):
-                seed = request_seed(run_seed, step, g * group_size + k)
-                tasks.append(_one(job, row, prompt_ids, seed, g, version))
-        return await asyncio.gather(*tasks)
-
-    return asyncio.run(run())
+    """`group_size` scored trajectories per row, in row-major order (a group is contiguous).
+    `version` >= 0 overrides the policy version recorded on the trajectories."""
+    scheduler = RolloutScheduler([job.engine], job.rewards, job.tokenizer)
+    result = asyncio.run(scheduler.collect(
+        iter(rows), lambda row: encode_prompt(job.tokenizer, row, job.max_prompt_tokens),
+        len(rows), group_size, job.params, lambda i: request_seed(run_seed, step, i)))
+    return [t for g, group in enumerate(result.groups)
+            for t in group.trajectories(g, None if version < 0 else version)]

@@ -1,4 +1,5 @@
-"""Where metrics go: `metrics.jsonl` (always), tensorboard, and a rich progress bar."""
+"""Where metrics go: `metrics.jsonl` (always), tensorboard, wandb, trackio, and a rich progress
+bar."""
 
 from __future__ import annotations
 
@@ -17,6 +18,9 @@ from rich.progress import (
     TimeElapsedColumn,
     TimeRemainingColumn,
 )
+
+from reroll.config.schema import TrackingConfig
+from reroll.tracking.remote import TrackioSink, WandbSink
 
 
 class JsonlSink:
@@ -80,12 +84,22 @@ class ProgressBar:
 
 
 class Tracker:
-    """Fans one `log(step, metrics)` out to every sink."""
+    """Fans one `log(step, metrics)` out to every sink chosen in the `tracking:` config.
 
-    def __init__(self, run_dir: Path, tensorboard: bool, resume_step: int | None = None):
+    `tracking` is the run's TrackingConfig (a bare bool still means "tensorboard or not");
+    `run_config` (the resolved config as a dict) is attached to the wandb and trackio runs.
+    """
+
+    def __init__(self, run_dir: Path, tracking: Any, resume_step: int | None = None,
+                 run_config: dict[str, Any] | None = None):
+        if isinstance(tracking, bool):
+            tracking = TrackingConfig(tensorboard=tracking)
         self.sinks: list[Any] = [JsonlSink(run_dir / "metrics.jsonl", resume_step)]
-        if tensorboard:
-            self.sinks.append(TensorboardSink(run_dir / "tensorboard"))
+        try:
+            self.sinks += _optional_sinks(run_dir, tracking, run_config or {})
+        except BaseException:
+            self.close()
+            raise
 
     def log(self, step: int, metrics: dict[str, float]) -> None:
         for sink in self.sinks:
@@ -94,6 +108,20 @@ class Tracker:
     def close(self) -> None:
         for sink in self.sinks:
             sink.close()
+
+
+def _optional_sinks(run_dir: Path, tracking: TrackingConfig, run_config: dict[str, Any]) -> list:
+    name = str(run_config.get("name") or run_dir.name)
+    sinks: list[Any] = []
+    if tracking.tensorboard:
+        sinks.append(TensorboardSink(run_dir / "tensorboard"))
+    if tracking.wandb:
+        sinks.append(WandbSink(run_dir, tracking.project, name, tracking.wandb_mode,
+                               tracking.wandb_entity, run_config))
+    if tracking.trackio:
+        sinks.append(TrackioSink(tracking.project, name, tracking.trackio_space_id, run_config))
+    return sinks
+
 
 
 def _jsonable(value: Any) -> Any:

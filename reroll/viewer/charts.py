@@ -19,7 +19,7 @@ class GroupSpec:
     id: str
     title: str
     keys: tuple[str, ...] = ()
-    prefix: str | None = None
+    prefix: str | tuple[str, ...] | None = None
     band: tuple[str, str] | None = None
     note: str = ""
 
@@ -37,7 +37,8 @@ GROUPS: tuple[GroupSpec, ...] = (
     GroupSpec("clip", "Clip fraction", ("actor/clip_frac",)),
     GroupSpec("truncation", "Truncated responses / all-equal groups",
               ("train/truncated_frac", "train/groups_all_equal")),
-    GroupSpec("staleness", "Staleness", prefix="staleness/"),
+    GroupSpec("staleness", "Staleness (policy versions)", prefix=("async/staleness", "staleness/"),
+              note="how many policy versions behind the trainer the trained samples were"),
     GroupSpec("time", "Time per step (s)", ("time/step_s", "time/rollout_s", "time/train_s",
                                             "time/weight_sync_s"), prefix="time/"),
     GroupSpec("loss", "Loss", ("train/loss",)),

@@ -177,7 +177,7 @@ def _read_rollouts(folder: Path, limit: int, warnings: list[str]) -> dict[int, l
 def _rollout(raw: dict[str, Any], warnings: list[str], where: str) -> dict[str, Any]:
     """The fields the table shows, with safe types; extra keys are kept under `extra`."""
     known = {"prompt", "response", "answer", "reward", "reward_info", "finish_reason",
-             "group_id", "turns"}
+             "group_id", "turns", "segments"}
     reward = _as_float(raw.get("reward"))
     row = {
         "prompt": _text(raw.get("prompt"), warnings, where),
@@ -191,12 +191,34 @@ def _rollout(raw: dict[str, Any], warnings: list[str], where: str) -> dict[str, 
         "extra": _jsonable({k: v for k, v in raw.items() if k not in known}),
     }
     turns = raw.get("turns")
+    if not isinstance(turns, list) and isinstance(raw.get("segments"), list):
+        turns = segments_to_turns(raw["segments"])
     if isinstance(turns, list):
         row["turns"] = [{"role": str(t.get("role", "")),
-                         "text": _text(t.get("text", t.get("content")), warnings, where)}
+                         "text": _text(t.get("text", t.get("content")), warnings, where),
+                         "turn": t.get("turn") if isinstance(t.get("turn"), int) else None}
                         if isinstance(t, dict) else {"role": "", "text": _text(t, warnings, where)}
                         for t in turns]
     return row
+
+
+def segments_to_turns(segments: list[Any]) -> list[dict[str, Any]]:
+    """An agentic episode's `segments` ({text, policy, turn}: its tokens decoded per stretch of
+    policy or environment tokens) as the table's turns: consecutive segments of the same side and
+    turn are joined; policy text has role "policy", environment text role "env"."""
+    turns: list[dict[str, Any]] = []
+    for segment in segments:
+        if not isinstance(segment, dict):
+            continue
+        role = "policy" if segment.get("policy") else "env"
+        text = segment.get("text")
+        text = text if isinstance(text, str) else "" if text is None else json.dumps(text)
+        turn = segment.get("turn")
+        if turns and turns[-1]["role"] == role and turns[-1].get("turn") == turn:
+            turns[-1]["text"] += text
+        else:
+            turns.append({"role": role, "text": text, "turn": turn})
+    return turns
 
 
 def _text(value: Any, warnings: list[str], where: str) -> str:

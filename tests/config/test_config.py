@@ -93,8 +93,10 @@ def test_sft_config_rejected_by_train(tmp_path):
 
 @pytest.mark.parametrize("path", sorted((ROOT / "examples").rglob("*.yaml")), ids=lambda p: p.name)
 def test_every_example_config_parses(path):
+    from reroll.config.agentic import AgenticConfig
+
     config = load_config(path)
-    assert isinstance(config, (RLConfig, SFTConfig))
+    assert isinstance(config, (RLConfig, SFTConfig, AgenticConfig))
 
 
 def test_cli_config_error_exits_2_without_traceback(tmp_path):

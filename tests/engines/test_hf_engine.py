@@ -102,3 +102,30 @@ def test_fingerprint_sees_a_single_changed_value():
     changed = {**weights, "b": torch.tensor([[1.0, 1.0], [1.0, 1.0 + 1e-6]])}
     assert fingerprint(weights.items()) == fingerprint(reversed(list(weights.items())))
     assert fingerprint(weights.items()) != fingerprint(changed.items())
+
+
+def test_stats_count_queue_and_speed_and_sleep_wake_keep_outputs(tiny_model, tokenizer):
+    engine = HFEngine(load_model(tiny_model), pad_token_id=tokenizer.pad_token_id)
+    requests = [Request(p, SamplingParams(6, temperature=0.0)) for p in prompts(tokenizer, 3)]
+
+    async def go():
+        tasks = [asyncio.create_task(engine.generate(r)) for r in requests]
+        await asyncio.sleep(0)
+        queued = engine.stats().queued
+        return queued, await asyncio.gather(*tasks)
+
+    queued, before = asyncio.run(go())
+    stats = engine.stats()
+    assert queued == 3 and stats.queued == 0
+    assert stats.generated_tokens == 18 and stats.tokens_per_s > 0
+    engine.sleep()
+    engine.wake()
+    assert [c.token_ids for c in run(engine, requests)] == [c.token_ids for c in before]
+
+
+def test_batches_group_similar_prompt_lengths_and_keep_the_oldest():
+    from reroll.engines.hf import _similar_lengths
+
+    pending = [(Request([0] * n, SamplingParams()), None) for n in (9, 2, 30, 8, 31, 10)]
+    batch = _similar_lengths(pending, anchor=9, size=3)
+    assert [len(r.prompt_ids) for r, _ in batch] == [9, 8, 10]

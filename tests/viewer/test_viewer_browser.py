@@ -215,3 +215,39 @@ def test_report_of_a_real_training_run(browser, tmp_path, tiny_model, arithmetic
     assert 1 <= shown <= recorded
     assert all(first_prompt.split("?")[0] in r.get_attribute("textContent") for r in
                browser.find_elements("css selector", "#rollout-body tr.rollout-row"))
+
+
+def test_agentic_segments_show_policy_tokens_against_env_tokens(browser, run_dir):
+    """Rows written by the agentic pipeline carry `segments` (policy vs environment tokens);
+    the report shows them turn by turn, and `async/staleness*` metrics get the staleness chart."""
+    segments = [{"text": "<guess>50</guess>", "policy": True, "turn": 0},
+                {"text": "Too high.", "policy": False, "turn": 0},
+                {"text": "<guess>", "policy": True, "turn": 1},
+                {"text": "25</guess>", "policy": True, "turn": 1},
+                {"text": "Correct!", "policy": False, "turn": 1}]
+    (run_dir / "rollouts" / "step_30.jsonl").write_text(json.dumps(
+        {"prompt": "Guess a number between 1 and 100.", "response": "", "reward": 1.0,
+         "segments": segments, "finish_reason": "stop", "group_id": 0}) + "\n")
+    with (run_dir / "metrics.jsonl").open("a") as f:
+        f.write(json.dumps({"step": 31, "async/staleness_mean": 0.5, "async/staleness_max": 1,
+                            "time/step_s": 1.25}) + "\n")
+    _, report = write_report(run_dir)
+    browser.get_log("browser")
+    open_report(browser, report)
+    assert console_problems(browser) == []
+    staleness = browser.find_elements("css selector", "#chart-staleness path.series")
+    assert {p.get_attribute("data-key") for p in staleness} >= {"async/staleness_mean",
+                                                                 "async/staleness_max"}
+    assert browser.find_elements("css selector", "#chart-time path.series")
+
+    select(browser, "f-step", "30")
+    row = browser.find_element("css selector", "#rollout-body tr.rollout-row")
+    assert "4 turns" in row.text  # consecutive policy segments of turn 1 are joined
+    row.click()
+    turns = browser.find_elements("css selector", "tr.rollout-detail .turn")
+    assert [t.get_attribute("data-role") for t in turns] == ["policy", "env", "policy", "env"]
+    assert "TURN 1" in turns[2].text.upper() and "<guess>25</guess>" in turns[2].text
+    assert turns[0].value_of_css_property("background-color") != \
+        turns[1].value_of_css_property("background-color")
+    set_value(browser, "f-text", "too high")
+    assert visible_rows(browser) == 1

@@ -104,7 +104,8 @@ function turnsView(turns) {
     const kind = turn.role === "policy" ? "policy" : "env";
     const item = el("div", "turn turn-" + kind);
     item.dataset.role = turn.role;
-    item.append(el("div", "role", turn.role || "?"), el("pre", "", visible(turn.text)));
+    const label = (turn.role || "?") + (turn.turn === null || turn.turn === undefined ? "" : " \u00b7 turn " + turn.turn);
+    item.append(el("div", "role", label), el("pre", "", visible(turn.text)));
     list.appendChild(item);
   }
   box.appendChild(list);

@@ -1,0 +1,136 @@
+"""The long-tailed workload shared by benchmarks/async_vs_sync.py and benchmarks/tail_batching.py.
+
+Arithmetic word problems (add single digits, subtract from the teens); a minority of the prompts
+end with "Check it again and again." A quick SFT of the tiny model teaches two answer styles:
+ordinary prompts get the worked answer and stop (~18 tokens); "check" prompts get the same
+answer followed by an endless "Again: 9 + 9 = 18." loop, so their responses run to
+`max_new_tokens`. The response lengths are long-tailed by construction (the share of check
+prompts sets the tail), and the boxed answer comes first, so the math reward measures the
+arithmetic whatever the length.
+
+The long targets carry no EOS (the model never learns to end the loop) and are only
+`LONG_TARGET_TOKENS` long: the loop is local, so the model keeps it up well past that.
+Built once per parameter set under `runs/bench_longtail/<hash>/` (the directory name is a hash of
+`WORKLOAD`, so a change of any parameter builds a new workload) and shared by both benchmarks.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import random
+import time
+from pathlib import Path
+
+from reroll.config.schema import SFTConfig
+from reroll.data.batch import collate
+from reroll.data.datasets import load_prompts
+from reroll.data.tasks import arithmetic_rows
+from reroll.models.factory import make_model
+from reroll.models.loading import load_tokenizer
+from reroll.pipelines import objective
+from reroll.pipelines.sft import SFTPipeline, sft_example
+from reroll.tracking import ProgressBar
+
+ROOT = Path("runs/bench_longtail")
+CHECK = " Check it again and again."
+WORKLOAD = {
+    "recipe": 2,  # bump when the code below changes what it builds
+    "levels": (1,),
+    "sft_rows": 2048, "sft_long_frac": 0.25, "sft_epochs": 6.0, "sft_lr": 5e-3,
+    "train_rows": 256, "eval_rows": 64, "long_frac": 0.125,
+    "long_target_tokens": 64,
+}
+"""Everything the built workload depends on; its hash names the cache directory."""
+
+
+def _rows(n: int, seed: int, long_frac: float, long_tokens: int, tokenizer=None) -> list[dict]:
+    """Arithmetic rows; a `long_frac` share (exactly, at shuffled places) are check prompts."""
+    rng = random.Random(seed)
+    longs = set(rng.sample(range(n), round(n * long_frac)))
+    rows = []
+    for i, row in enumerate(arithmetic_rows(n, seed, levels=WORKLOAD["levels"])):
+        row["long"] = i in longs
+        if row["long"]:
+            work = row["solution"].split(" The answer")[0]
+            row["prompt"] += CHECK
+            target = row["solution"]
+            while tokenizer is not None and len(tokenizer.encode(
+                    target, add_special_tokens=False)) < long_tokens:
+                target += f" Again: {work}"
+            row["response"] = target
+        else:
+            row["response"] = row["solution"]
+        rows.append(row)
+    return rows
+
+
+def workload_dir(params: dict = WORKLOAD) -> Path:
+    digest = hashlib.sha256(json.dumps(params, sort_keys=True).encode()).hexdigest()[:10]
+    return ROOT / digest
+
+
+def build_workload(params: dict = WORKLOAD) -> dict[str, str]:
+    """{model, train, eval}: the SFT'd tiny model and the RL prompt files (built once, cached)."""
+    root = workload_dir(params)
+    paths = {"train": root / "train.jsonl", "eval": root / "eval.jsonl",
+             "model": root / "sft" / "final"}
+    if not (paths["model"] / "config.json").exists():
+        _build(params, root, paths)
+    return {k: str(v) for k, v in paths.items()}
+
+
+def _build(params: dict, root: Path, paths: dict[str, Path]) -> None:
+    root.mkdir(parents=True, exist_ok=True)
+    (root / "workload.json").write_text(json.dumps(params, indent=1))
+    base = make_model(root / "tiny", "tiny", seed=0)
+    tokenizer = load_tokenizer(str(base))
+    splits = (("sft", params["sft_rows"], 0, params["sft_long_frac"]),
+              ("train", params["train_rows"], 1, params["long_frac"]),
+              ("eval", params["eval_rows"], 2, params["long_frac"]))
+    for name, n, seed, frac in splits:
+        with (root / f"{name}.jsonl").open("w") as f:
+            for row in _rows(n, seed, frac, params["long_target_tokens"], tokenizer):
+                f.write(json.dumps(row) + "\n")
+    config = SFTConfig.model_validate({
+        "output_dir": str(root / "sft"), "model": {"path": str(base)},
+        "data": {"train": str(root / "sft.jsonl"), "response_key": "response", "max_tokens": 256},
+        "epochs": params["sft_epochs"], "batch_size": 32,
+        "optimizer": {"lr": params["sft_lr"], "warmup_steps": 10, "schedule": "cosine"},
+        "train": {"micro_batch_size": 32, "num_threads": 1},
+        "tracking": {"progress": True, "tensorboard": False}})
+    _LoopSFT(config).run()
+
+
+class _LoopSFT(SFTPipeline):
+    """SFT whose check-prompt targets end without EOS (the loop is never closed), on batches of
+    similar lengths (short rows are not padded to the long ones: a third of the compute)."""
+
+    def load(self, path: str) -> list:
+        examples = []
+        for row in load_prompts(path, self.config.data.system_prompt):
+            example = sft_example(self.tokenizer, row, "response", self.config.data.max_tokens)
+            if row.metadata.get("long"):
+                example.response_ids = example.response_ids[:-1]
+                example.behaviour_logprobs = example.behaviour_logprobs[:-1]
+            examples.append(example)
+        return examples
+
+    def run(self) -> dict:
+        c, t0 = self.config, time.perf_counter()
+        rng = random.Random(c.seed)
+        size = c.batch_size
+        bar = ProgressBar(self.steps, "SFT of the long-tailed workload's model")
+        batches: list[list] = []
+        for step in range(1, self.steps + 1):
+            if not batches:  # an epoch: shuffle, cut into length-sorted chunks, shuffle those
+                order = rng.sample(self.train_set, len(self.train_set))
+                order.sort(key=lambda t: len(t.prompt_ids) + len(t.response_ids))
+                batches = [order[i:i + size] for i in range(0, len(order) - size + 1, size)]
+                rng.shuffle(batches)
+            batch, _ = collate(batches.pop(), self.tokenizer.pad_token_id)
+            metrics = self.policy.train_step(batch, objective.sft_loss(batch))
+            self.tracker.log(step, metrics)
+            bar.update(step, f"nll {metrics['sft/nll']:.3f}")
+        bar.close()
+        return self.finish(None, None, time.perf_counter() - t0)

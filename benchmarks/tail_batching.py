@@ -1,0 +1,122 @@
+"""Tail batching vs plain synchronous rounds: rollout time for the same number of samples.
+
+Workload (benchmarks/_longtail.py): arithmetic prompts, 1 in 8 of which make the SFT'd tiny
+model loop until `max_new_tokens`; most plain rounds hold one or two of them, so the round lasts
+`max_new_tokens` decode steps, most of them at a batch of a few rows. Tail batching stops
+responses at a length budget in regular rounds, defers those prompts (and, after the first
+epoch, prompts known to run long) and runs them together in long rounds of eight deferred
+prompts, so the long decodes share full batches (over-sampling stays off: a deferred group is
+replaced in a second, short wave). Same engine, model, seeds, rounds and number
+of samples; only the scheduling differs. Last line: JSON with `speedup`.
+
+    .venv/bin/python benchmarks/tail_batching.py [--rounds N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import torch
+from rich.console import Console
+from rich.table import Table
+
+sys.path.insert(0, str(Path(__file__).parent))
+from _longtail import build_workload  # noqa: E402
+
+from reroll.config.schema import RLConfig  # noqa: E402
+from reroll.data.datasets import PromptSampler, load_prompts  # noqa: E402
+from reroll.engines.base import Request, SamplingParams  # noqa: E402
+from reroll.engines.hf import HFEngine  # noqa: E402
+from reroll.models.loading import load_model, load_tokenizer  # noqa: E402
+from reroll.rewards import RewardRunner, build_reward  # noqa: E402
+from reroll.rewards.base import RewardSample  # noqa: E402
+from reroll.rollout.sources import SyncSource  # noqa: E402
+from reroll.rollout.stream import PromptStream  # noqa: E402
+from reroll.tracking import ProgressBar  # noqa: E402
+
+ROUNDS, PROMPTS, GROUP, MAX_NEW, BUDGET = 40, 8, 8, 256, 32
+TRAIN_PROMPTS = 64
+"""The first 64 training prompts (8 of them "check" prompts): 40 rounds are 5 epochs, so tail
+batching's history (prompts that ran long on an earlier epoch) is used as in a real run."""
+
+
+def rollout_time(workload: dict, rounds: int, tail: bool) -> dict:
+    config = RLConfig.model_validate({
+        "seed": 0, "steps": rounds, "model": {"path": workload["model"]},
+        "data": {"train": workload["train"]},
+        "rollout": {"prompts_per_step": PROMPTS, "group_size": GROUP, "max_new_tokens": MAX_NEW},
+        "train": {"micro_batch_size": GROUP},
+        "tail_batching": {"enabled": tail, "length_budget": BUDGET}})
+    tokenizer = load_tokenizer(workload["model"])
+    engine = HFEngine(load_model(workload["model"]), 256, tokenizer.pad_token_id)
+    rewards = RewardRunner(build_reward(config.reward), config.reward.timeout_s)
+    rows = training_prompts(workload["train"])
+    source = SyncSource(config, engine, rewards, tokenizer,
+                        PromptStream(PromptSampler(rows, config.seed)))
+    params = SamplingParams(MAX_NEW, 1.0, 1.0, 0, (tokenizer.eos_token_id,))
+    warm_up(engine, rewards, source.encode(rows[0]), params)
+    bar = ProgressBar(rounds, "tail batching" if tail else "plain rounds")
+    totals = {"rollout_s": 0.0, "samples": 0, "tokens": 0, "reward": 0.0, "long_rounds": 0,
+              "at_max": 0}
+    for step in range(1, rounds + 1):
+        t0 = time.perf_counter()
+        trajectories = source.next_batch(step, 0, params)
+        totals["rollout_s"] += time.perf_counter() - t0
+        totals["tokens"] += sum(len(t.response_ids) for t in trajectories)
+        totals["reward"] += sum(t.reward for t in trajectories)
+        totals["samples"] += len(trajectories)
+        totals["at_max"] += sum(len(t.response_ids) >= MAX_NEW for t in trajectories)
+        totals["long_rounds"] += int(source.metrics().get("tail/long_round", 0))
+        bar.update(step, f"{totals['rollout_s']:.1f}s")
+    bar.close()
+    rewards.close()
+    return totals | {"reward_mean": totals["reward"] / totals["samples"]}
+
+
+def training_prompts(path: str) -> list:
+    """The first TRAIN_PROMPTS / 8 check prompts and the first ordinary ones (1 in 8 long)."""
+    rows = load_prompts(path)
+    long = [r for r in rows if r.metadata["long"]][:TRAIN_PROMPTS // 8]
+    return long + [r for r in rows if not r.metadata["long"]][:TRAIN_PROMPTS - len(long)]
+
+
+def warm_up(engine: HFEngine, rewards: RewardRunner, prompt_ids: list[int],
+            params: SamplingParams) -> None:
+    """Untimed: the first decode and the reward worker's start-up."""
+    engine.generate_batch([Request(prompt_ids, replace(params, max_new_tokens=16))])
+    asyncio.run(rewards.score(RewardSample("", "\\boxed{1}", "1", "stop", {})))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=ROUNDS)
+    rounds = parser.parse_args().rounds
+    torch.set_num_threads(1)
+    workload = build_workload()
+    plain = rollout_time(workload, rounds, tail=False)
+    tail = rollout_time(workload, rounds, tail=True)
+    speedup = plain["rollout_s"] / tail["rollout_s"]
+    table = Table(title=f"Rollout phase, {rounds} rounds x {PROMPTS} prompts x {GROUP} samples, "
+                        f"max_new_tokens {MAX_NEW}, length budget {BUDGET}, 1 thread")
+    for column in ("mode", "rollout s", "samples", "tokens", "at max_new_tokens", "long rounds",
+                   "reward"):
+        table.add_column(column)
+    for name, r in (("plain sync rounds", plain), ("tail batching", tail)):
+        table.add_row(name, f"{r['rollout_s']:.1f}", str(r["samples"]), str(r["tokens"]),
+                      str(r["at_max"]), str(r["long_rounds"]), f"{r['reward_mean']:.3f}")
+    Console().print(table)
+    Console().print(f"tail batching speedup {speedup:.2f}x (goal >= 1.5x)")
+    print(json.dumps({"speedup": round(speedup, 3), "plain_rollout_s": round(plain["rollout_s"], 2),
+                      "tail_rollout_s": round(tail["rollout_s"], 2),
+                      "plain_samples": plain["samples"], "tail_samples": tail["samples"],
+                      "long_rounds": tail["long_rounds"]}))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,107 @@
+"""The `distributed:` section: where each role runs (ROLL's device mapping), on which executor,
+how weights travel from the policy to the engines, and how many times a failed run restarts.
+
+The default (`executor: local`, one worker per role) is the one-process run of a laptop. With
+`executor: ray` every role runs in Ray actors placed by `reroll.distributed.placement`.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, model_validator
+
+from reroll.config.base import Section
+
+
+class RolePlacement(Section):
+    """Where one role's workers run."""
+
+    num_workers: int = Field(1, ge=1, le=1024)
+    """Workers of this role. Policy workers shard the model with FSDP2 and split each batch by
+    data-parallel rank; with `devices` set it must equal the number of devices."""
+    devices: list[int] = Field(default_factory=list)
+    """GPU indices (over the Ray cluster's GPUs) for this role, one per worker; empty: CPU only.
+    Roles given the same devices are colocated and take turns on them."""
+    num_cpus: float = Field(1.0, ge=0, le=1024)
+    """CPUs reserved per worker (Ray scheduling). Colocated roles reserve theirs once."""
+    num_threads: int = Field(1, ge=1, le=1024)
+    """torch intra-op threads in each worker process."""
+    colocate_with: Literal["policy"] | None = None
+    """`policy`: run on the policy's devices and CPUs, taking turns with it (reserves nothing)."""
+
+    @model_validator(mode="after")
+    def _check_devices(self) -> RolePlacement:
+        if self.devices and len(self.devices) != self.num_workers:
+            raise ValueError(f"devices {self.devices} gives {len(self.devices)} workers but "
+                             f"num_workers is {self.num_workers}; set one per device")
+        if len(set(self.devices)) != len(self.devices):
+            raise ValueError(f"devices {self.devices} repeats a device")
+        if any(d < 0 for d in self.devices):
+            raise ValueError(f"devices {self.devices}: indices start at 0")
+        if self.colocate_with and (self.devices or self.num_workers != 1):
+            raise ValueError("a role colocated with the policy takes the policy's devices; leave "
+                             "devices and num_workers unset")
+        return self
+
+
+def _colocated() -> RolePlacement:
+    return RolePlacement(colocate_with="policy")
+
+
+class DistributedConfig(Section):
+    """Executor, per-role placement, weight sync and fault tolerance."""
+
+    executor: Literal["local", "ray"] = "local"
+    """`local`: every role in this process; `ray`: every role in Ray actors (one process per worker)."""
+    ray_address: str | None = None
+    """Join this Ray cluster (`auto`, or `ray://head:10001`) instead of starting a local instance
+    sized to this machine. See docs/distributed.md for multi-node use."""
+    num_cpus: int | None = Field(None, ge=1)
+    """CPUs of the local Ray instance (None: all of this machine's)."""
+    policy: RolePlacement = Field(default_factory=RolePlacement)
+    """Placement of the policy (trainer) workers."""
+    rollout: RolePlacement = Field(default_factory=RolePlacement)
+    """Placement of the inference engine(s) that sample responses."""
+    reference: RolePlacement = Field(default_factory=_colocated)
+    """Placement of the reference model (only built when a KL term needs it)."""
+    critic: RolePlacement = Field(default_factory=_colocated)
+    """Placement of the critic (only built for estimators that need values)."""
+    weight_sync: Literal["auto", "object_store", "broadcast"] = "auto"
+    """How new weights reach engine actors: one flat buffer through the Ray object store, or a
+    torch.distributed broadcast in buckets from the policy's rank 0 (NCCL when policy and rollout
+    have devices of their own, else gloo). `auto`: broadcast for GPU roles on separate devices,
+    else the object store. In-process engines always get an in-memory copy."""
+    bucket_mb: int = Field(256, ge=1, le=65536)
+    """Size of one broadcast bucket, in MiB."""
+    fsdp_param_dtype: Literal["float32", "bfloat16"] = "float32"
+    """FSDP2 mixed precision: dtype of the gathered parameters in forward/backward (gradients are
+    reduced and the optimizer steps in float32)."""
+    max_restarts: int = Field(0, ge=0, le=100)
+    """When a worker process dies (killed, out of memory), restart every role and resume from the
+    last checkpoint, at most this many times (0: the run stops with the error)."""
+
+    @model_validator(mode="after")
+    def _check_executor(self) -> DistributedConfig:
+        roles = {"policy": self.policy, "rollout": self.rollout, "reference": self.reference,
+                 "critic": self.critic}
+        if self.executor == "local":
+            errors = [f"distributed.{name}: {p.num_workers} workers / devices {p.devices} need "
+                      f"separate processes" for name, p in roles.items()
+                      if p.num_workers > 1 or p.devices]
+            errors += [f"distributed.{key} is only used by the ray executor" for key, is_set in (
+                ("ray_address", self.ray_address is not None),
+                ("num_cpus", self.num_cpus is not None),
+                ("weight_sync", self.weight_sync != "auto")) if is_set]
+            if errors:
+                raise ValueError("; ".join(errors) + ": set distributed.executor: ray (executor "
+                                 "local runs one worker per role in this process)")
+        if self.policy.colocate_with:
+            raise ValueError("distributed.policy.colocate_with: the policy is what other roles "
+                             "colocate with; remove it")
+        for name, p in roles.items():
+            if not p.colocate_with and not p.devices and p.num_cpus == 0 and self.executor == "ray":
+                raise ValueError(f"distributed.{name} has neither devices nor CPUs (num_cpus: 0): "
+                                 f"give it num_cpus > 0 (fractions like 0.5 are fine), devices, "
+                                 f"or colocate_with: policy")
+        return self

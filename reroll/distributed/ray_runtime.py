@@ -1,0 +1,48 @@
+"""Starting (or joining) Ray once per process, quietly.
+
+`ensure_ray()` with no address starts a local Ray instance sized to this machine (no dashboard,
+a modest object store); with an address (`distributed.ray_address`, e.g. `ray://head:10001` or
+`auto`) it joins an existing cluster instead. Calling it again is a no-op.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+
+LOCAL_OBJECT_STORE_BYTES = 1 << 30
+"""Enough for weight sync of models up to a few hundred million float32 parameters; Ray's default
+(30% of RAM) would take memory the trainer needs on a laptop."""
+
+
+def ensure_ray(address: str | None = None, num_cpus: int | None = None) -> None:
+    """Start a local Ray instance, or connect to `address`, unless this process already did."""
+    import ray
+
+    if ray.is_initialized():
+        return
+    # Worker processes import reroll from the driver's working tree; keep their logs short.
+    os.environ.setdefault("RAY_DEDUP_LOGS", "1")
+    kwargs: dict = {"include_dashboard": False, "logging_level": logging.WARNING,
+                    "log_to_driver": True, "configure_logging": True}
+    if address is None:
+        kwargs |= {"num_cpus": num_cpus or os.cpu_count() or 1,
+                   "object_store_memory": LOCAL_OBJECT_STORE_BYTES}
+    else:
+        kwargs["address"] = address
+    ray.init(**kwargs)
+
+
+def shutdown_ray() -> None:
+    import ray
+
+    if ray.is_initialized():
+        ray.shutdown()
+
+
+def quiet_transformers() -> None:
+    """No per-load progress bars from worker processes (they interleave with the run's bar)."""
+    import transformers
+
+    transformers.utils.logging.disable_progress_bar()
+    transformers.utils.logging.set_verbosity_error()

@@ -1,0 +1,240 @@
+"""The vLLM engine: vLLM's async engine (AsyncLLM) behind reroll's Engine contract.
+
+vLLM runs its engine core in child processes and binds its output handler to the asyncio loop
+it first sees. reroll's rollouts open a fresh loop per call (`asyncio.run`), so the AsyncLLM
+lives on a private loop in a background thread and `generate` hands requests over to it; any
+caller's loop can await them.
+
+Weights reach the engine as a safetensors file in shared memory, loaded by the worker extension
+(reroll/engines/vllm_worker.py) through vLLM's `reload_weights` (which re-applies the CPU
+backend's weight repacking, unlike `model.load_weights`). On a GPU cluster the same code runs
+with the official `vllm` package.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import tempfile
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from reroll.engines.base import Completion, EngineStats, LoadMeter, Request, fingerprint
+from reroll.engines.loop import BackgroundLoop
+
+# Environment vLLM reads at import time; set here and nowhere else. Values the user already
+# exported win. VLLM_CPU_KVCACHE_SPACE is set per engine from its settings (see _environment).
+_DEFAULT_ENV = {
+    "VLLM_CPU_OMP_THREADS_BIND": "nobind",  # pinning cores fights the other processes on a laptop
+    "VLLM_LOGGING_LEVEL": "WARNING",
+    "VLLM_NO_USAGE_STATS": "1",
+    "VLLM_WORKER_MULTIPROC_METHOD": "spawn",
+    "TOKENIZERS_PARALLELISM": "false",
+}
+
+
+@dataclass(frozen=True)
+class VLLMOptions:
+    """How the vLLM engine is built (the `rollout.vllm` config section maps onto this)."""
+
+    dtype: str = "float32"
+    max_model_len: int | None = None
+    """Longest prompt + response; None: the model's max_position_embeddings."""
+    max_num_seqs: int = 256
+    kv_cache_gib: float = 1.0
+    """CPU only: KV cache size (VLLM_CPU_KVCACHE_SPACE); small, tests share one machine."""
+    gpu_memory_utilization: float = 0.5
+    """GPU only: share of device memory vLLM may take (the rest is the trainer's when colocated)."""
+    enforce_eager: bool = True
+    enable_prefix_caching: bool = True
+    tensor_parallel_size: int = 1
+    seed: int = 0
+
+
+def vllm_available() -> bool:
+    try:
+        import vllm  # noqa: F401
+    except Exception:  # noqa: BLE001 - a broken install is as good as none
+        return False
+    return True
+
+
+def _environment(options: VLLMOptions) -> None:
+    for key, value in _DEFAULT_ENV.items():
+        os.environ.setdefault(key, value)
+    if not torch.cuda.is_available():
+        os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(max(1, round(options.kv_cache_gib))))
+
+
+class VLLMEngine:
+    """Engine over vLLM's AsyncLLM for the HF model at `model_path`."""
+
+    def __init__(self, model_path: str, options: VLLMOptions = VLLMOptions()):
+        _environment(options)
+        from vllm.engine.arg_utils import AsyncEngineArgs
+        from vllm.platforms import current_platform
+        from vllm.v1.engine.async_llm import AsyncLLM
+
+        self.model_path = model_path
+        self.options = options
+        self.version = 0
+        self.meter = LoadMeter()
+        self._fingerprint: str | None = None
+        self._aborted: set[str] = set()
+        self._latest: dict[str, object] = {}
+        self.sleep_supported = current_platform.is_sleep_mode_available()
+        self._weights_dir = Path(tempfile.mkdtemp(prefix="reroll-vllm-", dir=_shared_memory()))
+        args = AsyncEngineArgs(
+            model=model_path, dtype=options.dtype, seed=options.seed,
+            max_model_len=options.max_model_len, max_num_seqs=options.max_num_seqs,
+            enforce_eager=options.enforce_eager, enable_prefix_caching=options.enable_prefix_caching,
+            tensor_parallel_size=options.tensor_parallel_size,
+            gpu_memory_utilization=options.gpu_memory_utilization,
+            enable_sleep_mode=self.sleep_supported,
+            # Logprobs at the sampling temperature (reroll's behaviour logprobs), not of the raw logits.
+            logprobs_mode="processed_logprobs",
+            worker_extension_cls="reroll.engines.vllm_worker.RerollWorkerExtension",
+            disable_log_stats=True,
+        )
+        self._loop = BackgroundLoop("reroll-vllm")
+        try:
+            self.llm = self._loop.run(_build(AsyncLLM, args))
+        except BaseException:
+            self._loop.close()
+            raise
+
+    # -- Engine protocol -------------------------------------------------------------------------
+
+    async def generate(self, request: Request) -> Completion:
+        try:
+            return await self._loop.wait(self._generate(request))
+        except asyncio.CancelledError:
+            self.abort(request.request_id)
+            raise
+
+    def abort(self, request_id: str) -> None:
+        """Stop a request between decoding steps; its `generate` returns the tokens so far."""
+        self._loop.call_soon(self._aborted.add, request_id)
+        asyncio.run_coroutine_threadsafe(self.llm.abort(request_id), self._loop.loop)
+
+    def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
+        from safetensors.torch import save_file
+
+        path = self._weights_dir / "weights.safetensors"
+        save_file(_unshared(named_tensors), str(path))
+        try:
+            digests = self._loop.run(self.llm.collective_rpc("reroll_load_weights", args=(str(path),)))
+        finally:
+            path.unlink(missing_ok=True)
+        if len(set(digests)) != 1:
+            raise RuntimeError(f"vLLM workers disagree on the loaded weights: {digests}")
+        self._fingerprint, self.version = digests[0], version
+
+    def weights_fingerprint(self) -> str:
+        """Fingerprint of the weights the workers loaded (as received, before vLLM repacks them);
+        before the first `load_weights`, of the checkpoint at `model_path`."""
+        if self._fingerprint is None:
+            from reroll.models.loading import load_model
+
+            self._fingerprint = fingerprint(load_model(self.model_path).state_dict().items())
+        return self._fingerprint
+
+    # -- colocation, load, shutdown ---------------------------------------------------------------
+
+    def sleep(self) -> None:
+        """Free weights and KV cache on GPU (level 1 keeps weights in CPU memory). vLLM's CPU
+        backend has no sleep mode; there the call does nothing, as the memory is shared anyway."""
+        if self.sleep_supported:
+            self._loop.run(self.llm.sleep(level=1))
+
+    def wake(self) -> None:
+        if self.sleep_supported:
+            self._loop.run(self.llm.wake_up())
+
+    def stats(self) -> EngineStats:
+        return self.meter.stats()
+
+    def close(self) -> None:
+        if self.llm is not None:
+            llm, self.llm = self.llm, None
+            self._loop.run(_shutdown(llm))  # on its loop, so its output handler stops cleanly
+            self._loop.close()
+        if self._weights_dir.exists():
+            for leftover in self._weights_dir.glob("*"):
+                leftover.unlink()
+            self._weights_dir.rmdir()
+
+    shutdown = close
+
+    # -- internals --------------------------------------------------------------------------------
+
+    async def _generate(self, request: Request) -> Completion:
+        rid = request.request_id
+        self.meter.started()
+        final = None
+        try:
+            if rid not in self._aborted:
+                stream = self.llm.generate({"prompt_token_ids": list(request.prompt_ids)},
+                                           _sampling_params(request), request_id=rid)
+                async for output in stream:
+                    final = output
+        finally:
+            aborted = rid in self._aborted
+            self._aborted.discard(rid)
+            completion = _completion(request, final, aborted, self.version)
+            self.meter.finished(len(completion.token_ids))
+        return completion
+
+
+async def _build(async_llm_class, args):
+    return async_llm_class.from_engine_args(args)
+
+
+async def _shutdown(llm) -> None:
+    llm.shutdown()
+
+
+def _sampling_params(request: Request):
+    from vllm import SamplingParams as VSamplingParams
+
+    p = request.params
+    return VSamplingParams(
+        n=1, temperature=p.temperature, top_p=p.top_p, top_k=p.top_k if p.top_k > 0 else -1,
+        max_tokens=p.max_new_tokens, seed=request.seed, logprobs=0,
+        stop_token_ids=list(p.stop_token_ids), ignore_eos=True,  # stops are the request's only
+        skip_special_tokens=False, detokenize=False,
+    )
+
+
+def _completion(request: Request, output, aborted: bool, version: int) -> Completion:
+    if output is None:
+        return Completion(request.request_id, request.prompt_ids, [], [], "abort", version)
+    sample = output.outputs[0]
+    tokens = list(sample.token_ids)
+    logprobs = [float(step[t].logprob) for step, t in zip(sample.logprobs or [], tokens, strict=False)]
+    if aborted or sample.finish_reason == "abort" or not output.finished:
+        reason = "abort"
+    elif sample.finish_reason == "stop":
+        reason = "stop"
+    else:
+        reason = "length"
+    return Completion(request.request_id, request.prompt_ids, tokens, logprobs[: len(tokens)],
+                      reason, version)
+
+
+def _unshared(named_tensors: Iterable[tuple[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
+    """CPU, contiguous copies where storage is shared (tied embeddings), as safetensors needs."""
+    out, seen = {}, set()
+    for name, tensor in named_tensors:
+        t = tensor.detach().to("cpu").contiguous()
+        key = (t.untyped_storage().data_ptr(), t.storage_offset())
+        out[name] = t.clone() if key in seen else t
+        seen.add(key)
+    return out
+
+
+def _shared_memory() -> str | None:
+    return "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else None

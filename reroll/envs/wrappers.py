@@ -1,0 +1,130 @@
+"""Wrappers around any Env: a turn limit, episode statistics, and the formatting of observations
+as chat-template tokens (so the agent loop appends them without re-tokenising history)."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from reroll.envs.base import reset_async, step_async
+
+
+class _Wrapper:
+    """Forwards everything (sync and async calls, `expert_action`, attributes) to `env`."""
+
+    def __init__(self, env: Any):
+        self.env = env
+
+    def reset(self, seed: int | None = None) -> tuple[str, dict[str, Any]]:
+        return self.env.reset(seed)
+
+    def step(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
+        return self.after_step(self.env.step(action))
+
+    async def areset(self, seed: int | None = None) -> tuple[str, dict[str, Any]]:
+        self.before_reset()
+        return await reset_async(self.env, seed)
+
+    async def astep(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
+        return self.after_step(await step_async(self.env, action))
+
+    def before_reset(self) -> None:
+        pass
+
+    def after_step(self, result):
+        return result
+
+    def __getattr__(self, name: str) -> Any:
+        if name == "env":
+            raise AttributeError(name)
+        return getattr(self.env, name)
+
+
+class MaxTurns(_Wrapper):
+    """End the episode (truncated) after `max_turns` steps, whatever the env says."""
+
+    def __init__(self, env: Any, max_turns: int):
+        super().__init__(env)
+        self.max_turns, self.turns = max_turns, 0
+
+    def reset(self, seed: int | None = None) -> tuple[str, dict[str, Any]]:
+        self.before_reset()
+        return self.env.reset(seed)
+
+    def before_reset(self) -> None:
+        self.turns = 0
+
+    def after_step(self, result):
+        obs, reward, terminated, truncated, info = result
+        self.turns += 1
+        return obs, reward, terminated, truncated or self.turns >= self.max_turns, info
+
+
+class EpisodeStats(_Wrapper):
+    """Adds `episode` = {return, turns, success, seconds} to the info of the last step."""
+
+    def reset(self, seed: int | None = None) -> tuple[str, dict[str, Any]]:
+        self.before_reset()
+        return self.env.reset(seed)
+
+    def before_reset(self) -> None:
+        self.total, self.turns, self.started = 0.0, 0, time.perf_counter()
+
+    def after_step(self, result):
+        obs, reward, terminated, truncated, info = result
+        self.total += reward
+        self.turns += 1
+        if terminated or truncated:
+            info = {**info, "episode": {"return": self.total, "turns": self.turns,
+                                        "success": bool(info.get("success", False)),
+                                        "seconds": time.perf_counter() - self.started}}
+        return obs, reward, terminated, truncated, info
+
+
+class ChatFormat:
+    """Observations as the tokens the chat template puts between two assistant turns.
+
+    After the model's turn (which ended with a stop token, or was cut off by a length limit) the
+    env's text becomes: the rest of the template's end-of-assistant markup, a user message with
+    the observation, and the header of the next assistant turn. Only these new tokens are
+    encoded; the history's tokens are never re-encoded, so the trainer sees exactly the tokens
+    the engine consumed and produced.
+    """
+
+    PLACEHOLDER = "\x00reroll-turn\x00"
+
+    def __init__(self, tokenizer, system_prompt: str | None = None):
+        self.tokenizer, self.system_prompt = tokenizer, system_prompt
+        head = self._messages("first")
+        closed = self._render(head + [{"role": "assistant", "content": self.PLACEHOLDER}], False)
+        self.turn_end = closed[closed.index(self.PLACEHOLDER) + len(self.PLACEHOLDER):]
+        """The template's markup after an assistant message's content (e.g. `<|im_end|>\\n`)."""
+
+    def _messages(self, first_obs: str) -> list[dict[str, str]]:
+        system = [{"role": "system", "content": self.system_prompt}] if self.system_prompt else []
+        return system + [{"role": "user", "content": first_obs}]
+
+    def _render(self, messages: list[dict[str, str]], generation_prompt: bool) -> str:
+        return self.tokenizer.apply_chat_template(messages, tokenize=False,
+                                                  add_generation_prompt=generation_prompt)
+
+    def _encode(self, text: str) -> list[int]:
+        return list(self.tokenizer.encode(text, add_special_tokens=False))
+
+    def prompt_ids(self, first_obs: str) -> list[int]:
+        """The episode's first prompt: (system,) the first observation, the assistant header."""
+        return self._encode(self._render(self._messages(first_obs), True))
+
+    def observation_ids(self, obs: str, stopped_with: str | None) -> list[int]:
+        """Tokens that close the model's turn and present `obs`. `stopped_with` is the decoded stop
+        token the model ended with (part of the template's turn end), None after a length cut."""
+        closing = self.turn_end
+        if stopped_with and closing.startswith(stopped_with):
+            closing = closing[len(stopped_with):]
+        before = self._messages("first") + [{"role": "assistant", "content": self.PLACEHOLDER}]
+        after = self._render(before + [{"role": "user", "content": obs}], True)
+        rendered = self._render(before, False)
+        if not after.startswith(rendered):
+            raise ValueError("the chat template renders a conversation differently once a message "
+                             "is added; it cannot be extended turn by turn")
+        return self._encode(closing + after[len(rendered):])

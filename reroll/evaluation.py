@@ -1,0 +1,316 @@
+"""`reroll eval`: pass@1, pass@k and mean@k of a model over a prompt dataset or a suite of
+environments (multi-turn episodes), written as JSON and shown as a table.
+
+Each prompt gets `n` samples; a sample counts as correct when its reward reaches `threshold`.
+pass@k uses the unbiased estimator of Chen et al. (2021), 1 - C(n-c, k) / C(n, k) averaged over
+prompts, so pass@1 is the mean share of correct samples and pass@n is "any sample right";
+mean@k is the mean reward of the samples (for rewards that are not 0/1).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import re
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from reroll.config.errors import ConfigError
+
+BUILTIN_TASKS = ("arithmetic",)
+
+
+# -- the metrics (pure functions) -----------------------------------------------------------------
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """Probability that at least one of k samples drawn without replacement from n samples, c of
+    them correct, is correct."""
+    if not 0 <= c <= n or not 1 <= k <= n:
+        raise ValueError(f"need 0 <= c <= n and 1 <= k <= n (n={n}, c={c}, k={k})")
+    if n - c < k:
+        return 1.0
+    return 1.0 - math.comb(n - c, k) / math.comb(n, k)
+
+
+def summarize(scores: list[list[float]], ks: list[int], threshold: float) -> dict[str, float]:
+    """`scores[i]` holds the n rewards of prompt i. Returns pass@k for each k in `ks` and mean@n."""
+    n = len(scores[0])
+    out: dict[str, float] = {}
+    for k in ks:
+        out[f"pass@{k}"] = sum(pass_at_k(n, sum(s >= threshold for s in row), k)
+                               for row in scores) / len(scores)
+    out[f"mean@{n}"] = sum(sum(row) for row in scores) / (n * len(scores))
+    return out
+
+
+# -- running it -----------------------------------------------------------------------------------
+
+
+@dataclass
+class EvalSpec:
+    """What `reroll eval` was asked to do (the CLI's flags, checked)."""
+
+    model: str
+    task: str | None = None
+    env: str | None = None
+    """Comma-separated environment ids (a suite); each is played for `episodes` seeds."""
+    episodes: int = 32
+    env_kwargs: dict[str, Any] | None = None
+    max_turns: int = 8
+    n: int = 1
+    ks: tuple[int, ...] = ()
+    reward: str = "math"
+    reward_function: str | None = None
+    engine: str = "hf"
+    temperature: float | None = None
+    top_p: float = 1.0
+    max_new_tokens: int = 256
+    max_prompts: int | None = None
+    max_prompt_tokens: int = 1024
+    system_prompt: str | None = None
+    threshold: float = 1.0
+    seed: int = 0
+    batch_size: int = 256
+
+    def sampling_temperature(self) -> float:
+        """Greedy for a single sample (pass@1 of the deterministic answer); 1.0 for n > 1."""
+        if self.temperature is not None:
+            return self.temperature
+        return 0.0 if self.n == 1 else 1.0
+
+    def k_values(self) -> list[int]:
+        ks = sorted(set(self.ks) | {1, self.n})
+        bad = [k for k in ks if not 1 <= k <= self.n]
+        if bad:
+            raise ConfigError(f"--k {','.join(map(str, bad))}: each k must be between 1 and --n {self.n}")
+        return ks
+
+
+def evaluate(spec: EvalSpec) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """Run the evaluation; returns (results, one row per sample)."""
+    from reroll.engines.base import SamplingParams
+    from reroll.models.loading import load_tokenizer
+
+    ks = spec.k_values()
+    tokenizer = load_tokenizer(spec.model)
+    engine = _engine(spec, tokenizer)
+    params = SamplingParams(spec.max_new_tokens, spec.sampling_temperature(), spec.top_p, 0,
+                            (tokenizer.eos_token_id,))
+    start = time.perf_counter()
+    if spec.env:
+        parts = {env_id: _play_env(spec, env_id, engine, tokenizer, params)
+                 for env_id in spec.env.split(",")}
+    else:
+        parts = {spec.task: _sample_task(spec, engine, tokenizer, params)}
+    seconds = time.perf_counter() - start
+    results: dict[str, Any] = {"model": spec.model, "task": spec.task, "env": spec.env,
+                               "engine": spec.engine, "n": spec.n,
+                               "temperature": spec.sampling_temperature(),
+                               "threshold": spec.threshold}
+    per_part, samples, tokens, count = {}, [], 0, 0
+    for name, (trajectories, extra) in parts.items():
+        groups = len(trajectories) // spec.n
+        scores = [[t.reward for t in trajectories[i * spec.n:(i + 1) * spec.n]]
+                  for i in range(groups)]
+        per_part[name] = {"prompts": groups, **summarize(scores, ks, spec.threshold), **extra,
+                          "truncated_frac": sum(t.finish_reason == "length" for t in trajectories)
+                          / len(trajectories)}
+        tokens += sum(len(t.response_ids) for t in trajectories)
+        count += len(trajectories)
+        samples += [{"source": name, "prompt_index": i // spec.n, "prompt": t.prompt_text,
+                     "response": t.response_text, "answer": t.answer, "reward": t.reward,
+                     "reward_info": t.reward_info, "finish_reason": t.finish_reason}
+                    | ({"segments": t.segments} if getattr(t, "segments", None) else {})
+                    for i, t in enumerate(trajectories)]
+    # A suite's headline figures weigh every environment equally.
+    for key in per_part[next(iter(per_part))]:
+        values = [part[key] for part in per_part.values()]
+        results[key] = sum(values) / len(values) if key != "prompts" else sum(values)
+    if spec.env:
+        results["envs"] = per_part
+    results |= {"response_len_mean": tokens / count, "seconds": round(seconds, 2),
+                "tokens_per_s": round(tokens / max(seconds, 1e-9), 1)}
+    return results, samples
+
+
+def _sample_task(spec: EvalSpec, engine, tokenizer, params) -> tuple[list, dict[str, float]]:
+    from reroll.rewards import RewardRunner, build_reward
+    from reroll.rollout.sampling import RolloutJob, rollout
+
+    rows = load_task(spec)
+    reward_config = _reward_config(spec)
+    rewards = RewardRunner(build_reward(reward_config), reward_config.timeout_s)
+    try:
+        trajectories = rollout(RolloutJob(engine, rewards, tokenizer, params,
+                                          spec.max_prompt_tokens), rows, spec.n, spec.seed, step=0)
+    finally:
+        rewards.close()
+    return trajectories, {"reward_errors": float(rewards.counters.errors),
+                          "reward_timeouts": float(rewards.counters.timeouts)}
+
+
+def _play_env(spec: EvalSpec, env_id: str, engine, tokenizer, params) -> tuple[list, dict]:
+    """`n` episodes for each of `episodes` env seeds; an episode's reward is its return."""
+    from reroll.envs.registry import make_env
+    from reroll.rollout.agent_loop import AgentJob, run_episodes
+
+    kwargs = dict(spec.env_kwargs or {})
+    make_env(env_id, **kwargs)  # unknown ids and bad arguments fail here, as ConfigErrors
+    job = AgentJob(engine, tokenizer, lambda: make_env(env_id, **kwargs), params,
+                   max_turns=spec.max_turns, max_context_tokens=spec.max_prompt_tokens,
+                   system_prompt=spec.system_prompt)
+    # Seeds far from training's (which count up from 0), so the episodes are held out.
+    seeds = [1_000_000 + spec.seed * 10_000 + i for i in range(spec.episodes)]
+    trajectories, stats = run_episodes(job, seeds, spec.n, spec.seed, step=0)
+    return trajectories, {k: v for k, v in stats.metrics().items() if k != "env/episodes"}
+
+
+def load_task(spec: EvalSpec) -> list:
+    """The prompts of `--task`: a .jsonl/.parquet file, or a built-in task's eval split."""
+    import tempfile
+
+    from reroll.data.datasets import load_prompts
+
+    if spec.task in BUILTIN_TASKS:
+        from reroll.data.tasks import write_arithmetic
+
+        with tempfile.TemporaryDirectory() as tmp:  # the split `reroll make-data` writes by default
+            rows = load_prompts(write_arithmetic(tmp, 4000, 200, 0)["eval"], spec.system_prompt)
+    elif Path(spec.task).is_file():
+        rows = load_prompts(spec.task, spec.system_prompt)
+    else:
+        raise ConfigError(f"--task {spec.task}: not a file, nor a built-in task "
+                          f"({', '.join(BUILTIN_TASKS)})")
+    rows = rows[: spec.max_prompts] if spec.max_prompts else rows
+    if not rows:
+        raise ConfigError(f"--task {spec.task}: holds no prompts")
+    return rows
+
+
+def _reward_config(spec: EvalSpec):
+    from pydantic import ValidationError
+
+    from reroll.config.schema import CodeReward, CustomReward, MathReward
+
+    try:
+        if spec.reward == "math":
+            return MathReward()
+        if spec.reward == "code":
+            return CodeReward()
+        if not spec.reward_function:
+            raise ConfigError("--reward custom needs --reward-function package.module:function")
+        return CustomReward(function=spec.reward_function)
+    except ValidationError as e:
+        raise ConfigError(f"--reward-function {spec.reward_function!r}: "
+                          f"{e.errors()[0]['msg']}") from None
+
+
+def _engine(spec: EvalSpec, tokenizer):
+    """The engine named by --engine, built as training builds its rollout engine (its other
+    settings, e.g. `rollout.vllm`, at their defaults)."""
+    from pydantic import ValidationError
+
+    from reroll.config.schema import RolloutConfig
+    from reroll.engines import build_engine
+
+    try:
+        rollout = RolloutConfig(engine=spec.engine, max_batch_size=spec.batch_size)
+    except ValidationError:
+        choices = RolloutConfig.model_fields["engine"].annotation.__args__
+        raise ConfigError(f"--engine {spec.engine}: choose one of {', '.join(choices)}") from None
+    return build_engine(rollout, spec.model, pad_token_id=tokenizer.pad_token_id, seed=spec.seed)
+
+
+# -- command line ---------------------------------------------------------------------------------
+
+
+def add_eval_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    text = "evaluate a model: pass@1, pass@k and mean@k over a dataset or environments"
+    p = subparsers.add_parser("eval", help=text, description=text + ". Writes JSON, shows a table.")
+    p.add_argument("--model", required=True, help="model folder (Hugging Face format) or checkpoint")
+    where = p.add_mutually_exclusive_group(required=True)
+    where.add_argument("--task", help="prompts: a .jsonl/.parquet file with prompt and answer, or "
+                                      f"a built-in task ({', '.join(BUILTIN_TASKS)})")
+    where.add_argument("--env", help="environment ids, comma-separated (a suite), played as "
+                                     "multi-turn episodes; `reroll envs` lists them")
+    p.add_argument("--episodes", type=int, default=32, help="env seeds per environment (default 32)")
+    p.add_argument("--env-kwargs", default="{}", help="JSON keyword arguments of the environments")
+    p.add_argument("--max-turns", type=int, default=8, help="turn cap per episode (default 8)")
+    p.add_argument("--n", type=int, default=1, help="samples per prompt (default 1)")
+    p.add_argument("--k", default="", help="extra k values for pass@k, e.g. 2,4 (1 and n always)")
+    p.add_argument("--reward", choices=["math", "code", "custom"], default="math")
+    p.add_argument("--reward-function", help="for --reward custom: package.module:function")
+    p.add_argument("--engine", default="hf", help="inference engine (default hf)")
+    p.add_argument("--temperature", type=float,
+                   help="sampling temperature (default: 0, greedy, for --n 1; else 1.0)")
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--max-new-tokens", type=int, default=256)
+    p.add_argument("--max-prompts", type=int, help="evaluate the first N prompts only")
+    p.add_argument("--system-prompt")
+    p.add_argument("--threshold", type=float, default=1.0,
+                   help="a sample is correct when its reward is at least this (default 1.0)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--batch-size", type=int, default=256, help="most sequences decoded together")
+    p.add_argument("--out", help="results JSON (default runs/eval/<model>-<task>.json); the "
+                                 "samples go next to it as .samples.jsonl")
+    p.set_defaults(fn=cmd_eval)
+    return p
+
+
+def spec_from_args(args: argparse.Namespace) -> EvalSpec:
+    try:
+        env_kwargs = json.loads(args.env_kwargs)
+    except json.JSONDecodeError as e:
+        raise ConfigError(f"--env-kwargs {args.env_kwargs!r}: not JSON ({e.msg})") from None
+    if not isinstance(env_kwargs, dict):
+        raise ConfigError(f"--env-kwargs {args.env_kwargs!r}: expected a JSON object")
+    for flag, value, low in (("--n", args.n, 1), ("--max-new-tokens", args.max_new_tokens, 1),
+                             ("--batch-size", args.batch_size, 1), ("--episodes", args.episodes, 1),
+                             ("--max-turns", args.max_turns, 1)):
+        if value < low:
+            raise ConfigError(f"{flag} {value}: must be at least {low}")
+    if args.max_prompts is not None and args.max_prompts < 1:
+        raise ConfigError(f"--max-prompts {args.max_prompts}: must be at least 1")
+    if args.temperature is not None and args.temperature < 0:
+        raise ConfigError(f"--temperature {args.temperature}: must be >= 0")
+    if not re.fullmatch(r"(\d+(,\d+)*)?", args.k.replace(" ", "")):
+        raise ConfigError(f"--k {args.k!r}: expected comma-separated integers, e.g. 2,4")
+    ks = tuple(int(k) for k in args.k.replace(" ", "").split(",") if k)
+    return EvalSpec(model=args.model, task=args.task, env=args.env, episodes=args.episodes,
+                    env_kwargs=env_kwargs, max_turns=args.max_turns, n=args.n, ks=ks,
+                    reward=args.reward,
+                    reward_function=args.reward_function, engine=args.engine,
+                    temperature=args.temperature, top_p=args.top_p,
+                    max_new_tokens=args.max_new_tokens, max_prompts=args.max_prompts,
+                    system_prompt=args.system_prompt, threshold=args.threshold, seed=args.seed,
+                    batch_size=args.batch_size)
+
+
+def cmd_eval(args: argparse.Namespace) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    spec = spec_from_args(args)
+    results, samples = evaluate(spec)
+    out = Path(args.out) if args.out else Path("runs") / "eval" / (
+        f"{Path(spec.model).name or 'model'}-{Path(spec.task or spec.env).stem}.json")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(results, indent=2) + "\n")
+    samples_path = out.with_suffix(".samples.jsonl")
+    samples_path.write_text("".join(json.dumps(s) + "\n" for s in samples))
+    table = Table(title=f"{spec.model} on {spec.task or spec.env} ({results['prompts']} "
+                        f"{'episodes' if spec.env else 'prompts'}, n={spec.n})")
+    table.add_column("metric")
+    table.add_column("value", justify="right")
+    for key, value in results.items():
+        if key.startswith(("pass@", "mean@", "env/")) or key in (
+                "truncated_frac", "response_len_mean", "tokens_per_s", "seconds"):
+            table.add_row(key, f"{value:.4f}" if isinstance(value, float) else str(value))
+    console = Console()
+    console.print(table)
+    console.print(f"results: {out}  samples: {samples_path}")
+    print(json.dumps(results | {"out": str(out)}))

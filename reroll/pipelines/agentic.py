@@ -1,0 +1,163 @@
+"""Agentic RL: the policy acts over many turns in an environment and learns from the outcome.
+
+The step is RLVR's (`RLVRPipeline`): generate -> make_batch (collate, filter, score, estimate)
+-> update -> sync_weights -> evaluate/record/checkpoint. Only what differs lives here:
+trajectories come from multi-turn episodes (`reroll.rollout.agent_loop`), each with its turn
+boundaries and per-turn rewards, so the catalogue's credit assignment applies as configured:
+`grpo` on episode returns (StarPO-style trajectory level), `rebn` (per-turn discounted returns,
+batch-normalised), `gigpo` (episode + anchor-state step advantages) and `ipa_chunk` (discounted
+chunk-level returns with a per-chunk ratio). Evaluation reports the mean return and the success
+rate on held-out env seeds.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import time
+from types import SimpleNamespace
+
+import torch
+
+from reroll.config.agentic import AgenticConfig
+from reroll.data.batch import Trajectory
+from reroll.data.datasets import PromptSampler
+from reroll.distributed.colocation import take_turns
+from reroll.distributed.roles import build_roles
+from reroll.distributed.weight_sync import make_weight_sync
+from reroll.engines.base import Engine, SamplingParams
+from reroll.envs import make_env
+from reroll.models.loading import load_tokenizer
+from reroll.pipelines import objective
+from reroll.pipelines.common import RunDir, seed_everything, set_threads
+from reroll.pipelines.rlvr import RLVRPipeline
+from reroll.rollout.agent_loop import AgentJob, AgentStats, run_episodes
+from reroll.tracking import Tracker
+
+EVAL_SEED_BASE = 10**9
+
+
+class EpisodeSource:
+    """Runs a step's episodes; stands in for RLVR's rollout source and reward runner (the env
+    is both), with counters that survive a resume."""
+
+    def __init__(self, config: AgenticConfig, engine: Engine, tokenizer):
+        self.config, self.engine, self.tokenizer = config, engine, tokenizer
+        self.counters = SimpleNamespace(episodes=0, env_errors=0)
+        self._metrics: dict[str, float] = {}
+        env = config.env
+        make_env(env.id, **env.kwargs)  # a bad id or argument fails at start-up, not mid-run
+
+    def job(self, params: SamplingParams) -> AgentJob:
+        env = self.config.env
+        return AgentJob(self.engine, self.tokenizer, lambda: make_env(env.id, **env.kwargs),
+                        params, max_turns=env.max_turns,
+                        max_context_tokens=env.max_context_tokens,
+                        step_timeout_s=env.step_timeout_s, system_prompt=env.system_prompt)
+
+    def run(self, seeds: list[int], group_size: int, params: SamplingParams, step: int,
+            redundancy: int = 0) -> tuple[list[Trajectory], AgentStats]:
+        trajectories, stats = run_episodes(self.job(params), seeds, group_size, self.config.seed,
+                                           step, redundancy)
+        self.counters.episodes += stats.episodes
+        self.counters.env_errors += stats.env_errors
+        return trajectories, stats
+
+    def record_step(self, stats: AgentStats, trajectories: list[Trajectory]) -> None:
+        success = [t.reward_info.get("success", False) for t in trajectories]
+        self._metrics = stats.metrics() | {
+            "train/success_rate": sum(success) / max(len(success), 1),
+            "env/errors_total": float(self.counters.env_errors)}
+
+    def metrics(self) -> dict[str, float]:
+        return dict(self._metrics)
+
+    def close(self) -> None:
+        pass
+
+
+class AgenticPipeline(RLVRPipeline):
+    def __init__(self, config: AgenticConfig):
+        # Roles as in RLVR; the task is an environment instead of prompts and a reward function.
+        self.config = c = config
+        a = c.algorithm
+        set_threads(c.train.num_threads)
+        seed_everything(c.seed)
+        self.run_dir = RunDir(c.run_dir())
+        self.tokenizer = load_tokenizer(c.model.path)
+        self.roles = build_roles(c, c.steps * a.updates_per_batch, self.tokenizer.pad_token_id)
+        self.policy, self.reference = self.roles.policy, self.roles.reference
+        self.critic, self.engine = self.roles.critic, self.roles.engine
+        self.restarts = 0
+        self.kl = objective.kl_controller(a.kl)
+        self.weight_sync = make_weight_sync(self.policy, self.engine, c.distributed)
+        self.turns = take_turns(c, self.policy, self.engine)  # colocated roles take turns
+        self.stop_ids = (self.tokenizer.eos_token_id,)
+        self.sampler = PromptSampler(list(range(c.env.train_seeds)), c.seed)  # env seeds
+        self.eval_rows = [EVAL_SEED_BASE + i for i in range(c.env.eval_episodes)]
+        self.source = self.rewards = EpisodeSource(c, self.engine, self.tokenizer)
+        self.start_step, self.eval_reward_start = 0, None
+        resume = self.run_dir.resolve_resume(c.resume)
+        if resume:
+            self.restore(*resume)
+        self.run_dir.write_config(c)
+        self.tracker = Tracker(self.run_dir.path, c.tracking,
+                               resume_step=self.start_step if resume else None,
+                               run_config=c.model_dump(mode="json"))
+
+    def method_name(self) -> str:
+        return f"{self.config.env.id} {super().method_name()}"
+
+    def sampling_params(self, temperature: float, top_p: float = 1.0, top_k: int = 0
+                        ) -> SamplingParams:
+        return SamplingParams(self.config.rollout.max_new_tokens, temperature, top_p, top_k,
+                              self.stop_ids)
+
+    def generate(self, step: int) -> list[Trajectory]:
+        """A group of episodes for each of this step's env seeds."""
+        c = self.config
+        self.turns.rollout_turn()
+        t0 = time.perf_counter()
+        seeds = self.sampler.next_batch(c.rollout.prompts_per_step)
+        params = self.sampling_params(c.rollout.temperature, c.rollout.top_p, c.rollout.top_k)
+        trajectories, stats = self.source.run(seeds, c.rollout.group_size, params, step,
+                                              c.env.redundancy)
+        self.source.record_step(stats, trajectories)
+        self._rollout_s = time.perf_counter() - t0
+        return trajectories
+
+    def evaluate(self) -> dict[str, float]:
+        """Mean return and success rate on the held-out env seeds (the same sampling seeds at
+        every evaluation)."""
+        c = self.config
+        if not self.eval_rows:
+            return {}
+        self.turns.rollout_turn()
+        params = self.sampling_params(c.eval.temperature)
+        trajectories, stats = self.source.run(self.eval_rows, c.eval.samples_per_prompt, params,
+                                              step=-1)
+        returns = torch.tensor([t.reward for t in trajectories])
+        success = torch.tensor([float(t.reward_info.get("success", False)) for t in trajectories])
+        return {"eval/reward_mean": float(returns.mean()), "eval/success_rate": float(success.mean()),
+                "eval/turns_mean": stats.metrics()["env/turns_mean"]}
+
+    def record(self, step: int, trajectories: list[Trajectory]) -> None:
+        """`rollouts/step_N.jsonl`: RLVR's row plus `segments`, the episode as text segments
+        (policy tokens vs environment tokens, with their turn) for the run viewer."""
+        count = self.config.tracking.record_rollouts
+        if not count:
+            return
+        folder = self.run_dir.path / "rollouts"
+        folder.mkdir(exist_ok=True)
+        picked = random.Random(step).sample(trajectories, min(count, len(trajectories)))
+        with (folder / f"step_{step}.jsonl").open("w") as f:
+            for t in picked:
+                f.write(json.dumps({"prompt": t.prompt_text, "response": t.response_text,
+                                    "answer": t.answer, "reward": t.reward,
+                                    "reward_info": t.reward_info,
+                                    "finish_reason": t.finish_reason, "group_id": t.group_id,
+                                    "segments": t.segments}) + "\n")
+
+
+def train_agentic(config: AgenticConfig) -> dict:
+    return AgenticPipeline(config).run()

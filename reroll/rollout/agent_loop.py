@@ -1,0 +1,225 @@
+"""Multi-turn episodes, token in and token out: the engine and an Env take turns.
+
+An episode's tokens are built once and never re-encoded: the first prompt (the chat-templated
+first observation), then for every turn the engine's generated tokens (policy tokens: response
+mask 1, with their behaviour logprobs) followed by the observation's template tokens (env tokens:
+mask 0, logprob 0). Each engine request is exactly the episode's tokens so far, so the trainer
+sees token for token what the engine consumed and produced.
+
+Many episodes run concurrently on one event loop; the engine batches their requests, and env
+steps run in worker threads (or the env's own async `astep`), so a slow env overlaps generation
+(environment-level asynchrony, as in ROLL Flash). An env that raises or exceeds
+`step_timeout_s` fails only its episode (finish reason `env_error`, no policy tokens in the loss).
+`redundancy` extra episodes per group start with the group; the first `group_size` to finish are
+kept and the rest aborted, so a slow env instance does not hold up the step.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import hashlib
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from reroll.data.batch import Trajectory
+from reroll.engines.base import Engine, Request, SamplingParams
+from reroll.envs.base import EnvError, reset_async, step_async
+from reroll.envs.wrappers import ChatFormat
+from reroll.rollout.sampling import request_seed
+
+
+@dataclass
+class AgentJob:
+    """What episodes need: the engine, the tokens' format, how to build an env, the limits."""
+
+    engine: Engine
+    tokenizer: Any
+    make_env: Callable[[], Any]
+    params: SamplingParams
+    max_turns: int = 8
+    """Safety cap on turns per episode (envs usually end earlier)."""
+    max_context_tokens: int = 1024
+    """Prompt + all turns; an episode that would exceed it ends with finish reason `length`."""
+    step_timeout_s: float | None = 30.0
+    system_prompt: str | None = None
+    format: ChatFormat | None = None
+
+    def __post_init__(self) -> None:
+        if self.format is None:
+            self.format = ChatFormat(self.tokenizer, self.system_prompt)
+
+
+@dataclass
+class AgentStats:
+    """Counters over the episodes of one call (reported as `env/*` metrics)."""
+
+    episodes: int = 0
+    env_errors: int = 0
+    context_limit: int = 0
+    aborted: int = 0
+    turns: int = 0
+    env_seconds: float = 0.0
+    errors: list[str] = field(default_factory=list)
+
+    def metrics(self) -> dict[str, float]:
+        n = max(self.episodes, 1)
+        return {"env/episodes": float(self.episodes), "env/errors": float(self.env_errors),
+                "env/context_limit_frac": self.context_limit / n,
+                "env/aborted": float(self.aborted), "env/turns_mean": self.turns / n,
+                "env/step_s_mean": self.env_seconds / max(self.turns, 1)}
+
+
+def state_id(obs: str) -> int:
+    """A stable integer id of an observation (GiGPO's anchor states: equal text, equal id)."""
+    return int.from_bytes(hashlib.blake2b(obs.encode(), digest_size=7).digest(), "big")
+
+
+class _Episode:
+    """The growing token record of one episode."""
+
+    def __init__(self, prompt_ids: list[int], first_obs: str):
+        self.prompt_ids = prompt_ids
+        self.ids: list[int] = []
+        self.logprobs: list[float] = []
+        self.policy: list[int] = []
+        self.turn_ids: list[int] = []
+        self.rewards: list[float] = []
+        self.states: list[int] = [state_id(first_obs)]
+        self.segments: list[dict[str, Any]] = []
+
+    def add(self, ids: list[int], logprobs: list[float] | None, turn: int, text: str) -> None:
+        policy = logprobs is not None
+        self.ids += ids
+        self.logprobs += logprobs if policy else [0.0] * len(ids)
+        self.policy += [int(policy)] * len(ids)
+        self.turn_ids += [turn if policy else -1] * len(ids)
+        self.segments.append({"text": text, "policy": policy, "turn": turn})
+
+    def context(self) -> list[int]:
+        return self.prompt_ids + self.ids
+
+
+async def run_episode(job: AgentJob, env_seed: int, sample_seed: int, group_id: int,
+                      stats: AgentStats, on_request: Callable[[str], None] | None = None
+                      ) -> Trajectory:
+    """One episode of a fresh env reset with `env_seed`; turn k samples with a seed derived
+    from `sample_seed`. Failures of the env are recorded in the trajectory, never raised."""
+    env = job.make_env()
+    tok, fmt = job.tokenizer, job.format
+    finish, info, error = "truncated", {}, None
+    try:
+        obs, _ = await reset_async(env, env_seed, job.step_timeout_s)
+    except EnvError as e:
+        obs, error = "", str(e)
+    episode = _Episode(fmt.prompt_ids(obs), obs)
+    for turn in range(job.max_turns if error is None else 0):
+        room = job.max_context_tokens - len(episode.context())
+        if room < 1:
+            finish = "length"
+            break
+        params = dataclasses.replace(job.params, max_new_tokens=min(job.params.max_new_tokens, room))
+        request = Request(episode.context(), params, seed=(sample_seed + 7_919 * turn) % 2**63)
+        if on_request is not None:
+            on_request(request.request_id)
+        completion = await job.engine.generate(request)
+        action = tok.decode(completion.token_ids, skip_special_tokens=True)
+        episode.add(completion.token_ids, completion.logprobs, turn,
+                    tok.decode(completion.token_ids))
+        if completion.finish_reason == "abort":
+            finish = "abort"
+            break
+        t0 = time.perf_counter()
+        try:
+            obs, reward, terminated, truncated, info = await step_async(env, action,
+                                                                        job.step_timeout_s)
+        except EnvError as e:
+            error = str(e)
+            break
+        finally:
+            stats.env_seconds += time.perf_counter() - t0
+            stats.turns += 1
+        episode.rewards.append(reward)
+        if terminated or truncated:
+            finish = "stop" if terminated else "truncated"
+            break
+        last = completion.token_ids[-1] if completion.token_ids else None
+        stopped = tok.decode([last]) if completion.finish_reason == "stop" else None
+        obs_ids = fmt.observation_ids(obs, stopped)
+        if len(episode.context()) + len(obs_ids) >= job.max_context_tokens:
+            finish = "length"
+            break
+        episode.add(obs_ids, None, turn, tok.decode(obs_ids))
+        episode.states.append(state_id(obs))
+    return _trajectory(job, episode, env_seed, group_id, finish, info, error, stats)
+
+
+def _trajectory(job: AgentJob, episode: _Episode, env_seed: int, group_id: int, finish: str,
+                info: dict, error: str | None, stats: AgentStats) -> Trajectory:
+    stats.episodes += 1
+    if error is not None:
+        finish = "env_error"
+        stats.env_errors += 1
+        stats.errors.append(error)
+        episode.policy = [0] * len(episode.ids)  # a broken episode teaches nothing
+        episode.turn_ids = [-1] * len(episode.ids)
+    stats.context_limit += finish == "length"
+    stats.aborted += finish == "abort"
+    turns = max(len(episode.rewards), 1 if episode.ids else 0)
+    rewards = episode.rewards + [0.0] * (turns - len(episode.rewards))
+    summary = info.get("episode", {})
+    reward_info = {"success": bool(info.get("success", summary.get("success", False))),
+                   "turns": turns, "env_seed": env_seed}
+    if error is not None:
+        reward_info["env_error"] = error
+    return Trajectory(
+        prompt_ids=episode.prompt_ids, response_ids=episode.ids,
+        behaviour_logprobs=episode.logprobs, finish_reason=finish, group_id=group_id,
+        prompt_text=job.tokenizer.decode(episode.prompt_ids),
+        response_text="".join(s["text"] for s in episode.segments), reward=float(sum(rewards)),
+        reward_info=reward_info, policy_version=getattr(job.engine, "version", 0),
+        policy_mask=episode.policy, turn_ids=episode.turn_ids, turn_rewards=rewards or [0.0],
+        turn_states=episode.states[: max(turns, 1)], segments=episode.segments)
+
+
+async def run_group(job: AgentJob, env_seed: int, group_size: int, group_id: int, seed_base: int,
+                    stats: AgentStats, redundancy: int = 0) -> list[Trajectory]:
+    """`group_size` episodes on the same env seed. With `redundancy` > 0, that many extra
+    episodes start too; the first `group_size` to finish are kept, the rest are aborted."""
+    in_flight: dict[int, str] = {}
+
+    def tracker(k: int) -> Callable[[str], None]:
+        return lambda request_id: in_flight.__setitem__(k, request_id)
+
+    tasks = {asyncio.create_task(run_episode(job, env_seed, seed_base + k, group_id, stats,
+                                             tracker(k))): k
+             for k in range(group_size + redundancy)}
+    kept: list[tuple[int, Trajectory]] = []
+    pending = set(tasks)
+    while len(kept) < group_size:
+        done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+        kept += [(tasks[t], t.result()) for t in done]
+    for task in pending:  # the slowest redundant episodes
+        job.engine.abort(in_flight.get(tasks[task], ""))
+        task.cancel()
+        stats.aborted += 1
+    await asyncio.gather(*pending, return_exceptions=True)
+    kept.sort(key=lambda item: item[0])
+    return [trajectory for _, trajectory in kept[:group_size]]
+
+
+def run_episodes(job: AgentJob, env_seeds: list[int], group_size: int, run_seed: int, step: int,
+                 redundancy: int = 0) -> tuple[list[Trajectory], AgentStats]:
+    """`group_size` episodes per env seed, all concurrently; groups are contiguous."""
+    stats = AgentStats()
+
+    async def run() -> list[list[Trajectory]]:
+        return await asyncio.gather(*(
+            run_group(job, seed, group_size, g, request_seed(run_seed, step, g * 1_000), stats,
+                      redundancy)
+            for g, seed in enumerate(env_seeds)))
+
+    groups = asyncio.run(run())
+    return [t for group in groups for t in group], stats

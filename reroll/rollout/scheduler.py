@@ -1,0 +1,369 @@
+"""The rollout scheduler: each prompt becomes a group of n requests whose samples move through
+queued -> running -> finished -> rewarded -> kept | filtered | aborted.
+
+- A cap on running requests per engine; a group's requests all go to one engine (prompt
+  affinity, so the engine can reuse the prompt's prefix cache).
+- Each completion is scored as soon as it finishes, while the others are still generating.
+- `collect` fills a batch of groups that pass a keep test (dynamic sampling): it starts more
+  groups than needed (over-sampling), replaces dropped groups, and aborts the remainder once the
+  batch is full. The batch is the first groups *in launch order* that pass, so which groups are
+  kept does not depend on timing: with per-request seeds a run stays deterministic.
+- Partial rollout: `preempt` aborts every running request (before a weight update); the
+  samples keep their tokens and logprobs and resume, as prompt + partial tokens, once `release`
+  is called.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field, replace
+from enum import Enum
+
+from reroll.data.batch import Trajectory
+from reroll.data.datasets import PromptRow
+from reroll.engines.base import Completion, Engine, Request, SamplingParams
+from reroll.rewards.base import RewardSample
+from reroll.rewards.runner import RewardRunner
+
+
+class State(str, Enum):
+    QUEUED = "queued"
+    RUNNING = "running"
+    FINISHED = "finished"
+    REWARDED = "rewarded"
+    KEPT = "kept"
+    FILTERED = "filtered"
+    ABORTED = "aborted"
+
+
+@dataclass(eq=False)
+class Sample:
+    """One response of a group, possibly generated in several pieces (partial rollout)."""
+
+    seed: int
+    engine: int = 0
+    state: State = State.QUEUED
+    tokens: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    token_versions: list[int] = field(default_factory=list)
+    """The policy version that generated each token (they differ after a resumed request)."""
+    finish_reason: str = "abort"
+    request_id: str | None = None
+    resumes: int = 0
+    reward: float = 0.0
+    reward_info: dict = field(default_factory=dict)
+    response_text: str = ""
+    history: list[State] = field(default_factory=lambda: [State.QUEUED])
+
+    def move(self, state: State) -> None:
+        self.state = state
+        self.history.append(state)
+
+    def add(self, completion: Completion) -> None:
+        self.tokens += completion.token_ids
+        self.logprobs += completion.logprobs
+        self.token_versions += [completion.policy_version] * len(completion.token_ids)
+        self.finish_reason = completion.finish_reason
+
+    @property
+    def oldest_version(self) -> int | None:
+        return min(self.token_versions) if self.token_versions else None
+
+
+@dataclass
+class Group:
+    """The n samples of one prompt; `index` is its launch order within one `collect`."""
+
+    index: int
+    row: PromptRow
+    prompt_ids: list[int]
+    engine: int
+    samples: list[Sample]
+    kept: bool | None = None
+    start_version: int = 0
+    cancelled: bool = False
+
+    @property
+    def rewards(self) -> list[float]:
+        return [s.reward for s in self.samples]
+
+    @property
+    def version(self) -> int:
+        """The oldest policy version behind any of its tokens (staleness is measured from it)."""
+        versions = [s.oldest_version for s in self.samples if s.oldest_version is not None]
+        return min(versions, default=self.start_version)
+
+    def trajectories(self, group_id: int, version: int | None = None) -> list[Trajectory]:
+        return [Trajectory(
+            prompt_ids=self.prompt_ids, response_ids=s.tokens, behaviour_logprobs=s.logprobs,
+            finish_reason=s.finish_reason, group_id=group_id, prompt_text=self.row.prompt_text,
+            response_text=s.response_text, answer=self.row.answer, reward=s.reward,
+            reward_info=s.reward_info, policy_version=self.version if version is None else version)
+            for s in self.samples]
+
+    def mark(self, state: State) -> None:
+        for s in self.samples:
+            if s.state not in (State.KEPT, State.FILTERED, State.ABORTED):
+                s.move(state)
+
+
+@dataclass
+class CollectResult:
+    groups: list[Group]
+    """The kept groups, in launch order."""
+    unused_rows: list[PromptRow]
+    """Rows launched after the last kept group (aborted or surplus): hand them back to the stream."""
+    metrics: dict[str, float]
+    dropped: list[Group] = field(default_factory=list)
+    """The groups that failed `keep` before the batch was decided."""
+
+
+KeepFn = Callable[["Group"], bool]
+SeedFn = Callable[[int], int]
+
+
+def keep_all(group: Group) -> bool:
+    return True
+
+
+class RolloutScheduler:
+    """Runs groups of requests on one or more engines and scores each completion as it finishes."""
+
+    def __init__(self, engines: list[Engine], rewards: RewardRunner, tokenizer,
+                 max_running_per_engine: int | None = None):
+        self.engines, self.rewards, self.tokenizer = engines, rewards, tokenizer
+        self.cap = max_running_per_engine
+        self.lifecycle: Counter[str] = Counter()
+        self._loop_state: _LoopState | None = None
+
+    # -- one group -----------------------------------------------------------------------------
+
+    def new_group(self, index: int, row: PromptRow, prompt_ids: list[int], group_size: int,
+                  seed_fn: SeedFn, version: int = 0) -> Group:
+        """A queued group, placed on the engine with the fewest running groups (affinity: all
+        its requests go there)."""
+        state = self._state()
+        engine = min(range(len(self.engines)), key=lambda e: (state.groups[e], e))
+        state.groups[engine] += 1
+        samples = [Sample(seed_fn(index * group_size + k), engine) for k in range(group_size)]
+        self.lifecycle[State.QUEUED.value] += group_size
+        return Group(index, row, prompt_ids, engine, samples, start_version=version)
+
+    async def run_group(self, group: Group, params: SamplingParams) -> Group:
+        try:
+            await asyncio.gather(*(self._run_sample(group, s, params) for s in group.samples))
+        finally:
+            self._state().groups[group.engine] -= 1
+        return group
+
+    async def _run_sample(self, group: Group, sample: Sample, params: SamplingParams) -> None:
+        state, engine = self._state(), self.engines[group.engine]
+        async with state.slots[group.engine]:
+            self._move(sample, State.RUNNING)
+            while True:
+                await state.open.wait()  # closed while the weights are being replaced
+                if group.cancelled:
+                    sample.finish_reason = "abort"
+                    break
+                remaining = params.max_new_tokens - len(sample.tokens)
+                request = Request(group.prompt_ids + sample.tokens,
+                                  replace(params, max_new_tokens=remaining),
+                                  seed=sample.seed + 7919 * sample.resumes)
+                sample.request_id = request.request_id
+                state.in_engine += 1
+                try:
+                    completion = await engine.generate(request)
+                finally:
+                    state.in_engine -= 1
+                    state.changed.set()
+                sample.request_id = None
+                sample.add(completion)
+                preempted = sample in state.preempted
+                state.preempted.discard(sample)
+                if completion.finish_reason == "abort" and preempted and not group.cancelled:
+                    sample.resumes += 1
+                    continue  # partial rollout: resume under the new weights
+                break
+        if sample.finish_reason == "abort":
+            self._move(sample, State.ABORTED)
+            return
+        self._move(sample, State.FINISHED)
+        sample.response_text = self.tokenizer.decode(sample.tokens, skip_special_tokens=True)
+        result = await self.rewards.score(RewardSample(
+            prompt=group.row.prompt_text, response=sample.response_text, answer=group.row.answer,
+            finish_reason=sample.finish_reason, metadata=group.row.metadata))
+        sample.reward, sample.reward_info = result.score, result.info
+        self._move(sample, State.REWARDED)
+
+    # -- a batch of groups -----------------------------------------------------------------------
+
+    async def collect(self, rows: Iterator[PromptRow], encode: Callable[[PromptRow], list[int]],
+                      num_groups: int, group_size: int, params: SamplingParams, seed_fn: SeedFn,
+                      keep: KeepFn = keep_all, oversample: float = 1.0,
+                      max_groups: int | None = None) -> CollectResult:
+        """The first `num_groups` groups in launch order that pass `keep`.
+
+        `oversample` x `num_groups` groups run at once; a dropped group is replaced by a new one;
+        at most `max_groups` are started (then the batch may be short). Once the batch is
+        decided, the groups still running are aborted.
+        """
+        target = max(num_groups, math.ceil(num_groups * oversample))
+        max_groups = max(max_groups or num_groups, target)
+        launched: list[Group] = []
+        tasks: dict[asyncio.Task, Group] = {}
+
+        def launch() -> None:
+            row = next(rows)
+            group = self.new_group(len(launched), row, encode(row), group_size, seed_fn)
+            launched.append(group)
+            tasks[asyncio.ensure_future(self.run_group(group, params))] = group
+
+        for _ in range(min(target, max_groups)):
+            launch()
+        kept: list[Group] | None = None
+        while tasks and kept is None:
+            done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+            for task in done:
+                group = tasks.pop(task)
+                task.result()
+                group.kept = keep(group)
+                if not group.kept:
+                    group.mark(State.FILTERED)
+                    self.lifecycle[State.FILTERED.value] += group_size
+            kept = _first_kept(launched, num_groups)
+            undecided = sum(g.kept is None for g in launched)
+            passed = sum(bool(g.kept) for g in launched)
+            while kept is None and passed + undecided < target and len(launched) < max_groups:
+                launch()
+                undecided += 1
+        if kept is not None:
+            last = kept[-1].index
+        else:  # out of groups to start: the batch is short, and every launched row was used
+            kept, last = [g for g in launched if g.kept], len(launched) - 1
+        await self.abort_groups(list(tasks.values()), tasks)
+        for g in kept:
+            g.mark(State.KEPT)
+            self.lifecycle[State.KEPT.value] += group_size
+        surplus = [g for g in launched if g.index > last and g.kept]
+        for g in surplus:
+            g.mark(State.ABORTED)
+            self.lifecycle[State.ABORTED.value] += group_size
+        metrics = {"rollout/groups_launched": float(len(launched)),
+                   "rollout/groups_kept": float(len(kept)),
+                   "rollout/groups_filtered": float(sum(g.kept is False for g in launched)),
+                   "rollout/groups_aborted": float(len(tasks) + len(surplus))}
+        dropped = [g for g in launched if g.kept is False and g.index <= last]
+        return CollectResult(kept, [g.row for g in launched if g.index > last], metrics, dropped)
+
+    async def abort_groups(self, groups: list[Group], tasks: dict | None = None) -> None:
+        """Abort every running request of these groups and wait until their tasks have ended."""
+        for group in groups:
+            group.cancelled = True
+            for sample in group.samples:
+                if sample.request_id is not None:
+                    self.engines[group.engine].abort(sample.request_id)
+        if tasks:
+            await asyncio.gather(*tasks, return_exceptions=True)
+        for group in groups:
+            for sample in group.samples:
+                if sample.state not in (State.ABORTED, State.KEPT, State.FILTERED):
+                    self._move(sample, State.ABORTED)
+
+    # -- partial rollout around a weight update --------------------------------------------------
+
+    async def preempt(self) -> int:
+        """Stop generating: abort every running request and wait until the engines are idle.
+        The aborted samples keep their tokens and wait; returns how many were preempted."""
+        state = self._state()
+        state.open.clear()
+        count = 0
+        for sample in list(state.running):
+            if sample.request_id is not None:
+                state.preempted.add(sample)
+                self.engines[sample.engine].abort(sample.request_id)
+                count += 1
+        await self.drain()
+        return count
+
+    async def drain(self) -> None:
+        """Start no new request and wait until the running ones have returned."""
+        state = self._state()
+        state.open.clear()
+        while state.in_engine:
+            state.changed.clear()
+            await state.changed.wait()
+
+    def release(self) -> None:
+        """Let preempted and queued requests go on (under whatever weights the engines now hold)."""
+        self._state().open.set()
+
+    # -- bookkeeping -----------------------------------------------------------------------------
+
+    def _move(self, sample: Sample, state: State) -> None:
+        sample.move(state)
+        self.lifecycle[state.value] += 1
+        loop_state = self._state()
+        if state is State.RUNNING:
+            loop_state.running.add(sample)
+            if loop_state.idle_since is not None:
+                loop_state.idle_s += time.perf_counter() - loop_state.idle_since
+                loop_state.idle_since = None
+        elif sample in loop_state.running:
+            loop_state.running.discard(sample)
+            if not loop_state.running:
+                loop_state.idle_since = time.perf_counter()
+
+    def _state(self) -> _LoopState:
+        """Per-event-loop primitives (asyncio objects belong to the loop that created them)."""
+        loop = asyncio.get_running_loop()
+        if self._loop_state is None or self._loop_state.loop is not loop:
+            self._loop_state = _LoopState(loop, len(self.engines), self.cap)
+        return self._loop_state
+
+    def idle_seconds(self) -> float:
+        """Time with no request running on any engine, since the scheduler's loop started."""
+        s = self._loop_state
+        if s is None:
+            return 0.0
+        return s.idle_s + (time.perf_counter() - s.idle_since if s.idle_since else 0.0)
+
+
+class _LoopState:
+    def __init__(self, loop: asyncio.AbstractEventLoop, engines: int, cap: int | None):
+        self.loop = loop
+        self.slots = [asyncio.Semaphore(cap) if cap else _NoLimit() for _ in range(engines)]
+        self.groups = [0] * engines
+        self.open = asyncio.Event()
+        self.open.set()
+        self.changed = asyncio.Event()
+        self.in_engine = 0
+        self.running: set[Sample] = set()
+        self.preempted: set[Sample] = set()
+        self.idle_s: float = 0.0
+        self.idle_since: float | None = time.perf_counter()
+
+
+class _NoLimit:
+    async def __aenter__(self) -> None:
+        return None
+
+    async def __aexit__(self, *exc) -> None:
+        return None
+
+
+def _first_kept(launched: list[Group], num_groups: int) -> list[Group] | None:
+    """The first `num_groups` kept groups in launch order, once every group before the last of
+    them has been decided; None while that is not known yet."""
+    kept = []
+    for group in launched:
+        if group.kept is None:
+            return None
+        if group.kept:
+            kept.append(group)
+            if len(kept) == num_groups:
+                return kept
+    return None

@@ -1,0 +1,334 @@
+"""Rollout sources: what the pipeline loop asks for the next batch of scored trajectories.
+
+- `SyncSource`: each step runs its own rounds on the engine (the trainer waits), optionally with
+  dynamic-sampling refills, over-sampling and tail batching. Deterministic for a given seed.
+- `AsyncSource` (ROLL Flash): a producer thread keeps the rollout engine busy in the background;
+  kept groups wait in a `VersionedBuffer` and the trainer takes those within
+  `async_training.max_staleness` versions. At a weight update the running requests are aborted,
+  keep their tokens and resume under the new weights (partial rollout).
+
+Both expose `engine` (what the pipeline loads weights into and evaluates with), `next_batch`,
+`metrics` and `close`; only the source differs between the two modes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import math
+import threading
+import time
+from collections import Counter
+from collections.abc import Iterable
+from dataclasses import replace
+
+import torch
+
+from reroll import algorithms
+from reroll.config.algorithm import DynamicSamplingConfig
+from reroll.config.errors import ConfigError
+from reroll.data.batch import Trajectory
+from reroll.engines.base import Engine, Request, SamplingParams
+from reroll.rewards.runner import RewardRunner
+from reroll.rollout.buffer import BufferedGroup, VersionedBuffer
+from reroll.rollout.sampling import encode_prompt, request_seed
+from reroll.rollout.scheduler import CollectResult, Group, KeepFn, RolloutScheduler, State
+from reroll.rollout.stream import PromptStream
+from reroll.rollout.tail_batching import TailBatcher
+
+
+def signal_keep(config: DynamicSamplingConfig | None, group_size: int) -> KeepFn:
+    """Dynamic sampling's test of one group (the catalogue's filter), or keep-all."""
+    if config is None:
+        return lambda group: True
+
+    def keep(group: Group) -> bool:
+        return bool(algorithms.dynamic_sampling_keep(
+            torch.tensor(group.rewards), group_size, drop_all_equal=config.drop_all_equal,
+            min_mean=config.min_mean, max_mean=config.max_mean, min_std=config.min_std,
+            max_std=config.max_std, atol=config.atol)[0])
+
+    return keep
+
+
+def staleness_metrics(groups: list[Group], version: int) -> dict[str, float]:
+    """Staleness (trainer version - version of the oldest token) and the off-policy token share."""
+    stale = [version - g.version for g in groups]
+    tokens = sum(len(s.tokens) for g in groups for s in g.samples)
+    behind = sum(v < version for g in groups for s in g.samples for v in s.token_versions)
+    resumed = sum(s.resumes > 0 for g in groups for s in g.samples)
+    return {"staleness/mean": sum(stale) / max(len(stale), 1),
+            "staleness/max": float(max(stale, default=0)),
+            "staleness/off_policy_token_frac": behind / max(tokens, 1),
+            "rollout/resumed_samples": float(resumed)}
+
+
+def lifecycle_metrics(scheduler: RolloutScheduler) -> dict[str, float]:
+    """How many samples entered each state of their life since the last call (one step)."""
+    counts = {f"rollout/samples_{s.value}": float(scheduler.lifecycle[s.value]) for s in State}
+    scheduler.lifecycle.clear()
+    return counts
+
+
+def _shutdown(engine) -> None:
+    shutdown = getattr(engine, "shutdown", None)  # an engine in its own process
+    if shutdown is not None:
+        shutdown()
+
+
+class SyncSource:
+    def __init__(self, config, engine: Engine, rewards: RewardRunner, tokenizer,
+                 stream: PromptStream):
+        self.config, self.engine, self.stream, self.tokenizer = config, engine, stream, tokenizer
+        self.scheduler = RolloutScheduler([engine], rewards, tokenizer,
+                                          config.scheduler.max_running_per_engine)
+        tail = config.tail_batching
+        self.tail = TailBatcher(tail.length_budget, tail.use_history) if tail.enabled else None
+        self._metrics: dict[str, float] = {}
+
+    def next_batch(self, step: int, version: int, params: SamplingParams) -> list[Trajectory]:
+        c = self.config
+        n, size = c.rollout.prompts_per_step, c.rollout.group_size
+        signal = signal_keep(c.algorithm.dynamic_sampling if c.scheduler.refill_filtered else None,
+                             size)
+        if self.tail is None:
+            result = self._collect(iter(self.stream), n, params, signal, step)
+            self.stream.push_front(result.unused_rows)
+            groups, metrics = result.groups, result.metrics
+        elif self.tail.long_round_due(n):
+            groups, metrics = self._long_round(n, params, signal, step)
+        else:
+            groups, metrics = self._regular_round(n, params, signal, step)
+        self._metrics = (metrics | staleness_metrics(groups, version)
+                         | lifecycle_metrics(self.scheduler))
+        if self.tail is not None:
+            self._metrics |= self.tail.metrics()
+        return [t for i, g in enumerate(groups) for t in g.trajectories(i)]
+
+    def _collect(self, rows, num_groups: int, params: SamplingParams, keep: KeepFn, step: int,
+                 first_index: int = 0, oversample: float | None = None) -> CollectResult:
+        """One `scheduler.collect`; `first_index` offsets the seeds of a second wave in a step."""
+        s, size = self.config.scheduler, self.config.rollout.group_size
+        return asyncio.run(self.scheduler.collect(
+            rows, self.encode, num_groups, size, params,
+            lambda i: request_seed(self.config.seed, step, first_index * size + i), keep=keep,
+            oversample=s.oversample if oversample is None else oversample,
+            max_groups=math.ceil(num_groups * s.max_groups_factor)))
+
+    def _regular_round(self, n: int, params: SamplingParams, signal: KeepFn, step: int):
+        """A round under the length budget. Groups that reach it are deferred, not filtered: they
+        do not count against `scheduler.max_groups_factor`, and more waves run until the batch is
+        full (bounded by one pass over the data, in case nearly every prompt runs long)."""
+        tail = self.tail
+        params = replace(params, max_new_tokens=min(tail.budget, params.max_new_tokens))
+        keep = lambda g: not tail.too_long(g) and signal(g)  # noqa: E731
+        groups, metrics, launched = [], Counter(), 0
+        limit = len(self.stream.sampler.rows) + math.ceil(n * self.config.scheduler.max_groups_factor)
+        while len(groups) < n and launched < limit:
+            result = self._collect(tail.regular_rows(self.stream), n - len(groups), params, keep,
+                                   step, first_index=launched)
+            self.stream.push_front(result.unused_rows)
+            tail.observe(result.groups + result.dropped)
+            deferred = [g for g in result.dropped if tail.too_long(g)]
+            for group in deferred:
+                tail.defer(group.row)
+            groups += result.groups
+            metrics.update(result.metrics)
+            launched += int(result.metrics["rollout/groups_launched"])
+            if not deferred:  # short only if dynamic sampling's cap was reached (documented)
+                break
+        return groups, dict(metrics) | {"tail/long_round": 0.0}
+
+    def _long_round(self, n: int, params: SamplingParams, signal: KeepFn, step: int):
+        """The deferred prompts with the full `max_new_tokens`. No over-sampling unless dynamic
+        sampling may drop groups: every group here is slow, so extra ones only add work."""
+        refill = self.config.algorithm.dynamic_sampling is not None
+        result = self._collect(self.tail.long_round_rows(self.stream), n, params, signal, step,
+                               oversample=None if refill else 1.0)
+        self.tail.hand_back(result.unused_rows, self.stream)
+        self.tail.observe(result.groups + result.dropped)
+        return result.groups, result.metrics | {"tail/long_round": 1.0}
+
+    def encode(self, row) -> list[int]:
+        return encode_prompt(self.tokenizer, row, self.config.data.max_prompt_tokens)
+
+    def metrics(self) -> dict[str, float]:
+        return self._metrics
+
+    def close(self) -> None:
+        _shutdown(self.engine)
+
+
+class AsyncSource:
+    """A producer on its own thread and event loop generates groups continuously; the trainer
+    takes them from the buffer. `engine` is a facade over the rollout engine: generating through
+    it (evaluation) runs on the producer's loop, and loading weights into it preempts the
+    running requests, loads, and lets them resume."""
+
+    def __init__(self, config, engine: Engine, rewards: RewardRunner, tokenizer,
+                 stream: PromptStream, version: int = 0):
+        self.config, self.stream, self.tokenizer = config, stream, tokenizer
+        a = config.async_training
+        self.groups_per_step = config.rollout.prompts_per_step
+        self.scheduler = RolloutScheduler([engine], rewards, tokenizer,
+                                          config.scheduler.max_running_per_engine)
+        self.buffer = VersionedBuffer(a.max_staleness, self.groups_per_step * (a.max_staleness + 1))
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, name="rollout-producer",
+                                       daemon=True)
+        self.thread.start()
+        self.engine = _ProducerEngine(engine, self, version)
+        self.stop = threading.Event()
+        self.consumed, self.in_flight, self.produced = 0, 0, 0
+        self._producer: asyncio.Future | None = None
+        self._params: SamplingParams | None = None
+        self._metrics: dict[str, float] = {}
+        self._idle_mark = 0.0
+
+    # -- the trainer's side ----------------------------------------------------------------------
+
+    def next_batch(self, step: int, version: int, params: SamplingParams) -> list[Trajectory]:
+        if self._producer is None:
+            self._params = params
+            self._producer = asyncio.run_coroutine_threadsafe(self._produce(), self.loop)
+            self._producer.add_done_callback(lambda f: self.buffer.close(
+                f.exception() if not f.cancelled() else None))
+        wait0 = self.buffer.wait_s
+        taken = self.buffer.take(self.groups_per_step, version)
+        self.consumed += len(taken)
+        idle = self.scheduler.idle_seconds()
+        groups = [b.group for b in taken]
+        self._metrics = (staleness_metrics(groups, version) | lifecycle_metrics(self.scheduler)
+                         | {"time/trainer_idle_s": self.buffer.wait_s - wait0,
+                            "time/engine_idle_s": idle - self._idle_mark,
+                            "rollout/stale_groups_dropped": float(self.buffer.dropped_stale_groups),
+                            "rollout/buffered_groups": float(len(self.buffer))})
+        self._idle_mark = idle
+        return [t for i, b in enumerate(taken) for t in b.group.trajectories(i)]
+
+    def metrics(self) -> dict[str, float]:
+        return self._metrics
+
+    def close(self) -> None:
+        """Stop the producer: abort what is running, end its tasks, stop its loop."""
+        self.stop.set()
+        if self._producer is not None:
+            try:
+                self._producer.result(timeout=60)
+            except BaseException:  # noqa: BLE001 - its failure was already handed to the trainer
+                pass
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(timeout=30)
+        self.loop.close()
+        _shutdown(self.engine.inner)
+
+    # -- the producer's side (runs on self.loop) -------------------------------------------------
+
+    async def _produce(self) -> None:
+        c, size = self.config, self.config.rollout.group_size
+        keep = signal_keep(c.algorithm.dynamic_sampling if c.scheduler.refill_filtered else None,
+                           size)
+        running: dict[asyncio.Task, Group] = {}
+        index = 0
+        try:
+            while not self.stop.is_set():
+                if not self._may_start():
+                    await asyncio.sleep(0.01)
+                    continue
+                row = next(self.stream)
+                # Async runs are not reproducible (timing decides versions); seeds stay distinct.
+                seed_fn = functools.partial(request_seed, c.seed, -2)
+                group = self.scheduler.new_group(index, row, self._encode(row), size, seed_fn,
+                                                 version=self.engine.version)
+                index += 1
+                self.in_flight += 1
+                task = asyncio.ensure_future(self._finish(group, keep))
+                running[task] = group
+                task.add_done_callback(lambda t: running.pop(t, None))
+                await asyncio.sleep(0)
+        finally:
+            self.scheduler.release()
+            await self.scheduler.abort_groups(list(running.values()), dict(running))
+
+    def _may_start(self) -> bool:
+        """Start a group only if it can be trained on within the staleness bound: the group will
+        be taken at about step (consumed + buffered + running) // groups_per_step + 1, whose
+        trainer version must be at most the engine's version + max_staleness."""
+        bound = self.config.async_training.max_staleness + self.engine.version + 1
+        outstanding = self.consumed + len(self.buffer) + self.in_flight
+        return outstanding < self.groups_per_step * bound
+
+    async def _finish(self, group: Group, keep: KeepFn) -> None:
+        try:
+            await self.scheduler.run_group(group, self._params)
+            if group.cancelled:  # the source is closing
+                return
+            if all(s.state is State.REWARDED for s in group.samples) and keep(group):
+                group.mark(State.KEPT)
+                self.scheduler.lifecycle[State.KEPT.value] += len(group.samples)
+                self.buffer.put(BufferedGroup(group, group.version))
+            else:
+                group.mark(State.FILTERED)
+                self.scheduler.lifecycle[State.FILTERED.value] += len(group.samples)
+        finally:
+            self.in_flight -= 1
+
+    def _encode(self, row) -> list[int]:
+        return encode_prompt(self.tokenizer, row, self.config.data.max_prompt_tokens)
+
+
+class _ProducerEngine:
+    """The rollout engine as seen from the trainer's thread (implements the Engine protocol)."""
+
+    def __init__(self, inner: Engine, source: AsyncSource, version: int):
+        self.inner, self.source, self.version = inner, source, version
+
+    async def generate(self, request: Request):
+        future = asyncio.run_coroutine_threadsafe(self.inner.generate(request), self.source.loop)
+        return await asyncio.wrap_future(future)
+
+    def abort(self, request_id: str) -> None:
+        self.source.loop.call_soon_threadsafe(self.inner.abort, request_id)
+
+    def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
+        named = [(k, v.detach().clone()) for k, v in named_tensors]
+        asyncio.run_coroutine_threadsafe(self._swap(named, version), self.source.loop).result()
+
+    async def _swap(self, named: list, version: int) -> None:
+        scheduler = self.source.scheduler
+        partial = self.source.config.async_training.partial_rollout
+        t0 = time.perf_counter()
+        if partial:
+            await scheduler.preempt()
+        else:
+            await scheduler.drain()  # the running requests finish under the old weights
+        try:
+            await asyncio.to_thread(self.inner.load_weights, named, version)
+            self.version = version
+        finally:
+            scheduler.release()
+        self.swap_s = time.perf_counter() - t0
+
+    def weights_fingerprint(self) -> str:
+        return self.inner.weights_fingerprint()
+
+
+def build_source(config, engine: Engine, rewards: RewardRunner, tokenizer, stream: PromptStream,
+                 version: int = 0) -> SyncSource | AsyncSource:
+    if config.scheduler.engine_process:
+        engine = _engine_in_own_process(config, tokenizer)
+    if config.async_training.enabled:
+        return AsyncSource(config, engine, rewards, tokenizer, stream, version)
+    return SyncSource(config, engine, rewards, tokenizer, stream)
+
+
+def _engine_in_own_process(config, tokenizer) -> Engine:
+    """The rollout engine in a Ray actor of its own (1 CPU), so it runs beside the trainer."""
+    try:
+        from reroll.distributed.engine_actor import hf_engine_factory, start_engine_actor
+    except ImportError as e:
+        raise ConfigError(f"scheduler.engine_process needs Ray and reroll.distributed ({e}); "
+                          f"set scheduler.engine_process: false") from None
+    factory = hf_engine_factory(config.model.path, config.model.dtype,
+                                config.rollout.max_batch_size, tokenizer.pad_token_id)
+    return start_engine_actor(factory, num_cpus=1, num_threads=config.scheduler.engine_threads)

@@ -1,0 +1,186 @@
+"""Sharded data-parallel training with FSDP2 (`torch.distributed.fsdp.fully_shard`).
+
+Each of N worker processes holds 1/N of every parameter, gradient and optimizer state; forward
+and backward all-gather a layer's parameters just in time. The pipeline gives each rank an equal
+shard of the batch and the same loss closure, whose normalisers are counts over the WHOLE batch
+(see `reroll.algorithms.aggregation`), so the ranks' losses add up to the global loss: gradients
+are therefore summed across ranks (each rank scales its loss by N before FSDP's average), and one step equals the
+one-process step on the full batch. gloo on CPU, NCCL on GPUs.
+
+Checkpoints: HF-format full weights written by rank 0 (the same files as `LocalStrategy`), the
+optimizer state sharded with torch.distributed.checkpoint (every rank writes its own shard to
+`optimizer/`, which must be on storage every rank can reach), and `trainer_state.pt`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import random
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from tensordict import TensorDict
+
+from reroll.config.schema import OptimizerConfig, TrainConfig
+from reroll.data.batch import split_micro_batches
+from reroll.distributed.colocation import OptimizerOffload
+from reroll.models.logprobs import batched_logprobs
+from reroll.training.local import TRAINER_STATE, LossFn, lr_lambda
+
+OPTIMIZER_DIR = "optimizer"
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+
+
+def init_process_group() -> str:
+    """Join the process group described by MASTER_ADDR/PORT, RANK, WORLD_SIZE (set by the
+    executor); NCCL when this process sees a GPU, else gloo. Returns the device."""
+    if torch.cuda.is_available():
+        torch.cuda.set_device(0)  # Ray makes exactly this worker's GPU visible, as index 0
+        device, backend = "cuda", "nccl"
+    else:
+        device, backend = "cpu", "gloo"
+    if not dist.is_initialized():
+        dist.init_process_group(backend)
+    return device
+
+
+def shard_model(model: torch.nn.Module, param_dtype: str = "float32") -> torch.nn.Module:
+    """fully_shard each decoder layer, then the root (embeddings, norm, tied lm_head)."""
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    mp = MixedPrecisionPolicy(param_dtype=DTYPES[param_dtype], reduce_dtype=torch.float32)
+    layers = getattr(getattr(model, "model", None), "layers", None) or []
+    for layer in layers:
+        fully_shard(layer, mp_policy=mp)
+    fully_shard(model, mp_policy=mp)
+    return model
+
+
+class FSDP2Strategy:
+    """The `Strategy` of one FSDP2 rank; every rank must make the same calls in the same order."""
+
+    def __init__(self, model: torch.nn.Module, optimizer: OptimizerConfig, train: TrainConfig,
+                 total_steps: int, param_dtype: str = "float32"):
+        self.device = init_process_group()
+        self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
+        self.model = shard_model(model.to(self.device).train(), param_dtype)
+        self.train_config = train
+        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=optimizer.lr,
+                                           betas=optimizer.betas,
+                                           weight_decay=optimizer.weight_decay)
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
+            self.optimizer, lambda s: lr_lambda(s, optimizer.warmup_steps, total_steps,
+                                                optimizer.schedule, optimizer.min_lr_ratio))
+        self.grad_clip = optimizer.grad_clip
+        self.optimizer_offload = OptimizerOffload(self.optimizer)
+
+    def autocast(self) -> contextlib.AbstractContextManager:
+        if self.train_config.bf16_autocast:
+            return torch.autocast(device_type=self.device, dtype=torch.bfloat16)
+        return contextlib.nullcontext()
+
+    def forward_logprobs(self, batch: TensorDict, temperature: float = 1.0) -> torch.Tensor:
+        """Logprobs [B, L] of this rank's shard (all ranks call it with equal-sized shards)."""
+        with self.autocast():
+            out = batched_logprobs(self.model, batch["input_ids"].to(self.device),
+                                   batch["attention_mask"].to(self.device),
+                                   self.train_config.micro_batch_size, temperature)
+        return out.cpu()
+
+    def train_step(self, shard: TensorDict, loss_fn: LossFn) -> dict[str, float]:
+        """This rank's part of one optimizer step. `train/loss` is this rank's part of the global
+        loss (the caller sums it); other metrics are shard means (the caller averages them);
+        `train/grad_norm` is already global."""
+        self.model.train()
+        self.optimizer.zero_grad(set_to_none=True)
+        totals: dict[str, float] = {}
+        loss_sum = 0.0
+        for micro in split_micro_batches(shard, self.train_config.micro_batch_size):
+            micro = micro.to(self.device)
+            with self.autocast():
+                loss, metrics = loss_fn(self.model, micro)
+            # FSDP averages gradients over ranks, but the ranks' losses are parts of one global
+            # loss whose gradients must add up: scale by N (gloo has no pre-multiplied sum).
+            (loss * self.world_size).backward()
+            loss_sum += float(loss.detach())
+            share = micro.batch_size[0] / shard.batch_size[0]
+            for key, value in metrics.items():
+                totals[key] = totals.get(key, 0.0) + share * float(value)
+        grad_norm = self._clip_gradients()
+        self.optimizer.step()
+        self.scheduler.step()
+        return {**totals, "train/loss": loss_sum, "train/grad_norm": grad_norm,
+                "train/lr": self.scheduler.get_last_lr()[0]}
+
+    def _clip_gradients(self) -> float:
+        """Clip by the norm over ALL shards (each rank's local norm would be too small)."""
+        params = [p for p in self.model.parameters() if p.grad is not None]
+        max_norm = self.grad_clip if self.grad_clip is not None else float("inf")
+        norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
+        return float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
+
+    def full_state_dict(self) -> dict[str, torch.Tensor]:
+        """Collective: the unsharded weights on CPU at rank 0 ({} on the other ranks)."""
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+        options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+        return get_model_state_dict(self.model, options=options)
+
+    def state_dict_for_sync(self) -> Iterator[tuple[str, torch.Tensor]]:
+        return iter(self.full_state_dict().items())
+
+    def offload(self) -> int:
+        """Move this rank's optimizer shards to host memory while a colocated engine uses the
+        device; returns the bytes moved (0 on CPU: see `reroll.distributed.colocation`)."""
+        return self.optimizer_offload.offload()
+
+    def reload(self) -> None:
+        self.optimizer_offload.reload()
+
+    # -- checkpoints -----------------------------------------------------------------------------
+
+    def save(self, directory: Path, extra: dict[str, Any]) -> None:
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
+
+        directory.mkdir(parents=True, exist_ok=True)
+        weights = self.full_state_dict()
+        dcp.save({"optimizer": get_optimizer_state_dict(self.model, self.optimizer)},
+                 checkpoint_id=str(directory / OPTIMIZER_DIR))
+        if self.rank == 0:
+            self.model.save_pretrained(directory, state_dict=weights)
+            torch.save({"scheduler": self.scheduler.state_dict(),
+                        "torch_rng": torch.get_rng_state(), "python_rng": random.getstate(),
+                        "extra": extra}, directory / TRAINER_STATE)
+        dist.barrier()
+
+    def load(self, directory: Path) -> dict[str, Any]:
+        import torch.distributed.checkpoint as dcp
+        from safetensors.torch import load_file
+        from torch.distributed.checkpoint.state_dict import (
+            StateDictOptions,
+            get_optimizer_state_dict,
+            set_model_state_dict,
+            set_optimizer_state_dict,
+        )
+
+        weights = {}
+        for shard in sorted(directory.glob("*.safetensors")):
+            weights.update(load_file(shard))
+        set_model_state_dict(self.model, weights,
+                             options=StateDictOptions(full_state_dict=True, strict=False))
+        optimizer = {"optimizer": get_optimizer_state_dict(self.model, self.optimizer)}
+        dcp.load(optimizer, checkpoint_id=str(directory / OPTIMIZER_DIR))
+        set_optimizer_state_dict(self.model, self.optimizer, optimizer["optimizer"])
+        state = torch.load(directory / TRAINER_STATE, weights_only=False)
+        self.scheduler.load_state_dict(state["scheduler"])
+        torch.set_rng_state(state["torch_rng"])
+        random.setstate(state["python_rng"])
+        return state["extra"]
+
+    def close(self) -> None:
+        if dist.is_initialized():
+            dist.destroy_process_group()

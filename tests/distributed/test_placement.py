@@ -1,0 +1,117 @@
+"""Bad device mappings are ConfigErrors naming the field and what to do, before anything starts
+(no Ray needed: `check_resources` takes the cluster's resources as a dict)."""
+
+from __future__ import annotations
+
+import pytest
+
+from reroll.config import ConfigError
+from reroll.config.distributed import DistributedConfig
+from reroll.config.loading import validate
+from reroll.config.schema import RLConfig
+from reroll.distributed.placement import check_resources, colocated_with_policy
+from reroll.distributed.weight_sync import sync_method
+
+pytestmark = pytest.mark.unit
+CPU_MACHINE = {"CPU": 4.0}
+GPU_NODE = {"CPU": 16.0, "GPU": 4.0}
+
+
+def rl_error(distributed: dict, **sections) -> str:
+    data = {"steps": 2, "model": {"path": "m"}, "data": {"train": "t.jsonl"},
+            "distributed": distributed, **sections}
+    with pytest.raises(ConfigError) as info:
+        validate(RLConfig, data, "config.yaml")
+    return str(info.value)
+
+
+def resources_error(distributed: dict, roles=("policy", "rollout"), available=CPU_MACHINE) -> str:
+    with pytest.raises(ConfigError) as info:
+        check_resources(DistributedConfig(**distributed), roles, available)
+    return str(info.value)
+
+
+def test_gpu_devices_on_a_cpu_only_cluster():
+    message = resources_error({"executor": "ray", "policy": {"num_workers": 2, "devices": [0, 1]}})
+    assert "distributed.policy.devices [0, 1]" in message
+    assert "no GPUs" in message and "remove distributed.policy.devices" in message
+
+
+def test_more_devices_than_the_cluster_has():
+    message = resources_error({"executor": "ray", "policy": {"num_workers": 2, "devices": [0, 1]},
+                               "rollout": {"num_workers": 2, "devices": [4, 5]}},
+                              available=GPU_NODE)
+    assert "distributed.rollout.devices [4, 5]" in message
+    assert "[4, 5] do not exist" in message and "4 GPU(s)" in message
+
+
+def test_more_cpus_than_the_cluster_has_names_each_role():
+    message = resources_error({"executor": "ray", "policy": {"num_workers": 3, "num_cpus": 1},
+                               "rollout": {"num_cpus": 2}})
+    assert "reserve 5 CPUs (policy 3, rollout 2)" in message and "has 4" in message
+    assert "distributed.<role>.num_cpus" in message and "colocate_with: policy" in message
+
+
+def test_colocated_and_gpu_roles_reserve_what_they_share_once():
+    both_on_cpus = {"executor": "ray", "policy": {"num_workers": 4},
+                    "rollout": {"colocate_with": "policy"}}
+    check_resources(DistributedConfig(**both_on_cpus), ("policy", "rollout"), CPU_MACHINE)
+    shared_gpus = {"executor": "ray", "policy": {"num_workers": 4, "devices": [0, 1, 2, 3]},
+                   "rollout": {"num_workers": 4, "devices": [0, 1, 2, 3]}}
+    check_resources(DistributedConfig(**shared_gpus), ("policy", "rollout"),
+                    {"CPU": 4.0, "GPU": 4.0})  # one CPU per device bundle, not per role
+    # The reference is only counted when the run builds it.
+    reference = DistributedConfig(**{**both_on_cpus, "reference": {"num_cpus": 8}})
+    check_resources(reference, ("policy", "rollout"), CPU_MACHINE)
+    with pytest.raises(ConfigError, match="reference 8"):
+        check_resources(reference, ("policy", "rollout", "reference"), CPU_MACHINE)
+
+
+def test_executor_local_rejects_what_needs_separate_processes():
+    message = rl_error({"policy": {"num_workers": 2}})
+    assert "distributed.policy: 2 workers" in message and "set distributed.executor: ray" in message
+    for setting, field in (({"ray_address": "auto"}, "distributed.ray_address"),
+                           ({"weight_sync": "broadcast"}, "distributed.weight_sync"),
+                           ({"num_cpus": 8}, "distributed.num_cpus"),
+                           ({"rollout": {"devices": [0]}}, "distributed.rollout")):
+        message = rl_error(setting)
+        assert field in message and "set distributed.executor: ray" in message, message
+
+
+def test_a_role_with_neither_cpus_nor_devices():
+    message = rl_error({"executor": "ray", "rollout": {"num_cpus": 0}})
+    assert "distributed.rollout has neither devices nor CPUs" in message
+    assert "num_cpus > 0" in message and "colocate_with: policy" in message
+
+
+@pytest.mark.parametrize("role, placement, expected", [
+    ("policy", {"num_workers": 2, "devices": [0]}, "distributed.policy: Value error, devices [0] "
+                                                   "gives 1 workers but num_workers is 2"),
+    ("rollout", {"num_workers": 2, "devices": [1, 1]}, "repeats a device"),
+    ("rollout", {"devices": [-1]}, "indices start at 0"),
+    ("reference", {"colocate_with": "policy", "devices": [0]}, "leave devices and num_workers unset"),
+    ("policy", {"colocate_with": "policy"}, "distributed.policy.colocate_with"),
+])
+def test_inconsistent_role_placement(role, placement, expected):
+    assert expected in rl_error({"executor": "ray", role: placement})
+
+
+def test_policy_workers_must_split_each_mini_batch():
+    message = rl_error({"executor": "ray", "policy": {"num_workers": 3}},
+                       rollout={"prompts_per_step": 4, "group_size": 4})
+    assert "distributed.policy.num_workers" in message
+
+
+def test_colocation_and_weight_sync_method_follow_the_placement():
+    on_cpus = DistributedConfig(executor="ray", rollout={"colocate_with": "policy"})
+    assert colocated_with_policy(on_cpus, "rollout") and not colocated_with_policy(
+        DistributedConfig(executor="ray"), "rollout")
+    shared = DistributedConfig(executor="ray", policy={"num_workers": 2, "devices": [0, 1]},
+                               rollout={"num_workers": 2, "devices": [1, 2]})
+    assert colocated_with_policy(shared, "rollout")
+    assert sync_method(shared) == ("object_store", "gloo")  # NCCL cannot pair ranks on one GPU
+    separate = DistributedConfig(executor="ray", policy={"devices": [0]}, rollout={"devices": [1]})
+    assert sync_method(separate) == ("broadcast", "nccl")
+    assert sync_method(DistributedConfig(executor="ray")) == ("object_store", "gloo")
+    assert sync_method(DistributedConfig(executor="ray", weight_sync="broadcast")) == (
+        "broadcast", "gloo")

@@ -1,0 +1,137 @@
+"""The remote engine against real OpenAI-compatible servers on loopback (reroll's server around
+the HF engine): same tokens and logprobs as in-process, least-loaded routing under a per-endpoint
+cap, fail-over from a dead endpoint, endpoints added and removed while running, clear errors."""
+
+import asyncio
+import socket
+
+import pytest
+
+from reroll.config.errors import ConfigError
+from reroll.config.schema import RolloutConfig
+from reroll.engines import build_engine
+from reroll.engines.base import Request, SamplingParams
+from reroll.engines.hf import HFEngine
+from reroll.engines.remote import RemoteEngine, RemoteEngineError, RemoteOptions
+from reroll.engines.server import CompletionServer
+from reroll.models.loading import load_model
+
+pytestmark = pytest.mark.unit
+
+
+class CountingEngine:
+    """Forwards to a real HF engine and records the most requests it had at once."""
+
+    def __init__(self, engine):
+        self.engine, self.now, self.peak, self.served = engine, 0, 0, 0
+
+    async def generate(self, request):
+        self.now += 1
+        self.peak = max(self.peak, self.now)
+        try:
+            return await self.engine.generate(request)
+        finally:
+            self.now -= 1
+            self.served += 1
+
+
+@pytest.fixture(scope="module")
+def servers(tiny_model, tokenizer):
+    made = [CompletionServer(CountingEngine(HFEngine(load_model(tiny_model), 64,
+                                                     tokenizer.pad_token_id)), "tiny")
+            for _ in range(2)]
+    yield made
+    for server in made:
+        server.close()
+
+
+def free_port_url() -> str:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return f"http://127.0.0.1:{s.getsockname()[1]}/v1"
+
+
+def requests(tokenizer, n, temperature=1.0, length=8):
+    ids = [tokenizer.apply_chat_template([{"role": "user", "content": f"{i} + 1 = ?"}],
+                                         add_generation_prompt=True, tokenize=True)["input_ids"]
+           for i in range(n)]
+    return [Request(p, SamplingParams(length, temperature=temperature), seed=i)
+            for i, p in enumerate(ids)]
+
+
+def run(engine, reqs):
+    async def go():
+        return await asyncio.gather(*(engine.generate(r) for r in reqs))
+    return asyncio.run(go())
+
+
+def test_remote_completions_equal_the_in_process_engine(servers, tiny_model, tokenizer):
+    local = HFEngine(load_model(tiny_model), 64, tokenizer.pad_token_id)
+    remote = RemoteEngine([servers[0].url])
+    try:
+        reqs = requests(tokenizer, 4, temperature=0.8)
+        ours, theirs = run(remote, reqs), run(local, reqs)
+        assert [c.token_ids for c in ours] == [c.token_ids for c in theirs]
+        for a, b in zip(ours, theirs, strict=True):
+            assert a.logprobs == pytest.approx(b.logprobs, abs=1e-4)
+        assert all(c.finish_reason == "length" for c in ours)
+    finally:
+        remote.close()
+
+
+def test_least_loaded_routing_respects_the_cap(servers, tokenizer):
+    for server in servers:
+        server.engine.peak = server.engine.served = 0
+    remote = RemoteEngine([s.url for s in servers], RemoteOptions(max_in_flight=3))
+    try:
+        outs = run(remote, requests(tokenizer, 16))
+    finally:
+        remote.close()
+    assert len(outs) == 16 and all(len(c.token_ids) == 8 for c in outs)
+    assert all(s.engine.served >= 4 for s in servers)  # both endpoints took a share
+    assert all(s.engine.peak <= 3 for s in servers)
+
+
+def test_dead_endpoint_fails_over_and_endpoints_change_while_running(servers, tokenizer):
+    dead = free_port_url()
+    remote = RemoteEngine([dead, servers[0].url], RemoteOptions(backoff_s=30, max_retries=2))
+    try:
+        assert all(len(c.token_ids) == 8 for c in run(remote, requests(tokenizer, 6)))
+        assert remote.endpoints[dead].failures >= 1
+        remote.remove_endpoint(servers[0].url)
+        remote.add_endpoint(servers[1].url)
+        before = servers[1].engine.served
+        run(remote, requests(tokenizer, 3))
+        assert servers[1].engine.served == before + 3
+    finally:
+        remote.close()
+    only_dead = RemoteEngine([dead], RemoteOptions(backoff_s=0.01, max_retries=2))
+    try:
+        with pytest.raises(RemoteEngineError, match="failed after 3 attempts"):
+            run(only_dead, requests(tokenizer, 1))
+    finally:
+        only_dead.close()
+
+
+def test_abort_cancels_the_request(servers, tokenizer):
+    remote = RemoteEngine([servers[0].url])
+    request = requests(tokenizer, 1, length=2000)[0]
+
+    async def go():
+        task = asyncio.create_task(remote.generate(request))
+        await asyncio.sleep(0.2)
+        remote.abort(request.request_id)
+        return await task
+
+    try:
+        out = asyncio.run(go())
+    finally:
+        remote.close()
+    assert out.finish_reason == "abort" and out.token_ids == []
+
+
+def test_unreachable_endpoint_is_a_config_error_naming_the_fix():
+    url = free_port_url()
+    rollout = RolloutConfig(engine="remote", remote={"endpoints": [url]})
+    with pytest.raises(ConfigError, match=r"unreachable: .*Start the server"):
+        build_engine(rollout, "unused")

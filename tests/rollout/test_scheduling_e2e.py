@@ -1,0 +1,111 @@
+"""The scheduler, sources and async training with the real HF engine and the tiny model."""
+
+import asyncio
+
+import pytest
+import torch
+
+from reroll.config.schema import RLConfig
+from reroll.data.datasets import load_prompts
+from reroll.engines.base import SamplingParams
+from reroll.engines.hf import HFEngine
+from reroll.models.loading import load_model
+from reroll.pipelines.rlvr import RLVRPipeline
+from reroll.rewards import RewardRunner, build_reward
+from reroll.rewards.base import RewardResult
+from reroll.rollout.sampling import encode_prompt
+from reroll.rollout.scheduler import RolloutScheduler
+from reroll.tracking import read_metrics
+
+pytestmark = pytest.mark.e2e
+
+
+class LengthReward:
+    name = "length"
+
+    async def __call__(self, sample):
+        return RewardResult(float(len(sample.response)))
+
+
+def test_partial_rollout_on_the_hf_engine_keeps_every_token(tiny_model, tokenizer, arithmetic):
+    torch.set_num_threads(1)
+    engine = HFEngine(load_model(tiny_model), pad_token_id=tokenizer.pad_token_id)
+    scheduler = RolloutScheduler([engine], RewardRunner(LengthReward(), 5.0), tokenizer)
+    rows = load_prompts(arithmetic["eval"])[:2]
+    params = SamplingParams(max_new_tokens=160, temperature=1.0)  # no stop token: full length
+
+    async def scenario():
+        groups = [scheduler.new_group(i, row, encode_prompt(tokenizer, row, 256), 4, lambda k: k)
+                  for i, row in enumerate(rows)]
+        tasks = [asyncio.ensure_future(scheduler.run_group(g, params)) for g in groups]
+        await asyncio.sleep(0.3)
+        preempted = await scheduler.preempt()
+        engine.load_weights(engine.model.state_dict().items(), 1)
+        scheduler.release()
+        await asyncio.gather(*tasks)
+        return groups, preempted
+
+    groups, preempted = asyncio.run(scenario())
+    assert preempted == 8
+    for group in groups:
+        for sample in group.samples:
+            assert len(sample.tokens) == len(sample.logprobs) == 160
+            assert sample.finish_reason == "length" and sample.resumes == 1
+            assert set(sample.token_versions) == {0, 1}
+    # the reward scored the whole response, both pieces
+    assert all(s.reward == float(len(s.response_text)) for g in groups for s in g.samples)
+
+
+def rl_config(tmp_path, tiny_model, arithmetic, **sections) -> RLConfig:
+    data = {
+        "output_dir": str(tmp_path / "run"), "seed": 1, "steps": 4,
+        "model": {"path": tiny_model},
+        "data": {"train": arithmetic["train"], "eval": arithmetic["eval"]},
+        "rollout": {"prompts_per_step": 4, "group_size": 4, "max_new_tokens": 16},
+        "optimizer": {"lr": 1e-3}, "train": {"micro_batch_size": 16, "num_threads": 1},
+        "eval": {"every_steps": 0, "max_prompts": 8},
+        "reward": {"type": "custom", "function": "rewards_for_rollout_tests:length_score"},
+        "tracking": {"progress": False, "tensorboard": False, "record_batch_every": 0},
+    }
+    data.update(sections)
+    return RLConfig.model_validate(data)
+
+
+@pytest.fixture
+def reward_module(tmp_path, monkeypatch):
+    (tmp_path / "rewards_for_rollout_tests.py").write_text(
+        "def length_score(sample):\n    return float(len(sample.response) % 3)\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.chdir(tmp_path)
+
+
+def test_async_training_trains_within_the_staleness_bound(tmp_path, tiny_model, arithmetic,
+                                                        reward_module):
+    config = rl_config(tmp_path, tiny_model, arithmetic,
+                       async_training={"enabled": True, "max_staleness": 1},
+                       algorithm={"correction": {"tis": {"level": "token", "cap": 2.0}}})
+    pipeline = RLVRPipeline(config)
+    before = {k: v.clone() for k, v in pipeline.policy.state_dict_for_sync()}
+    summary = pipeline.run()
+    rows = read_metrics(summary["run_dir"])
+    assert [r["step"] for r in rows] == [1, 2, 3, 4]
+    assert all(r["staleness/max"] <= 1 for r in rows)
+    assert any(r["staleness/max"] == 1 for r in rows)  # rollout really ran ahead of training
+    assert all("correction/tis_weight_mean" in r and "time/trainer_idle_s" in r for r in rows)
+    assert sum(r["rollout/samples_kept"] for r in rows) >= 4 * 16
+    after = dict(pipeline.policy.state_dict_for_sync())
+    assert any(not torch.equal(before[k], after[k]) for k in before)
+    assert summary["eval_reward_end"] is not None
+
+
+def test_dynamic_sampling_fills_the_batch_with_the_hf_engine(tmp_path, tiny_model, arithmetic,
+                                                           reward_module):
+    config = rl_config(tmp_path, tiny_model, arithmetic, steps=2,
+                       algorithm={"dynamic_sampling": {"drop_all_equal": True}},
+                       scheduler={"oversample": 1.5, "max_groups_factor": 8})
+    summary = RLVRPipeline(config).run()
+    rows = read_metrics(summary["run_dir"])
+    for r in rows:
+        assert r["rollout/groups_kept"] == 4  # dropped groups were replaced
+        assert r["filter/groups_dropped"] == 0
+        assert r["train/groups_all_equal"] == 0

@@ -1,0 +1,89 @@
+"""Tail batching: regular rounds hold only responses within the length budget; prompts that run
+long are deferred and run together in a long round with the full length."""
+
+import pytest
+from scripted_engine import ScriptedEngine, runner
+
+from reroll.config.errors import ConfigError
+from reroll.config.schema import RLConfig
+from reroll.data.datasets import PromptRow, PromptSampler
+from reroll.engines.base import SamplingParams
+from reroll.rollout.sources import SyncSource
+from reroll.rollout.stream import PromptStream
+
+TOKEN = 40
+
+
+def test_long_prompts_are_deferred_to_long_rounds(tokenizer):
+    table = [PromptRow([{"role": "user", "content": f"question {i}"}], "0", {"long": i % 4 == 0},
+                       f"t:{i}") for i in range(24)]
+    lengths = {}
+
+    def length(prompt, seed):  # prompts are told apart by their encoded ids
+        return lengths[tuple(prompt)]
+
+    config = RLConfig(model={"path": "unused"}, data={"train": "unused"}, steps=1,
+                      rollout={"prompts_per_step": 3, "group_size": 2, "max_new_tokens": 100},
+                      train={"micro_batch_size": 2}, scheduler={"oversample": 1.5},
+                      tail_batching={"enabled": True, "length_budget": 20})
+    source = SyncSource(config, ScriptedEngine(length, TOKEN), runner(), tokenizer,
+                        PromptStream(PromptSampler(table, seed=0)))
+    for row in table:
+        lengths[tuple(source.encode(row))] = 90 if row.metadata["long"] else 5 + int(
+            row.source[2:]) % 7
+    params = SamplingParams(max_new_tokens=100)
+    long_rounds = 0
+    for step in range(1, 17):
+        trajectories = source.next_batch(step, step - 1, params)
+        assert len(trajectories) == 6
+        texts = {t.prompt_text for t in trajectories}
+        is_long = {row.metadata["long"] for row in table if row.prompt_text in texts}
+        if source.metrics()["tail/long_round"]:
+            long_rounds += 1
+            assert is_long == {True}
+            assert all(len(t.response_ids) == 90 for t in trajectories)
+        else:
+            assert is_long == {False}  # regular rounds are short and balanced
+            assert all(len(t.response_ids) < 20 for t in trajectories)
+    assert long_rounds >= 2
+    # after the first epoch the known-long prompts are deferred before they start
+    assert source.tail.longest and all(
+        v >= 20 for k, v in source.tail.longest.items() if int(k[2:]) % 4 == 0)
+
+
+def test_batches_stay_full_when_most_prompts_run_long(tokenizer):
+    """Deferred groups are not filtered groups: with 3 prompts in 4 running long and no room for
+    refills under `max_groups_factor`, every regular round still comes back full, and tail
+    batching delivers as many samples as plain rounds."""
+    table = [PromptRow([{"role": "user", "content": f"question {i}"}], "0", {"long": i % 4 != 0},
+                       f"t:{i}") for i in range(32)]
+    lengths = {}
+    config = RLConfig(model={"path": "unused"}, data={"train": "unused"}, steps=1,
+                      rollout={"prompts_per_step": 2, "group_size": 2, "max_new_tokens": 60},
+                      train={"micro_batch_size": 2},
+                      scheduler={"max_groups_factor": 1.0},
+                      tail_batching={"enabled": True, "length_budget": 10})
+    source = SyncSource(config, ScriptedEngine(lambda prompt, seed: lengths[tuple(prompt)], TOKEN),
+                        runner(), tokenizer, PromptStream(PromptSampler(table, seed=0)))
+    for row in table:
+        lengths[tuple(source.encode(row))] = 50 if row.metadata["long"] else 4
+    rounds = {0.0: 0, 1.0: 0}
+    for step in range(1, 25):
+        trajectories = source.next_batch(step, step - 1, SamplingParams(max_new_tokens=60))
+        assert len(trajectories) == 4
+        rounds[source.metrics()["tail/long_round"]] += 1
+    assert rounds[0.0] and rounds[1.0]
+
+
+def test_a_dataset_of_only_long_prompts_is_a_config_error(tokenizer):
+    table = [PromptRow([{"role": "user", "content": f"q {i}"}], "0", {}, f"t:{i}")
+             for i in range(4)]
+    config = RLConfig(model={"path": "unused"}, data={"train": "unused"}, steps=1,
+                      rollout={"prompts_per_step": 8, "group_size": 2, "max_new_tokens": 60},
+                      train={"micro_batch_size": 2}, scheduler={"max_groups_factor": 1.0},
+                      tail_batching={"enabled": True, "length_budget": 10})
+    source = SyncSource(config, ScriptedEngine(lambda prompt, seed: 50, TOKEN), runner(),
+                        tokenizer, PromptStream(PromptSampler(table, seed=0)))
+    with pytest.raises(ConfigError, match="length_budget"):
+        for step in range(1, 6):
+            source.next_batch(step, step - 1, SamplingParams(max_new_tokens=60))
