@@ -65,6 +65,10 @@ def scheduling_errors(config) -> list[str]:
     if tail.enabled and asynchronous.enabled:
         errors.append("tail_batching.enabled and async_training.enabled cannot be combined: tail "
                       "batching schedules synchronous rounds; turn one of them off")
+    if asynchronous.enabled and config.distributed.weight_sync == "broadcast":
+        errors.append("distributed.weight_sync: broadcast is not available with "
+                      "async_training.enabled (the async source hands weights to its engine "
+                      "itself); use weight_sync: auto or object_store")
     if tail.enabled and tail.length_budget >= config.rollout.max_new_tokens:
         errors.append(f"tail_batching.length_budget ({tail.length_budget}) must be below "
                       f"rollout.max_new_tokens ({config.rollout.max_new_tokens}), or nothing is "

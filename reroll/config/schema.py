@@ -17,8 +17,12 @@ from reroll.config.algorithm import AlgorithmConfig
 from reroll.config.base import Section, choice
 from reroll.config.distributed import DistributedConfig
 from reroll.config.engines import RemoteSettings, VLLMSettings
-from reroll.config.scheduling import (AsyncTrainingConfig, SchedulerConfig, TailBatchingConfig,
-                                     scheduling_errors)
+from reroll.config.scheduling import (
+    AsyncTrainingConfig,
+    SchedulerConfig,
+    TailBatchingConfig,
+    scheduling_errors,
+)
 
 # ----------------------------------------------------------------------------------------------
 # Shared sections
@@ -215,10 +219,12 @@ class EvalConfig(Section):
     """0 means greedy decoding."""
 
 
-class RLConfig(Section):
-    """`reroll train CONFIG.yaml`: reinforcement learning with verifiable rewards (RLVR)."""
+class RLRunConfig(Section):
+    """What every RL pipeline's config has: the run, the model and its roles, the algorithm, the
+    optimisation, evaluation, checkpoints and tracking. `RLConfig` (prompts and a reward) and
+    `AgenticConfig` (an environment) add their task."""
 
-    pipeline: Literal["rlvr"] = "rlvr"
+    pipeline: str
     """Which pipeline this config is for."""
     name: str = Field("run", min_length=1)
     """Run name; the run directory is `runs/<name>/` unless `output_dir` is set."""
@@ -231,48 +237,55 @@ class RLConfig(Section):
     resume: bool | str = False
     """true: continue from the latest checkpoint of the run directory; a path: from that checkpoint."""
     model: ModelConfig
-    data: DataConfig
     rollout: RolloutConfig = Field(default_factory=RolloutConfig)
-    reward: RewardConfig = Field(default_factory=MathReward)
+    """How responses are sampled. Agentic runs: `prompts_per_step` env resets (groups) per step,
+    `group_size` episodes per reset, `max_new_tokens` the limit of one turn."""
     algorithm: AlgorithmConfig = Field(default_factory=AlgorithmConfig)
+    """Advantage estimator, policy loss, KL, filters and corrections (docs/algorithms.md); agentic
+    runs also have turn-level credit assignment: `rebn`, `gigpo`, `ipa_chunk`."""
     optimizer: OptimizerConfig = Field(default_factory=OptimizerConfig)
     train: TrainConfig = Field(default_factory=TrainConfig)
     eval: EvalConfig = Field(default_factory=EvalConfig)
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
     tracking: TrackingConfig = Field(default_factory=TrackingConfig)
     distributed: DistributedConfig = Field(default_factory=DistributedConfig)
+
+    def batch_errors(self) -> list[str]:
+        """The step's batch must split into updates, data-parallel shards and micro-batches."""
+        batch = self.rollout.prompts_per_step * self.rollout.group_size
+        updates, micro = self.algorithm.updates_per_batch, self.train.micro_batch_size
+        shards = self.distributed.policy.num_workers * micro
+        if batch % updates:
+            return [f"algorithm.updates_per_batch ({updates}) must divide the step's batch, "
+                    f"rollout.prompts_per_step x rollout.group_size = {batch} sequences"]
+        if (batch // updates) % shards:
+            return [f"each update's mini-batch ({batch // updates} sequences = rollout."
+                    f"prompts_per_step x rollout.group_size / algorithm.updates_per_batch) must "
+                    f"split evenly into distributed.policy.num_workers x train.micro_batch_size "
+                    f"= {shards}"]
+        return self.algorithm.rollout_errors(self.rollout.group_size, self.rollout.max_new_tokens)
+
+    def run_dir(self) -> Path:
+        return Path(self.output_dir) if self.output_dir else Path("runs") / self.name
+
+
+class RLConfig(RLRunConfig):
+    """`reroll train CONFIG.yaml`: reinforcement learning with verifiable rewards (RLVR)."""
+
+    pipeline: Literal["rlvr"] = "rlvr"
+    """Which pipeline this config is for."""
+    data: DataConfig
+    reward: RewardConfig = Field(default_factory=MathReward)
     scheduler: SchedulerConfig = Field(default_factory=SchedulerConfig)
     async_training: AsyncTrainingConfig = Field(default_factory=AsyncTrainingConfig)
     tail_batching: TailBatchingConfig = Field(default_factory=TailBatchingConfig)
 
     @model_validator(mode="after")
     def _check_combinations(self) -> RLConfig:
-        batch = self.rollout.prompts_per_step * self.rollout.group_size
-        if batch % self.train.micro_batch_size:
-            raise ValueError(
-                f"train.micro_batch_size ({self.train.micro_batch_size}) must divide the step's "
-                f"batch, rollout.prompts_per_step x rollout.group_size = {batch}"
-            )
-        if batch % self.algorithm.updates_per_batch:
-            raise ValueError(f"algorithm.updates_per_batch ({self.algorithm.updates_per_batch}) "
-                             f"must divide the step's batch of {batch} sequences")
-        if (batch // self.algorithm.updates_per_batch) % self.train.micro_batch_size:
-            raise ValueError("train.micro_batch_size must divide each update's mini-batch "
-                             "(batch / algorithm.updates_per_batch)")
-        shards = self.distributed.policy.num_workers * self.train.micro_batch_size
-        if (batch // self.algorithm.updates_per_batch) % shards:
-            raise ValueError(f"each update's mini-batch ({batch // self.algorithm.updates_per_batch}"
-                             f" sequences) must split evenly into distributed.policy.num_workers x "
-                             f"train.micro_batch_size = {shards}")
-        problems = self.algorithm.rollout_errors(self.rollout.group_size,
-                                                 self.rollout.max_new_tokens)
-        problems += scheduling_errors(self)
+        problems = self.batch_errors() + scheduling_errors(self)
         if problems:
             raise ValueError("; ".join(problems))
         return self
-
-    def run_dir(self) -> Path:
-        return Path(self.output_dir) if self.output_dir else Path("runs") / self.name
 
 
 # ----------------------------------------------------------------------------------------------

@@ -91,9 +91,10 @@ def _local_roles(c: RLConfig, total_steps: int, pad_token_id: int) -> Roles:
 
 
 def _ray_roles(c: RLConfig, total_steps: int, pad_token_id: int) -> Roles:
-    from reroll.distributed.engine_actor import hf_engine_factory, start_engine_actor
+    from reroll.distributed.engine_actor import start_engine_actor
     from reroll.distributed.placement import ray_options
     from reroll.distributed.ray_runtime import ensure_ray
+    from reroll.engines import engine_factory
 
     d = c.distributed
     ensure_ray(d.ray_address, d.num_cpus)
@@ -119,7 +120,7 @@ def _ray_roles(c: RLConfig, total_steps: int, pad_token_id: int) -> Roles:
         clusters.append(critic.cluster)
     rollout = options["rollout"][0]
     engine = start_engine_actor(
-        hf_engine_factory(c.model.path, c.model.dtype, c.rollout.max_batch_size, pad_token_id),
+        engine_factory(c.rollout, c.model.path, c.model.dtype, pad_token_id, c.seed),
         num_cpus=rollout["num_cpus"], num_threads=d.rollout.num_threads,
         name=f"{prefix}-rollout-0", ray_options=rollout)
     return Roles(policy, reference, critic, engine, clusters)

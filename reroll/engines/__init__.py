@@ -4,6 +4,9 @@ config asks for and turns set-up problems into ConfigErrors that say how to fix 
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
+
 from reroll.config.errors import ConfigError
 
 
@@ -20,6 +23,13 @@ def build_engine(rollout, model_path: str, dtype: str = "float32", pad_token_id:
     if rollout.engine == "remote":
         return _build_remote(rollout)
     raise ConfigError(f"rollout.engine: unknown engine {rollout.engine!r}; choose hf, vllm or remote")
+
+
+def engine_factory(rollout, model_path: str, dtype: str = "float32", pad_token_id: int = 0,
+                   seed: int = 0) -> Callable:
+    """A picklable zero-argument builder of the configured engine, for engines that are built
+    inside another process (a Ray actor): the same choice and checks as `build_engine`."""
+    return functools.partial(build_engine, rollout, model_path, dtype, pad_token_id, seed)
 
 
 def _build_vllm(rollout, model_path: str, dtype: str, seed: int):

@@ -22,17 +22,10 @@ import torch
 from reroll.config.agentic import AgenticConfig
 from reroll.data.batch import Trajectory
 from reroll.data.datasets import PromptSampler
-from reroll.distributed.colocation import take_turns
-from reroll.distributed.roles import build_roles
-from reroll.distributed.weight_sync import make_weight_sync
 from reroll.engines.base import Engine, SamplingParams
 from reroll.envs import make_env
-from reroll.models.loading import load_tokenizer
-from reroll.pipelines import objective
-from reroll.pipelines.common import RunDir, seed_everything, set_threads
 from reroll.pipelines.rlvr import RLVRPipeline
 from reroll.rollout.agent_loop import AgentJob, AgentStats, run_episodes
-from reroll.tracking import Tracker
 
 EVAL_SEED_BASE = 10**9
 
@@ -77,33 +70,12 @@ class EpisodeSource:
 
 
 class AgenticPipeline(RLVRPipeline):
-    def __init__(self, config: AgenticConfig):
-        # Roles as in RLVR; the task is an environment instead of prompts and a reward function.
-        self.config = c = config
-        a = c.algorithm
-        set_threads(c.train.num_threads)
-        seed_everything(c.seed)
-        self.run_dir = RunDir(c.run_dir())
-        self.tokenizer = load_tokenizer(c.model.path)
-        self.roles = build_roles(c, c.steps * a.updates_per_batch, self.tokenizer.pad_token_id)
-        self.policy, self.reference = self.roles.policy, self.roles.reference
-        self.critic, self.engine = self.roles.critic, self.roles.engine
-        self.restarts = 0
-        self.kl = objective.kl_controller(a.kl)
-        self.weight_sync = make_weight_sync(self.policy, self.engine, c.distributed)
-        self.turns = take_turns(c, self.policy, self.engine)  # colocated roles take turns
-        self.stop_ids = (self.tokenizer.eos_token_id,)
+    def setup_task(self) -> None:
+        """The task is an environment: env seeds instead of prompts, and the env is the reward."""
+        c = self.config
         self.sampler = PromptSampler(list(range(c.env.train_seeds)), c.seed)  # env seeds
         self.eval_rows = [EVAL_SEED_BASE + i for i in range(c.env.eval_episodes)]
         self.source = self.rewards = EpisodeSource(c, self.engine, self.tokenizer)
-        self.start_step, self.eval_reward_start = 0, None
-        resume = self.run_dir.resolve_resume(c.resume)
-        if resume:
-            self.restore(*resume)
-        self.run_dir.write_config(c)
-        self.tracker = Tracker(self.run_dir.path, c.tracking,
-                               resume_step=self.start_step if resume else None,
-                               run_config=c.model_dump(mode="json"))
 
     def method_name(self) -> str:
         return f"{self.config.env.id} {super().method_name()}"

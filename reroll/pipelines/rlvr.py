@@ -42,27 +42,20 @@ from reroll.tracking import ProgressBar, Tracker
 class RLVRPipeline:
     def __init__(self, config: RLConfig):
         self.config = c = config
-        a = c.algorithm
         set_threads(c.train.num_threads)
         seed_everything(c.seed)
         self.run_dir = RunDir(c.run_dir())
         self.tokenizer = load_tokenizer(c.model.path)
-        self.train_rows = load_prompts(c.data.train, c.data.system_prompt)
-        self.eval_rows = load_prompts(c.data.eval, c.data.system_prompt)[: c.eval.max_prompts] \
-            if c.data.eval else []
-        self.sampler = PromptStream(PromptSampler(self.train_rows, c.seed))
+        self.stop_ids = (self.tokenizer.eos_token_id,)
         # Policy, reference (when a KL term needs it), critic (for gae) and engine: in this
         # process or as Ray actors placed by `distributed:`, behind the same interfaces.
-        self.roles = build_roles(c, c.steps * a.updates_per_batch, self.tokenizer.pad_token_id)
+        self.roles = build_roles(c, c.steps * c.algorithm.updates_per_batch,
+                                 self.tokenizer.pad_token_id)
         self.policy, self.reference = self.roles.policy, self.roles.reference
         self.critic, self.engine = self.roles.critic, self.roles.engine
         self.restarts = 0  # set by the supervisor when this pipeline resumes after a failure
-        self.kl = objective.kl_controller(a.kl)
-        self.rewards = RewardRunner(build_reward(c.reward), c.reward.timeout_s)
-        self.stop_ids = (self.tokenizer.eos_token_id,)
-        # Sync or async rollout (docs/async.md); async: `engine` becomes the producer's facade.
-        self.source = build_source(c, self.engine, self.rewards, self.tokenizer, self.sampler)
-        self.engine = self.source.engine
+        self.kl = objective.kl_controller(c.algorithm.kl)
+        self.setup_task()
         self.weight_sync = make_weight_sync(self.policy, self.engine, c.distributed)
         # Rollout colocated with the policy: they take turns on the devices at phase boundaries.
         self.turns = take_turns(c, self.policy, self.engine)
@@ -74,6 +67,18 @@ class RLVRPipeline:
         self.tracker = Tracker(self.run_dir.path, c.tracking,
                                resume_step=self.start_step if resume else None,
                                run_config=c.model_dump(mode="json"))
+
+    def setup_task(self) -> None:
+        """The task: train/eval prompts, the reward, and the rollout source that turns prompts
+        into scored trajectories (sync, or async where `engine` becomes the producer's facade)."""
+        c = self.config
+        self.train_rows = load_prompts(c.data.train, c.data.system_prompt)
+        self.eval_rows = load_prompts(c.data.eval, c.data.system_prompt)[: c.eval.max_prompts] \
+            if c.data.eval else []
+        self.sampler = PromptStream(PromptSampler(self.train_rows, c.seed))
+        self.rewards = RewardRunner(build_reward(c.reward), c.reward.timeout_s)
+        self.source = build_source(c, self.engine, self.rewards, self.tokenizer, self.sampler)
+        self.engine = self.source.engine
 
     def run(self) -> dict:
         c, clock = self.config, Stopwatch()

@@ -21,7 +21,7 @@ import time
 from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
-from enum import Enum
+from enum import StrEnum
 
 from reroll.data.batch import Trajectory
 from reroll.data.datasets import PromptRow
@@ -30,7 +30,7 @@ from reroll.rewards.base import RewardSample
 from reroll.rewards.runner import RewardRunner
 
 
-class State(str, Enum):
+class State(StrEnum):
     QUEUED = "queued"
     RUNNING = "running"
     FINISHED = "finished"

@@ -325,10 +325,12 @@ def build_source(config, engine: Engine, rewards: RewardRunner, tokenizer, strea
 def _engine_in_own_process(config, tokenizer) -> Engine:
     """The rollout engine in a Ray actor of its own (1 CPU), so it runs beside the trainer."""
     try:
-        from reroll.distributed.engine_actor import hf_engine_factory, start_engine_actor
+        from reroll.distributed.engine_actor import start_engine_actor
     except ImportError as e:
         raise ConfigError(f"scheduler.engine_process needs Ray and reroll.distributed ({e}); "
                           f"set scheduler.engine_process: false") from None
-    factory = hf_engine_factory(config.model.path, config.model.dtype,
-                                config.rollout.max_batch_size, tokenizer.pad_token_id)
+    from reroll.engines import engine_factory
+
+    factory = engine_factory(config.rollout, config.model.path, config.model.dtype,
+                             tokenizer.pad_token_id, config.seed)
     return start_engine_actor(factory, num_cpus=1, num_threads=config.scheduler.engine_threads)

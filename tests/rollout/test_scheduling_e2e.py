@@ -11,7 +11,7 @@ from reroll.engines.base import SamplingParams
 from reroll.engines.hf import HFEngine
 from reroll.models.loading import load_model
 from reroll.pipelines.rlvr import RLVRPipeline
-from reroll.rewards import RewardRunner, build_reward
+from reroll.rewards import RewardRunner
 from reroll.rewards.base import RewardResult
 from reroll.rollout.sampling import encode_prompt
 from reroll.rollout.scheduler import RolloutScheduler
