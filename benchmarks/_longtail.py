@@ -1,15 +1,14 @@
 """The long-tailed workload shared by benchmarks/async_vs_sync.py and benchmarks/tail_batching.py.
 
-Arithmetic word problems (add single digits, subtract from the teens); a minority of the prompts
-end with "Check it again and again." A quick SFT of the tiny model teaches two answer styles:
-ordinary prompts get the worked answer and stop (~18 tokens); "check" prompts get the same
-answer followed by an endless "Again: 9 + 9 = 18." loop, so their responses run to
-`max_new_tokens`. The response lengths are long-tailed by construction (the share of check
-prompts sets the tail), and the boxed answer comes first, so the math reward measures the
-arithmetic whatever the length.
+Arithmetic word problems (single-digit additions); 1 in 8 prompts ends with "Check it again and
+again." A quick SFT of the tiny model teaches two answer styles: ordinary prompts get the worked
+answer and stop (~19 tokens); check prompts get the same answer followed by an endless
+"Again: 4 + 5 = 9." loop, so their responses run to `max_new_tokens`. The response lengths are
+long-tailed by construction (the share of check prompts sets the tail), and the boxed answer
+comes first, so the math reward measures the arithmetic whatever the length.
 
 The long targets carry no EOS (the model never learns to end the loop) and are only
-`LONG_TARGET_TOKENS` long: the loop is local, so the model keeps it up well past that.
+`long_target_tokens` long: the loop is local, so the model keeps it up well past that.
 Built once per parameter set under `runs/bench_longtail/<hash>/` (the directory name is a hash of
 `WORKLOAD`, so a change of any parameter builds a new workload) and shared by both benchmarks.
 """
@@ -35,32 +34,30 @@ from reroll.tracking import ProgressBar
 ROOT = Path("runs/bench_longtail")
 CHECK = " Check it again and again."
 WORKLOAD = {
-    "recipe": 2,  # bump when the code below changes what it builds
+    "recipe": 3,  # bump when the code below changes what it builds
     "levels": (1,),
-    "sft_rows": 2048, "sft_long_frac": 0.25, "sft_epochs": 6.0, "sft_lr": 5e-3,
-    "train_rows": 256, "eval_rows": 64, "long_frac": 0.125,
+    "sft_rows": 2048, "sft_check_frac": 0.25, "sft_epochs": 6.0, "sft_lr": 5e-3,
+    "train_rows": 256, "eval_rows": 64, "check_frac": 0.125,
     "long_target_tokens": 64,
 }
 """Everything the built workload depends on; its hash names the cache directory."""
 
 
-def _rows(n: int, seed: int, long_frac: float, long_tokens: int, tokenizer=None) -> list[dict]:
-    """Arithmetic rows; a `long_frac` share (exactly, at shuffled places) are check prompts."""
+def _rows(n: int, seed: int, check_frac: float, params: dict, tokenizer) -> list[dict]:
+    """Arithmetic rows; a `check_frac` share (exactly, at shuffled places) are check prompts,
+    whose SFT target is the endless loop."""
     rng = random.Random(seed)
-    longs = set(rng.sample(range(n), round(n * long_frac)))
+    checks = set(rng.sample(range(n), round(n * check_frac)))
     rows = []
-    for i, row in enumerate(arithmetic_rows(n, seed, levels=WORKLOAD["levels"])):
-        row["long"] = i in longs
-        if row["long"]:
-            work = row["solution"].split(" The answer")[0]
+    for i, row in enumerate(arithmetic_rows(n, seed, levels=params["levels"])):
+        row["check"] = i in checks
+        row["response"] = row["solution"]
+        if row["check"]:
             row["prompt"] += CHECK
-            target = row["solution"]
-            while tokenizer is not None and len(tokenizer.encode(
-                    target, add_special_tokens=False)) < long_tokens:
-                target += f" Again: {work}"
-            row["response"] = target
-        else:
-            row["response"] = row["solution"]
+            work = row["solution"].split(" The answer")[0]
+            while len(tokenizer.encode(row["response"], add_special_tokens=False)) < \
+                    params["long_target_tokens"]:
+                row["response"] += f" Again: {work}"
         rows.append(row)
     return rows
 
@@ -85,12 +82,12 @@ def _build(params: dict, root: Path, paths: dict[str, Path]) -> None:
     (root / "workload.json").write_text(json.dumps(params, indent=1))
     base = make_model(root / "tiny", "tiny", seed=0)
     tokenizer = load_tokenizer(str(base))
-    splits = (("sft", params["sft_rows"], 0, params["sft_long_frac"]),
-              ("train", params["train_rows"], 1, params["long_frac"]),
-              ("eval", params["eval_rows"], 2, params["long_frac"]))
+    splits = (("sft", params["sft_rows"], 0, params["sft_check_frac"]),
+              ("train", params["train_rows"], 1, params["check_frac"]),
+              ("eval", params["eval_rows"], 2, params["check_frac"]))
     for name, n, seed, frac in splits:
         with (root / f"{name}.jsonl").open("w") as f:
-            for row in _rows(n, seed, frac, params["long_target_tokens"], tokenizer):
+            for row in _rows(n, seed, frac, params, tokenizer):
                 f.write(json.dumps(row) + "\n")
     config = SFTConfig.model_validate({
         "output_dir": str(root / "sft"), "model": {"path": str(base)},
@@ -110,7 +107,7 @@ class _LoopSFT(SFTPipeline):
         examples = []
         for row in load_prompts(path, self.config.data.system_prompt):
             example = sft_example(self.tokenizer, row, "response", self.config.data.max_tokens)
-            if row.metadata.get("long"):
+            if row.metadata.get("check"):
                 example.response_ids = example.response_ids[:-1]
                 example.behaviour_logprobs = example.behaviour_logprobs[:-1]
             examples.append(example)

@@ -142,7 +142,8 @@ class SyncSource:
     def _long_round(self, n: int, params: SamplingParams, signal: KeepFn, step: int):
         """The deferred prompts with the full `max_new_tokens`. No over-sampling unless dynamic
         sampling may drop groups: every group here is slow, so extra ones only add work."""
-        refill = self.config.algorithm.dynamic_sampling is not None
+        c = self.config
+        refill = c.algorithm.dynamic_sampling is not None and c.scheduler.refill_filtered
         result = self._collect(self.tail.long_round_rows(self.stream), n, params, signal, step,
                                oversample=None if refill else 1.0)
         self.tail.hand_back(result.unused_rows, self.stream)

@@ -1,6 +1,7 @@
 """The scheduler, sources and async training with the real HF engine and the tiny model."""
 
 import asyncio
+import threading
 
 import pytest
 import torch
@@ -33,12 +34,20 @@ def test_partial_rollout_on_the_hf_engine_keeps_every_token(tiny_model, tokenize
     scheduler = RolloutScheduler([engine], RewardRunner(LengthReward(), 5.0), tokenizer)
     rows = load_prompts(arithmetic["eval"])[:2]
     params = SamplingParams(max_new_tokens=160, temperature=1.0)  # no stop token: full length
+    decoding, forwards = threading.Event(), []
+
+    def count_forward(*_):  # set once the engine has decoded a few tokens of every response
+        forwards.append(1)
+        if len(forwards) == 5:
+            decoding.set()
+
+    engine.model.register_forward_hook(count_forward)
 
     async def scenario():
         groups = [scheduler.new_group(i, row, encode_prompt(tokenizer, row, 256), 4, lambda k: k)
                   for i, row in enumerate(rows)]
         tasks = [asyncio.ensure_future(scheduler.run_group(g, params)) for g in groups]
-        await asyncio.sleep(0.3)
+        await asyncio.to_thread(decoding.wait, 60)  # preempt mid-response, whatever the speed
         preempted = await scheduler.preempt()
         engine.load_weights(engine.model.state_dict().items(), 1)
         scheduler.release()
