@@ -9,7 +9,7 @@ request's sample is reproducible whatever else is in its batch. Rows that finish
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
 import torch
@@ -23,6 +23,8 @@ from reroll.engines.base import (
     fingerprint,
 )
 from reroll.models.logprobs import load_weights
+
+_DONE = object()
 
 
 @dataclass
@@ -113,7 +115,12 @@ class HFEngine:
             taken = {id(f) for _, f in batch}
             self._pending = [(r, f) for r, f in self._pending if id(f) not in taken]
             try:
-                completions = await asyncio.to_thread(self.generate_batch, [r for r, _ in batch])
+                # Decode on this thread, one step at a time, handing the loop back between
+                # steps (aborts, new requests, rewards). Not a worker thread: torch ops from a
+                # second thread get their own OpenMP team, and alternating with the trainer's
+                # team halved decoding speed here.
+                for completions in self._batch_steps([r for r, _ in batch]):  # noqa: B007
+                    await asyncio.sleep(0)
             except Exception as e:  # noqa: BLE001 - handed to every waiting caller
                 for _, future in batch:
                     if not future.done():
@@ -123,9 +130,23 @@ class HFEngine:
                 if not future.done():
                     future.set_result(completion)
 
-    @torch.inference_mode()
     def generate_batch(self, requests: list[Request]) -> list[Completion]:
         """Decode requests that share temperature/top-p/top-k; the synchronous core of the engine."""
+        *_, completions = self._batch_steps(requests)
+        return completions
+
+    def _batch_steps(self, requests: list[Request]) -> Iterator[list[Completion] | None]:
+        """Yields None after each decoding step, then the batch's completions. Inference mode is
+        on only while a step runs, not while the caller has the thread."""
+        steps = self._batch_steps_no_grad(requests)
+        while True:
+            with torch.inference_mode():
+                item = next(steps, _DONE)
+            if item is _DONE:
+                return
+            yield item
+
+    def _batch_steps_no_grad(self, requests: list[Request]) -> Iterator[list[Completion] | None]:
         params = requests[0].params
         rows = [_Row(r, _generator(r, params), [], []) for r in requests]
         for row in rows:
@@ -133,14 +154,15 @@ class HFEngine:
                 row.finish = "abort"
         active = [i for i, row in enumerate(rows) if row.finish is None]
         if active:
-            self._decode(rows, active, params)
+            yield from self._decode(rows, active, params)
         for row in rows:
             self._aborted.discard(row.request.request_id)
         self.generated_tokens += sum(len(row.tokens) for row in rows)
-        return [Completion(row.request.request_id, row.request.prompt_ids, row.tokens, row.logprobs,
-                           row.finish or "length", self.version) for row in rows]
+        yield [Completion(row.request.request_id, row.request.prompt_ids, row.tokens, row.logprobs,
+                          row.finish or "length", self.version) for row in rows]
 
-    def _decode(self, rows: list[_Row], active: list[int], params: SamplingParams) -> None:
+    def _decode(self, rows: list[_Row], active: list[int], params: SamplingParams
+                ) -> Iterator[None]:
         from transformers import DynamicCache
 
         prompts = [rows[i].request.prompt_ids for i in active]
@@ -179,6 +201,7 @@ class HFEngine:
                                 position_ids=next_position, past_key_values=cache,
                                 use_cache=True).logits[:, -1]
             next_position = next_position + 1
+            yield None
 
 
 def _batch_key(params: SamplingParams) -> tuple:
