@@ -25,10 +25,9 @@ import torch.distributed as dist
 from tensordict import TensorDict
 
 from reroll.config.schema import OptimizerConfig, TrainConfig
-from reroll.data.batch import split_micro_batches
 from reroll.distributed.colocation import OptimizerOffload
 from reroll.models.logprobs import batched_logprobs
-from reroll.training.local import TRAINER_STATE, LossFn, lr_lambda
+from reroll.training.local import TRAINER_STATE, LossFn, accumulate_gradients, lr_lambda
 
 OPTIMIZER_DIR = "optimizer"
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
@@ -96,19 +95,11 @@ class FSDP2Strategy:
         `train/grad_norm` is already global."""
         self.model.train()
         self.optimizer.zero_grad(set_to_none=True)
-        totals: dict[str, float] = {}
-        loss_sum = 0.0
-        for micro in split_micro_batches(shard, self.train_config.micro_batch_size):
-            micro = micro.to(self.device)
-            with self.autocast():
-                loss, metrics = loss_fn(self.model, micro)
-            # FSDP averages gradients over ranks, but the ranks' losses are parts of one global
-            # loss whose gradients must add up: scale by N (gloo has no pre-multiplied sum).
-            (loss * self.world_size).backward()
-            loss_sum += float(loss.detach())
-            share = micro.batch_size[0] / shard.batch_size[0]
-            for key, value in metrics.items():
-                totals[key] = totals.get(key, 0.0) + share * float(value)
+        # FSDP averages gradients over ranks, but the ranks' losses are parts of one global
+        # loss whose gradients must add up: scale by N (gloo has no pre-multiplied sum).
+        loss_sum, totals = accumulate_gradients(
+            self.model, shard, loss_fn, self.train_config.micro_batch_size, self.autocast,
+            loss_scale=self.world_size, device=self.device)
         grad_norm = self._clip_gradients()
         self.optimizer.step()
         self.scheduler.step()

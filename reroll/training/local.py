@@ -36,6 +36,27 @@ def lr_lambda(step: int, warmup: int, total: int, schedule: str, min_ratio: floa
     return min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
 
 
+def accumulate_gradients(model: torch.nn.Module, batch: TensorDict, loss_fn: LossFn,
+                         micro_batch_size: int,
+                         autocast: Callable[[], contextlib.AbstractContextManager],
+                         loss_scale: float = 1.0, device: torch.device | None = None
+                         ) -> tuple[float, dict[str, float]]:
+    """Backward of `loss_fn` over the micro-batches of `batch` (gradients add up); returns the
+    summed loss and the batch mean of every metric."""
+    totals: dict[str, float] = {}
+    loss_sum = 0.0
+    for micro in split_micro_batches(batch, micro_batch_size):
+        micro = micro.to(device) if device is not None else micro
+        with autocast():
+            loss, metrics = loss_fn(model, micro)
+        (loss * loss_scale).backward()
+        loss_sum += float(loss.detach())
+        share = micro.batch_size[0] / batch.batch_size[0]
+        for key, value in metrics.items():
+            totals[key] = totals.get(key, 0.0) + share * float(value)
+    return loss_sum, totals
+
+
 class LocalStrategy:
     def __init__(self, model: torch.nn.Module, optimizer: OptimizerConfig, train: TrainConfig,
                  total_steps: int):
@@ -64,17 +85,8 @@ class LocalStrategy:
         """One optimizer step over `batch`, accumulated over micro-batches."""
         self.model.train()
         self.optimizer.zero_grad(set_to_none=True)
-        totals: dict[str, float] = {}
-        micro_batches = split_micro_batches(batch, self.train_config.micro_batch_size)
-        loss_sum = 0.0
-        for micro in micro_batches:
-            with self.autocast():
-                loss, metrics = loss_fn(self.model, micro)
-            loss.backward()
-            loss_sum += float(loss.detach())
-            share = micro.batch_size[0] / batch.batch_size[0]
-            for key, value in metrics.items():
-                totals[key] = totals.get(key, 0.0) + share * float(value)
+        loss_sum, totals = accumulate_gradients(self.model, batch, loss_fn,
+                                                self.train_config.micro_batch_size, self.autocast)
         grad_norm = self._clip_gradients()
         self.optimizer.step()
         self.scheduler.step()
