@@ -23,6 +23,8 @@ from typing import Any, Protocol
 import torch
 from tensordict import TensorDict
 
+from reroll import settings
+
 
 class Dispatch(enum.Enum):
     ALL = "all"
@@ -129,7 +131,7 @@ class WorkerHost:
             return ray.util.get_node_ip_address(), s.getsockname()[1]
 
     def build(self, spec: WorkerSpec, rank: int, world_size: int, master: tuple[str, int]) -> int:
-        os.environ.update({"MASTER_ADDR": master[0], "MASTER_PORT": str(master[1]),
+        settings.export({"MASTER_ADDR": master[0], "MASTER_PORT": str(master[1]),
                            "RANK": str(rank), "WORLD_SIZE": str(world_size),
                            "LOCAL_RANK": "0"})
         self.worker = spec.cls(rank=rank, world_size=world_size, **spec.kwargs)

@@ -10,6 +10,8 @@ from __future__ import annotations
 import logging
 import os
 
+from reroll import settings
+
 LOCAL_OBJECT_STORE_BYTES = 1 << 30
 """Enough for weight sync of models up to a few hundred million float32 parameters; Ray's default
 (30% of RAM) would take memory the trainer needs on a laptop."""
@@ -22,7 +24,7 @@ def ensure_ray(address: str | None = None, num_cpus: int | None = None) -> None:
     if ray.is_initialized():
         return
     # Worker processes import reroll from the driver's working tree; keep their logs short.
-    os.environ.setdefault("RAY_DEDUP_LOGS", "1")
+    settings.defaults({"RAY_DEDUP_LOGS": "1"})
     kwargs: dict = {"include_dashboard": False, "logging_level": logging.WARNING,
                     "log_to_driver": True, "configure_logging": True}
     if address is None:

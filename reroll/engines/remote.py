@@ -11,13 +11,13 @@ client serves LLM-as-judge rewards (`RemoteEngine.generate` with a judge prompt'
 from __future__ import annotations
 
 import asyncio
-import os
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 
 import torch
 
+from reroll import settings
 from reroll.engines.base import Completion, EngineStats, LoadMeter, Request, WeightSyncError
 from reroll.engines.loop import BackgroundLoop
 
@@ -60,7 +60,7 @@ class RemoteEngine:
         self.meter = LoadMeter()
         self._loop = BackgroundLoop("reroll-remote")
         self._tasks: dict[str, asyncio.Task] = {}
-        token = os.environ.get(options.api_key_env) if options.api_key_env else None
+        token = settings.read(options.api_key_env) if options.api_key_env else None
         headers = {"Authorization": f"Bearer {token}"} if token else {}
 
         async def make_client():

@@ -22,6 +22,7 @@ from pathlib import Path
 
 import torch
 
+from reroll import settings
 from reroll.engines.base import Completion, EngineStats, LoadMeter, Request, fingerprint
 from reroll.engines.loop import BackgroundLoop
 
@@ -63,10 +64,9 @@ def vllm_available() -> bool:
 
 
 def _environment(options: VLLMOptions) -> None:
-    for key, value in _DEFAULT_ENV.items():
-        os.environ.setdefault(key, value)
+    settings.defaults(_DEFAULT_ENV)
     if not torch.cuda.is_available():
-        os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(max(1, round(options.kv_cache_gib))))
+        settings.defaults({"VLLM_CPU_KVCACHE_SPACE": str(max(1, round(options.kv_cache_gib)))})
 
 
 class VLLMEngine:
