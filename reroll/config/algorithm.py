@@ -400,6 +400,13 @@ class AlgorithmConfig(Section):
     """Optimizer steps per rollout batch: the batch is split into this many mini-batches, one
     step each (PPO mini-batches). With 1 the update is exactly on-policy, so the old logprobs are
     the current ones and no extra forward pass is spent on them."""
+    skip_zero_advantage: bool = True
+    """Leave out of the forward/backward pass the samples whose advantage is 0 on every loss
+    token (e.g. GRPO groups whose rewards are all equal): every policy loss here is the advantage
+    times a function of the ratio, so their gradient is exactly 0 and the update is the same,
+    cheaper. Normalisers still count them. Ignored (they are trained) when a KL term is in the
+    loss or `entropy_coef` > 0, which do depend on them. Actor metrics (entropy, clip fraction)
+    then cover the trained samples."""
     normalize: NormalizationConfig = Field(default_factory=NormalizationConfig)
     """Reward clipping, advantage whitening and clipping around the estimator."""
     dynamic_sampling: DynamicSamplingConfig | None = None

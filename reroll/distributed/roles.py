@@ -133,6 +133,11 @@ class PolicyGroup:
         self.cluster = cluster
         self.in_process = isinstance(cluster.executor, LocalExecutor)
 
+    @property
+    def data_parallel_size(self) -> int:
+        """Ranks a train_step's batch is split over (it must divide the batch)."""
+        return self.cluster.num_workers
+
     def forward_logprobs(self, batch: TensorDict, temperature: float = 1.0) -> torch.Tensor:
         return self.cluster.call("forward_logprobs", batch, temperature, dispatch=Dispatch.SPLIT)
 

@@ -7,26 +7,31 @@ the sampling temperature first, so trainer logprobs match the engine's behaviour
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 
 from reroll.algorithms import entropy_from_logits
 
 
 def token_logprobs_from_logits(logits: torch.Tensor, input_ids: torch.Tensor) -> torch.Tensor:
-    """logits [B, L, V] (already temperature-scaled), input_ids [B, L] -> logprobs [B, L]."""
+    """logits [B, K, V] (already temperature-scaled) of the last K positions, input_ids [B, L] ->
+    logprobs [B, L]; positions before L-K+1 (whose logits were not computed) are 0."""
     logprobs = torch.zeros(input_ids.shape, dtype=torch.float32, device=input_ids.device)
+    first = input_ids.shape[1] - logits.shape[1] + 1
     shifted = logits[:, :-1].float()
-    targets = input_ids[:, 1:].unsqueeze(-1)
+    targets = input_ids[:, first:].unsqueeze(-1)
     picked = torch.gather(shifted, -1, targets).squeeze(-1)
-    logprobs[:, 1:] = picked - torch.logsumexp(shifted, dim=-1)
+    logprobs[:, first:] = picked - torch.logsumexp(shifted, dim=-1)
     return logprobs
 
 
-def aligned_entropy(logits: torch.Tensor) -> torch.Tensor:
-    """logits [B, L, V] -> entropy [B, L] of the next-token distribution, aligned like logprobs
-    (position t holds the entropy of the distribution that produced token t; position 0 is 0)."""
-    entropy = torch.zeros(logits.shape[:2], dtype=torch.float32, device=logits.device)
-    entropy[:, 1:] = entropy_from_logits(logits[:, :-1].float())
+def aligned_entropy(logits: torch.Tensor, length: int) -> torch.Tensor:
+    """logits [B, K, V] of the last K of `length` positions -> entropy [B, length] of the
+    next-token distribution, aligned like logprobs (position t holds the entropy of the
+    distribution that produced token t; positions without logits are 0)."""
+    entropy = torch.zeros((logits.shape[0], length), dtype=torch.float32, device=logits.device)
+    entropy[:, length - logits.shape[1] + 1:] = entropy_from_logits(logits[:, :-1].float())
     return entropy
 
 
@@ -40,17 +45,35 @@ def load_weights(model: torch.nn.Module, state: dict[str, torch.Tensor], source:
 
 
 def forward_logprobs(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
-                     temperature: float = 1.0, with_entropy: bool = False
+                     temperature: float = 1.0, with_entropy: bool = False,
+                     first_position: int = 1, entropy_grad: bool = True
                      ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Run the model on a right-padded batch; returns (logprobs [B, L], entropy [B, L] or None)."""
+    """Run the model on a right-padded batch; returns (logprobs [B, L], entropy [B, L] or None).
+
+    Only positions >= `first_position` are scored (earlier ones are 0): a trainer passes the
+    first response position, so the LM head and softmax skip the prompts, which for a large
+    vocabulary is much of the memory. `entropy_grad=False` computes the entropy as a metric
+    only, outside the autograd graph."""
     position_ids = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
+    keep = {} if first_position <= 1 else {"logits_to_keep": input_ids.shape[1] - first_position + 1}
     logits = model(input_ids=input_ids, attention_mask=attention_mask,
-                   position_ids=position_ids, use_cache=False).logits
+                   position_ids=position_ids, use_cache=False, **keep).logits
     if temperature != 1.0:
         logits = logits / temperature
     logprobs = token_logprobs_from_logits(logits, input_ids)
-    entropy = aligned_entropy(logits) if with_entropy else None
+    entropy = None
+    if with_entropy:
+        with contextlib.nullcontext() if entropy_grad else torch.no_grad():
+            entropy = aligned_entropy(logits, input_ids.shape[1])
     return logprobs, entropy
+
+
+def first_response_position(response_mask: torch.Tensor) -> int:
+    """The earliest response token over the rows of [B, L] (1 when there is none)."""
+    rows = response_mask.any(-1)
+    if not bool(rows.any()):
+        return 1
+    return max(1, int(response_mask[rows].float().argmax(-1).min()))
 
 
 @torch.no_grad()

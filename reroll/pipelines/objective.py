@@ -22,7 +22,7 @@ from torch import Tensor
 
 from reroll import algorithms
 from reroll.config.algorithm import AlgorithmConfig, AsyPPOConfig, KLConfig
-from reroll.models.logprobs import forward_logprobs
+from reroll.models.logprobs import first_response_position, forward_logprobs
 
 # ----------------------------------------------------------------------------- advantages
 
@@ -224,8 +224,10 @@ def make_rl_loss(config: AlgorithmConfig, batch: TensorDict, temperature: float,
 
     def loss_fn(model: torch.nn.Module, micro: TensorDict) -> tuple[torch.Tensor, dict]:
         mask, response = micro[loss_key], micro["response_mask"]
-        logprobs, entropy = forward_logprobs(model, micro["input_ids"], micro["attention_mask"],
-                                             temperature, with_entropy=True)
+        logprobs, entropy = forward_logprobs(
+            model, micro["input_ids"], micro["attention_mask"], temperature, with_entropy=True,
+            first_position=first_response_position(response),
+            entropy_grad=config.entropy_coef > 0)
         # Without stored old logprobs the update is on-policy: pi_old is the current policy.
         old = micro["old_logprobs"] if "old_logprobs" in micro.keys() else logprobs.detach()
         loss, raw = policy_loss(logprobs, old, micro["advantages"], mask, micro, **policy)
@@ -245,6 +247,23 @@ def make_rl_loss(config: AlgorithmConfig, batch: TensorDict, temperature: float,
         return loss, metrics
 
     return loss_fn
+
+
+def samples_with_gradient(config: AlgorithmConfig, batch: TensorDict, kl_coef: float,
+                          multiple: int = 1) -> Tensor:
+    """Indices of the samples the update must run on: with `skip_zero_advantage`, those whose
+    advantage is non-zero on some loss token (the others' gradient is exactly 0), topped up with
+    skipped ones to a non-zero multiple of `multiple` (the data-parallel ranks, which each need an
+    equal share). Every sample when a KL term in the loss or an entropy bonus depends on them."""
+    size = batch.batch_size[0]
+    exact = not (config.kl.mode == "loss" and kl_coef > 0) and config.entropy_coef == 0
+    if not (config.skip_zero_advantage and exact):
+        return torch.arange(size)
+    loss_key = "loss_mask" if "loss_mask" in batch.keys() else "response_mask"
+    signal = ((batch["advantages"] != 0) & (batch[loss_key] > 0)).any(-1)
+    keep, skip = signal.nonzero().squeeze(-1), (~signal).nonzero().squeeze(-1)
+    wanted = min(size, max(multiple, -(-len(keep) // multiple) * multiple))
+    return torch.cat([keep, skip[:wanted - len(keep)]]).sort().values
 
 
 def _normalisers(config: AlgorithmConfig, mask: Tensor, max_len: int) -> dict:

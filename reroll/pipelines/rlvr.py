@@ -202,9 +202,13 @@ class RLVRPipeline:
         minis = rl_batch.split_mini_batches(batch, c.algorithm.updates_per_batch)
         metrics: dict[str, float] = {}
         for mini in minis:
+            # Normalised over the whole mini-batch, run on the samples that carry a gradient.
             loss_fn = objective.make_rl_loss(c.algorithm, mini, c.rollout.temperature,
                                              c.rollout.max_new_tokens, kl_coef=self.kl.value)
-            for key, value in self.policy.train_step(mini, loss_fn).items():
+            trained = objective.samples_with_gradient(c.algorithm, mini, self.kl.value,
+                                                      self.policy.data_parallel_size)
+            skipped = {"train/zero_advantage_skipped": 1 - len(trained) / mini.batch_size[0]}
+            for key, value in (self.policy.train_step(mini[trained], loss_fn) | skipped).items():
                 metrics[key] = metrics.get(key, 0.0) + value / len(minis)
         return metrics
 

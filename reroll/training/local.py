@@ -58,6 +58,9 @@ def accumulate_gradients(model: torch.nn.Module, batch: TensorDict, loss_fn: Los
 
 
 class LocalStrategy:
+    data_parallel_size = 1
+    """One process holds the whole batch (see PolicyGroup.data_parallel_size)."""
+
     def __init__(self, model: torch.nn.Module, optimizer: OptimizerConfig, train: TrainConfig,
                  total_steps: int):
         self.model = model.train()

@@ -158,8 +158,9 @@ class FakeLM(torch.nn.Module):
         g = torch.Generator().manual_seed(seed)
         self.table = torch.nn.Parameter(torch.randn(vocab, vocab, generator=g))
 
-    def forward(self, input_ids, attention_mask=None, position_ids=None, use_cache=False):
-        return SimpleNamespace(logits=self.table[input_ids])
+    def forward(self, input_ids, attention_mask=None, position_ids=None, use_cache=False,
+                logits_to_keep=0):  # transformers' convention: 0 keeps every position
+        return SimpleNamespace(logits=self.table[input_ids][:, -logits_to_keep:])
 
 
 def loss_batch(seed: int = 0, size: int = 6, width: int = 7) -> TensorDict:

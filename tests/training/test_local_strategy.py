@@ -109,3 +109,49 @@ def test_bf16_autocast_trains_with_float32_weights(tiny_model):
     assert math.isfinite(first) and second < first
     assert all(p.dtype == torch.float32 for p in strategy.model.parameters())
     assert any(not torch.equal(a, b) for a, b in zip(before, strategy.model.parameters(), strict=True))
+
+
+def batch_with_a_silent_group():
+    """Two groups of 4: rewards (1, 0, 0, 1) carry signal, (0, 0, 0, 0) have advantage 0."""
+    batch = random_batch(seed=3)
+    batch["rewards"] = torch.tensor([1.0, 0, 0, 1, 0, 0, 0, 0])
+    batch["advantages"] = objective.compute_advantages(AlgorithmConfig(), batch["rewards"], 4,
+                                                       batch["response_mask"])
+    return batch
+
+
+@pytest.mark.parametrize("loss", ["ppo", "gspo", "cispo", "topr", "reinforce"])
+@pytest.mark.parametrize("agg", ["token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm"])
+def test_skipping_zero_advantage_samples_gives_the_same_gradient(tiny_model, loss, agg):
+    if loss == "gspo" and agg != "seq_mean_token_mean":
+        pytest.skip("gspo requires seq_mean_token_mean")
+    batch = batch_with_a_silent_group()
+    grads = {}
+    for skip in (False, True):
+        config = AlgorithmConfig(policy_loss={"name": loss}, loss_agg=agg, skip_zero_advantage=skip)
+        trained = objective.samples_with_gradient(config, batch, kl_coef=0.0)
+        assert trained.tolist() == ([0, 1, 2, 3] if skip else list(range(8)))
+        strategy = LocalStrategy(load_model(tiny_model), OptimizerConfig(grad_clip=None),
+                                 TrainConfig(micro_batch_size=8), total_steps=1)
+        loss_fn = objective.make_rl_loss(config, batch, temperature=1.0, max_response_len=16)
+        strategy.train_step(batch[trained], loss_fn)  # normalised over all 8 either way
+        grads[skip] = torch.cat([p.grad.flatten() for p in strategy.model.parameters()])
+    assert grads[False].abs().max() > 0
+    assert torch.allclose(grads[True], grads[False], atol=1e-7, rtol=1e-4)
+
+
+def test_skipped_samples_top_up_to_the_data_parallel_size_and_respect_exactness():
+    batch = batch_with_a_silent_group()
+    config = AlgorithmConfig()
+    # 4 samples with signal over 3 ranks -> 6, topped up with the first silent ones.
+    assert objective.samples_with_gradient(config, batch, 0.0, multiple=3).tolist() == \
+        [0, 1, 2, 3, 4, 5]
+    silent = batch.clone()
+    silent["advantages"] = torch.zeros_like(silent["advantages"])
+    # Nothing carries signal: still one sample per rank, so the optimizer steps as it would.
+    assert objective.samples_with_gradient(config, silent, 0.0, multiple=2).tolist() == [0, 1]
+    # An entropy bonus or a KL term in the loss depends on every sample: nothing is skipped.
+    assert len(objective.samples_with_gradient(AlgorithmConfig(entropy_coef=0.01), batch, 0.0)) == 8
+    in_loss = AlgorithmConfig(kl={"coef": 0.1, "mode": "loss"})
+    assert len(objective.samples_with_gradient(in_loss, batch, 0.1)) == 8
+    assert len(objective.samples_with_gradient(in_loss, batch, 0.0)) == 4
