@@ -249,6 +249,15 @@ def make_rl_loss(config: AlgorithmConfig, batch: TensorDict, temperature: float,
     return loss_fn
 
 
+def advantages_before_scores(config: AlgorithmConfig, has_reference: bool) -> bool:
+    """Whether the advantages can be estimated before the batch is scored (they read no KL
+    penalty and no critic value, and no ratio mask will change the normalisers), so pi_old is
+    needed only on the samples that `samples_with_gradient` keeps."""
+    return (config.skip_zero_advantage and config.critic is None
+            and config.correction.ratio_mask is None
+            and not (config.kl.mode == "reward" and has_reference))
+
+
 def samples_with_gradient(config: AlgorithmConfig, batch: TensorDict, kl_coef: float,
                           multiple: int = 1) -> Tensor:
     """Indices of the samples the update must run on: with `skip_zero_advantage`, those whose

@@ -67,11 +67,17 @@ def filter_groups(batch: TensorDict, config: DynamicSamplingConfig | None,
     return batch[keep.repeat_interleave(group_size)], metrics
 
 
-def apply_corrections(batch: TensorDict, config: CorrectionConfig) -> dict[str, float]:
+def apply_corrections(batch: TensorDict, config: CorrectionConfig,
+                      rows: torch.Tensor | None = None) -> dict[str, float]:
     """Ratio masks shrink `loss_mask`; truncated IS sets `is_weights`. Compares `old_logprobs`
-    (pi_old) with `behaviour_logprobs` (mu, recorded by the engine) and logs the mismatch."""
+    (pi_old) with `behaviour_logprobs` (mu, recorded by the engine) and logs the mismatch, over
+    `rows` only when pi_old was computed on those only."""
     old, behaviour = batch["old_logprobs"], batch["behaviour_logprobs"]
     response, mask = batch["response_mask"], batch["loss_mask"]
+    if rows is not None:
+        scored = torch.zeros(response.shape[0], 1, dtype=response.dtype)
+        scored[rows] = 1
+        response = response * scored
     metrics = {f"correction/{k}": float(v)
                for k, v in algorithms.off_policy_metrics(old, behaviour, response).items()}
     ratio_mask = config.ratio_mask
@@ -90,7 +96,8 @@ def apply_corrections(batch: TensorDict, config: CorrectionConfig) -> dict[str, 
         weights = algorithms.TIS_LEVELS[config.tis.level](old, behaviour, mask, cap=config.tis.cap,
                                                           turn_ids=batch["turn_ids"])
         batch["is_weights"] = weights
-        metrics["correction/tis_weight_mean"] = float(algorithms.masked_mean(weights, mask))
+        metrics["correction/tis_weight_mean"] = float(algorithms.masked_mean(
+            weights, mask if rows is None else mask * response))
     return metrics
 
 

@@ -132,27 +132,40 @@ class RLVRPipeline:
                                                  c.rollout.max_new_tokens)
         batch, filtered = rl_batch.filter_groups(batch, c.algorithm.dynamic_sampling,
                                                  c.rollout.group_size)
-        if batch.batch_size[0]:
+        if not batch.batch_size[0]:
+            return batch, metrics | filtered
+        if objective.advantages_before_scores(c.algorithm, self.reference is not None):
+            # pi_old is then needed only on the samples the update will run on.
+            metrics |= self.estimate(batch)
+            metrics |= self.score(batch, objective.samples_with_gradient(
+                c.algorithm, batch, self.kl.value, self.policy.data_parallel_size))
+        else:
             metrics |= self.score(batch)
             metrics |= self.estimate(batch)
         return batch, metrics | filtered
 
-    def score(self, batch: TensorDict) -> dict[str, float]:
+    def score(self, batch: TensorDict, rows: torch.Tensor | None = None) -> dict[str, float]:
         """Per-token inputs of the objective: reference and pi_old logprobs, the KL reward penalty,
-        off-policy corrections, critic values (and AsyPPO's masks)."""
+        off-policy corrections, critic values (and AsyPPO's masks). With `rows`, pi_old is computed
+        on those samples only; the others (no gradient) keep the behaviour logprobs (ratio 1)."""
         c, a = self.config, self.config.algorithm
         metrics: dict[str, float] = {}
         if self.reference is not None:
             batch["ref_logprobs"] = self.reference.logprobs(batch, c.rollout.temperature)
         if objective.needs_old_logprobs(a):
-            batch["old_logprobs"] = self.policy.forward_logprobs(batch, c.rollout.temperature)
+            if rows is None:
+                batch["old_logprobs"] = self.policy.forward_logprobs(batch, c.rollout.temperature)
+            else:
+                batch["old_logprobs"] = batch["behaviour_logprobs"].clone()
+                batch["old_logprobs"][rows] = self.policy.forward_logprobs(
+                    batch[rows], c.rollout.temperature)
         if a.kl.mode == "reward" and self.reference is not None:
             batch["token_kl"] = objective.reward_kl(a.kl, batch["old_logprobs"],
                                                     batch["ref_logprobs"], batch["response_mask"])
             metrics["kl/reward_kl_mean"] = float(algorithms.masked_mean(batch["token_kl"],
                                                                         batch["response_mask"]))
         if a.correction.tis is not None or a.correction.ratio_mask is not None:
-            metrics |= rl_batch.apply_corrections(batch, a.correction)
+            metrics |= rl_batch.apply_corrections(batch, a.correction, rows)
         if self.critic is not None:
             values = self.critic.values(batch)
             for m in range(self.critic.num_critics):

@@ -37,7 +37,7 @@ def run_once(root: Path, tiny_model: str, arithmetic: dict, name: str, extra: di
         "tracking": {"progress": False, "tensorboard": False},
     }
     for key, value in extra.items():
-        data[key] = {**data.get(key, {}), **value}
+        data[key] = {**data.get(key, {}), **value} if isinstance(value, dict) else value
     (root / f"{name}.yaml").write_text(yaml.safe_dump(data))
     sys.path.insert(0, str(HERE))
     try:
@@ -69,3 +69,20 @@ def test_same_seed_same_metrics_and_weights(tmp_path, tiny_model, arithmetic, ex
     assert weights_a.keys() == weights_b.keys()
     assert all(torch.equal(weights_a[k], weights_b[k]) for k in weights_a)
     assert any(not torch.equal(weights_a[k], initial[k]) for k in weights_a)
+
+
+def test_skipping_zero_advantage_samples_keeps_the_update(tmp_path, tiny_model, arithmetic):
+    """The same first step with and without `skip_zero_advantage` (pi_old then computed on the
+    trained samples only, TIS on): same loss and gradient norm, less work."""
+    tis = {"correction": {"tis": {"level": "token", "cap": 2.0}}, "updates_per_batch": 2}
+    rows = {}
+    for skip in (False, True):
+        extra = {"algorithm": {**tis, "skip_zero_advantage": skip}, "eval": {"every_steps": 0},
+                 "rollout": {"group_size": 2, "prompts_per_step": 8}}  # pairs: often equal
+        run = run_once(tmp_path, tiny_model, arithmetic, f"skip_{skip}", extra | {"steps": 1})
+        rows[skip] = without_timings(run)[0]
+    assert rows[True]["train/zero_advantage_skipped"] > 0
+    assert rows[False]["train/zero_advantage_skipped"] == 0
+    assert rows[True]["train/reward_mean"] == rows[False]["train/reward_mean"]
+    for key in ("train/loss", "train/grad_norm"):
+        assert rows[True][key] == pytest.approx(rows[False][key], rel=1e-4, abs=1e-7)
