@@ -1,16 +1,31 @@
-"""The transformers engine: batched sampling with a KV cache, in-process.
+"""The transformers engine: continuous batching over one KV cache, in-process.
 
-Requests that arrive together are decoded together (left-padded, grouped by sampling settings).
-Each row samples with its own seeded generator (Gumbel-max over the filtered logits), so a
-request's sample is reproducible whatever else is in its batch. Rows that finish leave the batch
-(their KV cache rows are dropped), so a long-tailed batch does not pay for finished rows.
+Requests with the same sampling settings (temperature, top-p, top-k) decode together in one running
+batch. Between decoding steps, pending requests join it, up to `max_batch_size` rows: they are
+prefilled alone, then merged into the running KV cache by left-padding the shorter of the two
+caches; each row keeps its own position ids, so the padding shifts nothing. A row leaves as soon as
+it ends (stop token, max_new_tokens, abort) and its caller gets the completion at once; leading
+cache columns that only departed rows needed are cropped. So on a long-tailed workload finished
+requests are not held back by the tail, and new requests keep the tail's batch full.
+
+GRPO sends `group_size` requests with one prompt: each distinct prompt is prefilled once and its KV
+and logits are copied to its rows; the prefill computes logits for the last position only.
+
+Each row samples with its own seeded generator (Gumbel-max over the filtered logits), drawn once per
+token, so a request's sample does not depend on its batch neighbours or on when it joined.
+
+Requests with other sampling settings wait until the running batch is empty. While one waits, only
+requests older than it still join, so the batch drains and no request waits forever.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
+import inspect
+import itertools
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -24,16 +39,40 @@ from reroll.engines.base import (
 )
 from reroll.models.logprobs import load_weights
 
-_DONE = object()
+if TYPE_CHECKING:
+    from transformers import DynamicCache
 
 
 @dataclass
 class _Row:
+    """One request, from submission to completion."""
+
     request: Request
-    generator: torch.Generator | None
-    tokens: list[int]
-    logprobs: list[float]
+    generator: torch.Generator | None = None
+    future: asyncio.Future | None = None
+    """None in the synchronous path (`generate_batch`)."""
+    tokens: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
     finish: str | None = None
+
+
+@dataclass
+class _Batch:
+    """Rows decoding together over one KV cache.
+
+    The cache is left-padded: row i's real columns are where `attention[i]` is 1, always a suffix
+    (every row appends one column per step). `DynamicCache()` built without a config holds one
+    `DynamicLayer` per model layer, whose `keys`/`values` are [B, heads, L, head_dim]."""
+
+    params: SamplingParams
+    rows: list[_Row]
+    cache: DynamicCache
+    attention: torch.Tensor
+    """[B, L] 1 on a row's real cache columns, 0 on padding."""
+    next_position: torch.Tensor
+    """[B, 1] the position id of each row's next token."""
+    logits: torch.Tensor
+    """[B, V] each row's next-token logits, ready to sample."""
 
 
 class HFEngine:
@@ -45,18 +84,20 @@ class HFEngine:
         self.max_batch_size = max_batch_size
         self.pad_token_id = pad_token_id
         self.version = 0
-        self._pending: list[tuple[Request, asyncio.Future]] = []
+        self._pending: list[_Row] = []
+        self._running: _Batch | None = None
         self._aborted: set[str] = set()
         self._worker: asyncio.Task | None = None
         self.generated_tokens = 0
         self.meter = LoadMeter()
         self._device_when_awake: torch.device | None = None
+        self._has_logits_to_keep = "logits_to_keep" in inspect.signature(model.forward).parameters
 
     # -- Engine protocol -------------------------------------------------------------------------
 
     async def generate(self, request: Request) -> Completion:
         future = asyncio.get_running_loop().create_future()
-        self._pending.append((request, future))
+        self._pending.append(_Row(request, _generator(request), future))
         self.meter.started()
         if self._worker is None or self._worker.done():
             self._worker = asyncio.create_task(self._serve())
@@ -81,8 +122,8 @@ class HFEngine:
     # -- colocation, load, shutdown ---------------------------------------------------------------
 
     def sleep(self) -> None:
-        """On an accelerator, move the weights to CPU memory and free the cache (the KV cache is
-        per batch and already gone between batches). On CPU there is nothing to free."""
+        """On an accelerator, move the weights to CPU memory and free the cache (the KV cache exists
+        only while a batch runs). On CPU there is nothing to free."""
         device = next(self.model.parameters()).device
         if device.type != "cpu":
             self._device_when_awake = device
@@ -95,129 +136,260 @@ class HFEngine:
             self._device_when_awake = None
 
     def stats(self) -> EngineStats:
-        """`queued` counts requests waiting for a batch and those decoding."""
+        """`queued` counts requests waiting to join the batch and those decoding."""
         return self.meter.stats()
+
+    def running_cache_length(self) -> int:
+        """Columns in the running batch's KV cache (0 when none runs); its memory grows with this."""
+        return 0 if self._running is None else self._running.attention.shape[1]
 
     def close(self) -> None:
         """Nothing to release: the engine lives in this process."""
 
     shutdown = close
 
-    # -- batching --------------------------------------------------------------------------------
+    # -- serving ---------------------------------------------------------------------------------
 
     async def _serve(self) -> None:
         await asyncio.sleep(0)  # let every request submitted in this tick join the first batch
-        while self._pending:
-            oldest = self._pending[0][0]
-            same = [(r, f) for r, f in self._pending
-                    if _batch_key(r.params) == _batch_key(oldest.params)]
-            batch = _similar_lengths(same, len(oldest.prompt_ids), self.max_batch_size)
-            taken = {id(f) for _, f in batch}
-            self._pending = [(r, f) for r, f in self._pending if id(f) not in taken]
+        self._running = None  # a batch left by a previous event loop has no one waiting for it
+        while self._pending or self._running is not None:
+            # One decoding step per iteration on this thread, handing the loop back between steps
+            # (aborts, new requests, rewards). Not a worker thread: torch ops from a second thread
+            # get their own OpenMP team, and alternating with the trainer's team halved decoding
+            # speed here.
+            self._end_aborted_pending()
+            newcomers = self._take_newcomers()
             try:
-                # Decode on this thread, one step at a time, handing the loop back between
-                # steps (aborts, new requests, rewards). Not a worker thread: torch ops from a
-                # second thread get their own OpenMP team, and alternating with the trainer's
-                # team halved decoding speed here.
-                for completions in self._batch_steps([r for r, _ in batch]):  # noqa: B007
-                    await asyncio.sleep(0)
-            except Exception as e:  # noqa: BLE001 - handed to every waiting caller
-                for _, future in batch:
-                    if not future.done():
-                        future.set_exception(e)
-                continue
-            for (_, future), completion in zip(batch, completions, strict=True):
-                if not future.done():
-                    future.set_result(completion)
+                with torch.inference_mode():
+                    self._admit(newcomers)
+                    finished = self._step(self._running) if self._running is not None else []
+            except Exception as e:  # noqa: BLE001 - handed to every request in the batch
+                self._fail(newcomers + (self._running.rows if self._running else []), e)
+                self._running = None
+            else:
+                if self._running is not None and not self._running.rows:
+                    self._running = None
+                for row in finished:
+                    self._resolve(row)
+            await asyncio.sleep(0)
+
+    def _end_aborted_pending(self) -> None:
+        """Requests aborted before they started end now, with no tokens."""
+        if not self._aborted:
+            return
+        for row in [row for row in self._pending if row.request.request_id in self._aborted]:
+            self._pending.remove(row)
+            row.finish = "abort"
+            self._resolve(row)
+
+    def _take_newcomers(self) -> list[_Row]:
+        """The pending requests that join the running batch now (or start one): those with its
+        sampling key, up to `max_batch_size` rows in all, the oldest always among them.
+
+        With no batch running, the oldest request's key is served next. While a request with
+        another key waits, only requests older than it join, so the batch drains and it gets its
+        turn."""
+        running = self._running
+        free = self.max_batch_size - (len(running.rows) if running is not None else 0)
+        if not self._pending or free <= 0:
+            return []
+        if running is None:
+            key = _batch_key(self._pending[0].request.params)
+            candidates = [row for row in self._pending if _batch_key(row.request.params) == key]
+        else:
+            key = _batch_key(running.params)
+            candidates = list(itertools.takewhile(
+                lambda row: _batch_key(row.request.params) == key, self._pending))
+        if not candidates:
+            return []
+        chosen = _similar_lengths(candidates, len(candidates[0].request.prompt_ids), free)
+        taken = {id(row) for row in chosen}
+        self._pending = [row for row in self._pending if id(row) not in taken]
+        return chosen
+
+    def _admit(self, newcomers: list[_Row]) -> None:
+        """Prefill the newcomers alone, then merge them into the running batch."""
+        if not newcomers:
+            return
+        try:
+            joining = self._prefill(newcomers)
+        except Exception as e:  # noqa: BLE001 - a prompt the model rejects fails its own requests
+            self._fail(newcomers, e)
+            return
+        self._running = joining if self._running is None else _merge(self._running, joining)
+
+    def _resolve(self, row: _Row) -> None:
+        completion = self._completion(row)
+        if not row.future.done():
+            row.future.set_result(completion)
+
+    def _fail(self, rows: list[_Row], error: Exception) -> None:
+        for row in rows:
+            self._aborted.discard(row.request.request_id)
+            if not row.future.done():
+                row.future.set_exception(error)
+
+    def _completion(self, row: _Row) -> Completion:
+        """The row's result; its abort mark, if any, is used up."""
+        self._aborted.discard(row.request.request_id)
+        self.generated_tokens += len(row.tokens)
+        return Completion(row.request.request_id, row.request.prompt_ids, row.tokens, row.logprobs,
+                          row.finish or "length", self.version)
+
+    # -- decoding --------------------------------------------------------------------------------
 
     def generate_batch(self, requests: list[Request]) -> list[Completion]:
-        """Decode requests that share temperature/top-p/top-k; the synchronous core of the engine."""
-        *_, completions = self._batch_steps(requests)
-        return completions
-
-    def _batch_steps(self, requests: list[Request]) -> Iterator[list[Completion] | None]:
-        """Yields None after each decoding step, then the batch's completions. Inference mode is
-        on only while a step runs, not while the caller has the thread."""
-        steps = self._batch_steps_no_grad(requests)
-        while True:
-            with torch.inference_mode():
-                item = next(steps, _DONE)
-            if item is _DONE:
-                return
-            yield item
-
-    def _batch_steps_no_grad(self, requests: list[Request]) -> Iterator[list[Completion] | None]:
-        params = requests[0].params
-        rows = [_Row(r, _generator(r, params), [], []) for r in requests]
+        """Decode requests that share temperature/top-p/top-k, all starting together, to their
+        ends; completions in request order. The synchronous path (benchmarks, tests): no event
+        loop, so nothing joins on the way."""
+        if len({_batch_key(r.params) for r in requests}) > 1:
+            raise ValueError("generate_batch needs requests with one temperature, top_p and top_k")
+        rows = [_Row(r, _generator(r)) for r in requests]
         for row in rows:
             if row.request.request_id in self._aborted:
                 row.finish = "abort"
-        active = [i for i, row in enumerate(rows) if row.finish is None]
-        if active:
-            yield from self._decode(rows, active, params)
-        for row in rows:
-            self._aborted.discard(row.request.request_id)
-        self.generated_tokens += sum(len(row.tokens) for row in rows)
-        yield [Completion(row.request.request_id, row.request.prompt_ids, row.tokens, row.logprobs,
-                          row.finish or "length", self.version) for row in rows]
+        starting = [row for row in rows if row.finish is None]
+        with torch.inference_mode():
+            batch = self._prefill(starting) if starting else None
+            while batch is not None and batch.rows:
+                self._step(batch)
+        return [self._completion(row) for row in rows]
 
-    def _decode(self, rows: list[_Row], active: list[int], params: SamplingParams
-                ) -> Iterator[None]:
+    def _prefill(self, rows: list[_Row]) -> _Batch:
+        """A new batch of `rows`, their prompts run through the model (left-padded) in a new cache.
+
+        A prompt shared by several rows (a GRPO group) is computed once; its KV, logits and
+        positions are then copied to each of those rows."""
         from transformers import DynamicCache
 
-        prompts = [rows[i].request.prompt_ids for i in active]
-        width = max(len(p) for p in prompts)
-        input_ids = torch.full((len(prompts), width), self.pad_token_id, dtype=torch.long)
-        attention = torch.zeros((len(prompts), width), dtype=torch.long)
-        for j, p in enumerate(prompts):
-            input_ids[j, width - len(p):] = torch.tensor(p, dtype=torch.long)
-            attention[j, width - len(p):] = 1
+        distinct: dict[tuple[int, ...], int] = {}
+        prompt_of_row = [distinct.setdefault(tuple(row.request.prompt_ids), len(distinct))
+                         for row in rows]
         device = next(self.model.parameters()).device
-        input_ids, attention = input_ids.to(device), attention.to(device)
+        input_ids, attention = _left_padded(list(distinct), self.pad_token_id, device)
         positions = (attention.cumsum(-1) - 1).clamp(min=0)
         cache = DynamicCache()
-        logits = self.model(input_ids=input_ids, attention_mask=attention, position_ids=positions,
-                            past_key_values=cache, use_cache=True).logits[:, -1]
-        next_position = positions[:, -1:] + 1
-        while True:
-            tokens, logprobs = _sample(logits.float(), params, [rows[i].generator for i in active])
-            keep = []
-            for j, i in enumerate(active):
-                row = rows[i]
-                row.tokens.append(int(tokens[j]))
-                row.logprobs.append(float(logprobs[j]))
-                row.finish = _finish_reason(row, self._aborted)
-                if row.finish is None:
-                    keep.append(j)
-            if not keep:
-                return
-            if len(keep) < len(active):
-                index = torch.tensor(keep, dtype=torch.long, device=device)
-                cache.batch_select_indices(index)
-                attention, next_position, tokens = attention[index], next_position[index], tokens[index]
-                active = [active[j] for j in keep]
-            attention = torch.cat([attention, attention.new_ones((len(active), 1))], dim=-1)
-            logits = self.model(input_ids=tokens.unsqueeze(-1), attention_mask=attention,
-                                position_ids=next_position, past_key_values=cache,
-                                use_cache=True).logits[:, -1]
-            next_position = next_position + 1
-            yield None
+        logits = self._next_logits(input_ids, attention, positions, cache)
+        batch = _Batch(rows[0].request.params, list(rows), cache, attention, positions[:, -1:] + 1,
+                       logits)
+        if len(distinct) < len(rows):
+            _gather_rows(batch, torch.tensor(prompt_of_row, dtype=torch.long, device=device))
+        return batch
+
+    def _step(self, batch: _Batch) -> list[_Row]:
+        """Sample each row's next token; rows that end leave the batch and are returned, the
+        others' tokens go through the model so that their next logits are ready."""
+        tokens, logprobs = _sample(batch.logits.float(), batch.params,
+                                   [row.generator for row in batch.rows])
+        keep, finished = [], []
+        for j, (row, token, logprob) in enumerate(zip(batch.rows, tokens.tolist(),
+                                                      logprobs.tolist(), strict=True)):
+            row.tokens.append(token)
+            row.logprobs.append(logprob)
+            row.finish = _finish_reason(row, self._aborted)
+            if row.finish is None:
+                keep.append(j)
+            else:
+                finished.append(row)
+        if not keep:
+            batch.rows = []
+            return finished
+        if finished:
+            index = torch.tensor(keep, dtype=torch.long, device=tokens.device)
+            batch.rows = [batch.rows[j] for j in keep]
+            _gather_rows(batch, index)
+            tokens = tokens[index]
+            _crop_padding(batch)
+        batch.attention = torch.cat([batch.attention, batch.attention.new_ones((len(keep), 1))], -1)
+        batch.logits = self._next_logits(tokens[:, None], batch.attention, batch.next_position,
+                                         batch.cache)
+        batch.next_position = batch.next_position + 1
+        return finished
+
+    def _next_logits(self, input_ids: torch.Tensor, attention: torch.Tensor,
+                     positions: torch.Tensor, cache: DynamicCache) -> torch.Tensor:
+        """[B, V] logits of the token after each row's last input. With `logits_to_keep` the model
+        computes them for that position only, not for every prompt position."""
+        last_only = {"logits_to_keep": 1} if self._has_logits_to_keep else {}
+        return self.model(input_ids=input_ids, attention_mask=attention, position_ids=positions,
+                          past_key_values=cache, use_cache=True, **last_only).logits[:, -1]
+
+
+def _left_padded(prompts: list[tuple[int, ...]], pad_token_id: int, device: torch.device
+                 ) -> tuple[torch.Tensor, torch.Tensor]:
+    """(input_ids, attention) [N, longest prompt], prompts aligned to the right."""
+    width = max(len(p) for p in prompts)
+    input_ids = torch.full((len(prompts), width), pad_token_id, dtype=torch.long)
+    attention = torch.zeros((len(prompts), width), dtype=torch.long)
+    for j, p in enumerate(prompts):
+        input_ids[j, width - len(p):] = torch.tensor(p, dtype=torch.long)
+        attention[j, width - len(p):] = 1
+    return input_ids.to(device), attention.to(device)
+
+
+def _gather_rows(batch: _Batch, index: torch.Tensor) -> None:
+    """Row i of the batch's tensors becomes its row `index[i]`: drops rows, or repeats one (a
+    shared prompt's KV). The caller keeps `batch.rows` in step."""
+    batch.cache.batch_select_indices(index)
+    batch.attention = batch.attention[index]
+    batch.next_position = batch.next_position[index]
+    batch.logits = batch.logits[index]
+
+
+def _crop_padding(batch: _Batch) -> None:
+    """Drop the leading cache columns that are padding for every row. The rows that needed them
+    have left; a long-running batch would otherwise keep them (and attend over them) forever."""
+    first_real = int(batch.attention.argmax(-1).min())  # argmax: the first 1 of each row
+    if first_real == 0:
+        return
+    for layer in batch.cache.layers:
+        layer.keys = layer.keys[:, :, first_real:]
+        layer.values = layer.values[:, :, first_real:]
+    batch.attention = batch.attention[:, first_real:]
+
+
+def _merge(running: _Batch, joining: _Batch) -> _Batch:
+    """The running batch with the joining rows added after its own. The shorter cache is
+    left-padded (zero K/V, attention 0) to the longer one's length; positions are per row, so
+    the padding shifts nothing."""
+    width = max(running.attention.shape[1], joining.attention.shape[1])
+    for mine, theirs in zip(running.cache.layers, joining.cache.layers, strict=True):
+        mine.keys = torch.cat([_pad_left(mine.keys, width, 2), _pad_left(theirs.keys, width, 2)])
+        mine.values = torch.cat([_pad_left(mine.values, width, 2),
+                                 _pad_left(theirs.values, width, 2)])
+    running.attention = torch.cat([_pad_left(running.attention, width, 1),
+                                   _pad_left(joining.attention, width, 1)])
+    running.next_position = torch.cat([running.next_position, joining.next_position])
+    running.logits = torch.cat([running.logits, joining.logits])
+    running.rows = running.rows + joining.rows
+    return running
+
+
+def _pad_left(tensor: torch.Tensor, width: int, dim: int) -> torch.Tensor:
+    """`tensor` with zeros prepended along `dim` up to `width`."""
+    missing = width - tensor.shape[dim]
+    if missing == 0:
+        return tensor
+    shape = list(tensor.shape)
+    shape[dim] = missing
+    return torch.cat([tensor.new_zeros(shape), tensor], dim=dim)
 
 
 def _batch_key(params: SamplingParams) -> tuple:
     return (params.temperature, params.top_p, params.top_k)
 
 
-def _similar_lengths(candidates: list, anchor: int, size: int) -> list:
+def _similar_lengths(candidates: list[_Row], anchor: int, size: int) -> list[_Row]:
     """Up to `size` requests whose prompt lengths are closest to the oldest request's (`anchor`),
     which is always included: less left padding, and no request waits forever."""
     if len(candidates) <= size:
         return candidates
-    return sorted(candidates, key=lambda item: abs(len(item[0].prompt_ids) - anchor))[:size]
+    return sorted(candidates, key=lambda row: abs(len(row.request.prompt_ids) - anchor))[:size]
 
 
-def _generator(request: Request, params: SamplingParams) -> torch.Generator | None:
-    if params.temperature == 0:
+def _generator(request: Request) -> torch.Generator | None:
+    if request.params.temperature == 0:
         return None
     generator = torch.Generator()
     generator.manual_seed(request.seed)

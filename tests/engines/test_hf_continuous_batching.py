@@ -1,0 +1,174 @@
+"""The HF engine's continuous batching and shared-prompt prefill, on the real tiny model.
+
+"Alone" is the same request decoded by itself: joining a running batch, sharing a prefill or being
+padded must not change a request's sample."""
+
+import asyncio
+from dataclasses import replace
+
+import pytest
+import torch
+
+from reroll.engines.base import Request, SamplingParams
+from reroll.engines.hf import HFEngine
+from reroll.models.loading import load_model
+
+pytestmark = pytest.mark.unit
+
+
+@pytest.fixture(scope="module")
+def engine(tiny_model, tokenizer):
+    return HFEngine(load_model(tiny_model), max_batch_size=64, pad_token_id=tokenizer.pad_token_id)
+
+
+def prompt(tokenizer, words: int) -> list[int]:
+    """A chat prompt of 11 + `words` tokens."""
+    return tokenizer.apply_chat_template([{"role": "user", "content": "apples " * words}],
+                                         add_generation_prompt=True, tokenize=True)["input_ids"]
+
+
+def assert_same_sample(out, alone):
+    assert out.token_ids == alone.token_ids
+    assert torch.allclose(torch.tensor(out.logprobs), torch.tensor(alone.logprobs), atol=1e-4)
+
+
+async def until(condition, ticks: int = 10_000) -> None:
+    """Hand the loop to the engine until `condition()` holds."""
+    for _ in range(ticks):
+        if condition():
+            return
+        await asyncio.sleep(0)
+    raise AssertionError("condition never held")
+
+
+def test_requests_join_a_running_batch_and_return_before_it_ends(engine, tokenizer):
+    params = SamplingParams(max_new_tokens=120, temperature=1.0)
+    long = Request(prompt(tokenizer, 1), params, seed=1)
+    # joins when the running cache is shorter than its prompt: the running rows get padded
+    wide = Request(prompt(tokenizer, 60), replace(params, max_new_tokens=5), seed=2)
+    # joins when the running cache is longer than its prompt: the newcomer gets padded
+    short = Request(prompt(tokenizer, 2), replace(params, max_new_tokens=5), seed=3)
+
+    async def go():
+        long_task = asyncio.create_task(engine.generate(long))
+        await until(lambda: engine.running_cache_length() >= len(long.prompt_ids) + 3)
+        wide_out = await engine.generate(wide)
+        assert not long_task.done()
+        short_out = await engine.generate(short)
+        assert not long_task.done()
+        return await long_task, wide_out, short_out
+
+    outs = asyncio.run(go())
+    for request, out in zip((long, wide, short), outs, strict=True):
+        assert_same_sample(out, engine.generate_batch([request])[0])
+
+
+def test_rows_of_a_batch_return_as_they_finish(engine, tokenizer):
+    requests = [Request(prompt(tokenizer, 1 + i), SamplingParams(max_new_tokens=n, temperature=1.0),
+                        seed=i) for i, n in enumerate([40, 3, 40, 3])]
+    returned = []
+
+    async def one(request):
+        out = await engine.generate(request)
+        returned.append((len(out.token_ids), engine.running_cache_length() > 0))
+
+    async def go():
+        await asyncio.gather(*(one(r) for r in requests))
+
+    asyncio.run(go())
+    assert returned == [(3, True), (3, True), (40, False), (40, False)]
+
+
+def test_a_shared_prompt_is_prefilled_once_and_samples_as_if_alone(engine, tokenizer):
+    params = SamplingParams(max_new_tokens=12, temperature=1.0)
+    group = [Request(prompt(tokenizer, 3), params, seed=10 + i) for i in range(4)]
+    other = [Request(prompt(tokenizer, 6), params, seed=20 + i) for i in range(2)]
+    requests = group[:2] + other[:1] + group[2:] + other[1:]
+    lm_head_inputs = []
+    hook = engine.model.lm_head.register_forward_hook(
+        lambda module, args, out: lm_head_inputs.append(tuple(args[0].shape[:2])))
+    try:
+        together = engine.generate_batch(requests)
+    finally:
+        hook.remove()
+    assert lm_head_inputs[0] == (2, 1)  # two distinct prompts, logits of the last position only
+    assert lm_head_inputs[1] == (6, 1)
+    for request, out in zip(requests, together, strict=True):
+        assert_same_sample(out, engine.generate_batch([request])[0])
+    assert len({tuple(out.token_ids) for out in together}) == len(requests)
+
+
+def test_padding_is_cropped_when_the_row_that_needed_it_leaves(engine, tokenizer):
+    wide = Request(prompt(tokenizer, 100), SamplingParams(3, temperature=1.0), seed=1)
+    narrow = Request(prompt(tokenizer, 1), SamplingParams(40, temperature=1.0), seed=2)
+    lengths = []  # (wide has returned, running cache length) at each tick
+
+    async def go():
+        tasks = [asyncio.create_task(engine.generate(r)) for r in (wide, narrow)]
+        while not tasks[1].done():
+            lengths.append((tasks[0].done(), engine.running_cache_length()))
+            await asyncio.sleep(0)
+        return await asyncio.gather(*tasks)
+
+    _, narrow_out = asyncio.run(go())
+    assert max(n for wide_done, n in lengths if not wide_done) >= len(wide.prompt_ids)
+    after = [n for wide_done, n in lengths if wide_done and n > 0]
+    assert after and max(after) <= len(narrow.prompt_ids) + 40
+    assert_same_sample(narrow_out, engine.generate_batch([narrow])[0])
+
+
+def test_another_sampling_key_waits_for_the_batch_to_drain_and_is_not_overtaken(engine, tokenizer):
+    greedy_long = Request(prompt(tokenizer, 1), SamplingParams(30, temperature=0.0))
+    sampled = Request(prompt(tokenizer, 2), SamplingParams(5, temperature=1.0), seed=1)
+    greedy_short = Request(prompt(tokenizer, 3), SamplingParams(5, temperature=0.0))
+    order = []
+
+    async def one(request, name):
+        await engine.generate(request)
+        order.append(name)
+
+    async def go():
+        first = asyncio.create_task(one(greedy_long, "greedy long"))
+        await until(lambda: engine.running_cache_length() > 0)
+        # greedy_short could join the running greedy batch, but `sampled` came first and waits
+        await asyncio.gather(first, one(sampled, "sampled"), one(greedy_short, "greedy short"))
+
+    asyncio.run(go())
+    assert order == ["greedy long", "sampled", "greedy short"]
+
+
+def test_a_request_aborted_while_waiting_ends_at_once_with_no_tokens(engine, tokenizer):
+    running = Request(prompt(tokenizer, 1), SamplingParams(60, temperature=0.0))
+    waiting = Request(prompt(tokenizer, 1), SamplingParams(5, temperature=1.0), seed=1)
+
+    async def go():
+        running_task = asyncio.create_task(engine.generate(running))
+        await until(lambda: engine.running_cache_length() > 0)
+        waiting_task = asyncio.create_task(engine.generate(waiting))
+        await asyncio.sleep(0)
+        engine.abort(waiting.request_id)
+        waited = await waiting_task
+        assert not running_task.done()
+        return waited, await running_task
+
+    waited, ran = asyncio.run(go())
+    assert waited.finish_reason == "abort" and waited.token_ids == [] == waited.logprobs
+    assert ran.finish_reason == "length" and len(ran.token_ids) == 60
+
+
+def test_a_prompt_the_model_rejects_fails_alone_and_the_engine_keeps_serving(engine, tokenizer):
+    good = Request(prompt(tokenizer, 1), SamplingParams(20, temperature=0.0))
+    bad = Request([engine.model.config.vocab_size + 5], SamplingParams(5, temperature=0.0))
+    later = Request(prompt(tokenizer, 2), SamplingParams(4, temperature=0.0))
+
+    async def go():
+        good_task = asyncio.create_task(engine.generate(good))
+        await until(lambda: engine.running_cache_length() > 0)
+        with pytest.raises(IndexError):
+            await engine.generate(bad)
+        assert not good_task.done()
+        return await good_task, await engine.generate(later)
+
+    good_out, later_out = asyncio.run(go())
+    assert good_out.token_ids == engine.generate_batch([good])[0].token_ids
+    assert len(later_out.token_ids) == 4
