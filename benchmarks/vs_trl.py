@@ -38,7 +38,7 @@ sys.path.insert(0, str(ROOT))
 
 PRESETS = {  # per model size: steps, SFT warm start and eval sizes that fit in ~10 min on 2 cores
     "tiny": {"steps": 10, "sft_rows": 1200, "sft_epochs": 2.0, "eval_prompts": 64},
-    "small": {"steps": 4, "sft_rows": 320, "sft_epochs": 1.0, "eval_prompts": 32},
+    "small": {"steps": 4, "sft_rows": 1200, "sft_epochs": 2.0, "eval_prompts": 32},
 }
 
 
