@@ -38,7 +38,8 @@ STEPS, PROMPTS, GROUP, MAX_NEW, LR = 30, 16, 4, 384, 2e-4
 """16 prompts x 4 samples with max_new_tokens 384: a sync step's rollout (mostly the decode of
 the one or two looping groups) and its training (the policy's logprobs and update, micro-batches
 of one group, so short groups are not padded to the long ones) take about the same time."""
-STALENESS = 2
+IN_FLIGHT = True
+STALENESS = 4
 """Lets the engine work up to two batches ahead, so a batch that happens to hold no long group
 (or two) does not leave one side idle; TIS corrects for the off-policy samples."""
 TOLERANCE = 0.08
@@ -58,7 +59,8 @@ def train(workload: dict, steps: int, asynchronous: bool) -> dict:
         "optimizer": {"lr": LR}, "train": {"micro_batch_size": GROUP, "num_threads": 1},
         "eval": {"every_steps": 0, "samples_per_prompt": 4, "temperature": 1.0},
         "scheduler": {"engine_process": True, "engine_threads": 1},
-        "async_training": {"enabled": asynchronous, "max_staleness": STALENESS},
+        "async_training": {"enabled": asynchronous, "max_staleness": STALENESS,
+                           "in_flight_updates": IN_FLIGHT},
         "tracking": {"tensorboard": False, "record_batch_every": 0, "record_rollouts": 0}})
     pipeline = RLVRPipeline(config)
     evaluate, eval_s, samples = pipeline.evaluate, [], [0]

@@ -64,7 +64,7 @@ def rollout_time(workload: dict, rounds: int, tail: bool) -> dict:
     warm_up(engine, rewards, source.encode(rows[0]), params)
     bar = ProgressBar(rounds, "tail batching" if tail else "plain rounds")
     totals = {"rollout_s": 0.0, "samples": 0, "tokens": 0, "reward": 0.0, "long_rounds": 0,
-              "at_max": 0}
+              "long_round_s": 0.0, "at_max": 0}
     for step in range(1, rounds + 1):
         t0 = time.perf_counter()
         trajectories = source.next_batch(step, 0, params)
@@ -73,7 +73,9 @@ def rollout_time(workload: dict, rounds: int, tail: bool) -> dict:
         totals["reward"] += sum(t.reward for t in trajectories)
         totals["samples"] += len(trajectories)
         totals["at_max"] += sum(len(t.response_ids) >= MAX_NEW for t in trajectories)
-        totals["long_rounds"] += int(source.metrics().get("tail/long_round", 0))
+        long_round = int(source.metrics().get("tail/long_round", 0))
+        totals["long_rounds"] += long_round
+        totals["long_round_s"] += long_round * (time.perf_counter() - t0)
         bar.update(step, f"{totals['rollout_s']:.1f}s")
     bar.close()
     rewards.close()
@@ -99,14 +101,17 @@ def warm_up(engine: HFEngine, rewards: RewardRunner, prompt_ids: list[int],
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=ROUNDS)
-    rounds = parser.parse_args().rounds
-    torch.set_num_threads(1)
+    parser.add_argument("--threads", type=int, default=2,
+                        help="torch threads of the engine (default 2: the machine's cores)")
+    args = parser.parse_args()
+    rounds = args.rounds
+    torch.set_num_threads(args.threads)
     workload = build_workload()
     plain = rollout_time(workload, rounds, tail=False)
     tail = rollout_time(workload, rounds, tail=True)
     speedup = plain["rollout_s"] / tail["rollout_s"]
     table = Table(title=f"Rollout phase, {rounds} rounds x {PROMPTS} prompts x {GROUP} samples, "
-                        f"max_new_tokens {MAX_NEW}, length budget {BUDGET}, 1 thread")
+                        f"max_new_tokens {MAX_NEW}, length budget {BUDGET}, {args.threads} threads")
     for column in ("mode", "rollout s", "samples", "tokens", "at max_new_tokens", "long rounds",
                    "reward"):
         table.add_column(column)

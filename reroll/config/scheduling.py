@@ -43,6 +43,12 @@ class AsyncTrainingConfig(Section):
     """At a weight update, abort the running requests and resume them under the new weights,
     keeping their tokens and behaviour logprobs (false: let them finish under the old weights
     first, which stalls the update)."""
+    in_flight_updates: bool = False
+    """Load new weights between two decoding steps without stopping the running requests
+    (PipelineRL's in-flight updates): no abort, no re-prefill of prompt + partial response. Their
+    earlier tokens' KV cache stays as the old weights computed it; every token records the
+    version that sampled it, and its behaviour logprob is what it was sampled with, so staleness
+    and off-policy corrections stay exact. Needs `rollout.engine: hf`; replaces partial_rollout."""
 
 
 class TailBatchingConfig(Section):
@@ -65,6 +71,10 @@ def scheduling_errors(config) -> list[str]:
     if tail.enabled and asynchronous.enabled:
         errors.append("tail_batching.enabled and async_training.enabled cannot be combined: tail "
                       "batching schedules synchronous rounds; turn one of them off")
+    if asynchronous.in_flight_updates and config.rollout.engine != "hf":
+        errors.append(f"async_training.in_flight_updates needs rollout.engine: hf (got "
+                      f"{config.rollout.engine}, which cannot swap weights between two decoding "
+                      f"steps); turn it off to use partial_rollout")
     if asynchronous.enabled and config.distributed.weight_sync == "broadcast":
         errors.append("distributed.weight_sync: broadcast is not available with "
                       "async_training.enabled (the async source hands weights to its engine "

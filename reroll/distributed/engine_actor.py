@@ -55,6 +55,7 @@ class EngineHost:
         self._busy_since = 0.0
         self.asleep = False
         self.sync_group: Any = None
+        self._fingerprint: str | None = None
 
     async def generate_stream(self, requests: list[Request]):
         """Yields each request's Completion as soon as the engine finishes it."""
@@ -84,11 +85,27 @@ class EngineHost:
     async def abort(self, request_id: str) -> None:
         self.engine.abort(request_id)
 
-    async def load_weights(self, slots, flat, version: int) -> None:
-        # Off the event loop, so streaming completions and aborts are not blocked meanwhile.
-        await asyncio.to_thread(self.engine.load_weights, unpack(slots, flat).items(), version)
+    async def load_weights(self, slots, flat, version: int) -> str | None:
+        """Returns the fingerprint taken right after loading, when the engine loads in flight."""
+        named = unpack(slots, flat).items()
+        if self.supports_in_flight_updates():
+            # On the loop, which also runs the decoding steps: the load falls between two steps
+            # and running requests go on under the new weights. Fingerprinted now: a check from
+            # another thread later would compete with decoding for the CPU.
+            self.engine.load_weights(named, version)
+            self._fingerprint = self.engine.weights_fingerprint()
+            return self._fingerprint
+        else:  # off the loop, so streaming completions and aborts are not blocked meanwhile
+            self._fingerprint = None
+            await asyncio.to_thread(self.engine.load_weights, named, version)
+            return None
+
+    def supports_in_flight_updates(self) -> bool:
+        return getattr(self.engine, "in_flight_updates", False)
 
     async def weights_fingerprint(self) -> str:
+        if self._fingerprint is not None:  # taken right after the last load
+            return self._fingerprint
         return await asyncio.to_thread(self.engine.weights_fingerprint)
 
     async def sleep(self) -> None:
@@ -114,6 +131,7 @@ class EngineHost:
             flat = receive_buckets(self.sync_group, buffer_size(slots), bucket_bytes, backend)
             self.engine.load_weights(unpack(slots, flat).items(), version)
 
+        self._fingerprint = None
         await asyncio.to_thread(receive_and_load)
 
     async def call(self, method: str, *args: Any) -> Any:
@@ -132,6 +150,7 @@ class ActorEngine:
     def __init__(self, actor: Any):
         self.actor = actor
         self._pending: list[tuple[Request, asyncio.Future]] = []
+        self._loaded_fingerprint: str | None = None
 
     async def generate(self, request: Request) -> Completion:
         future = asyncio.get_running_loop().create_future()
@@ -156,17 +175,28 @@ class ActorEngine:
     def abort(self, request_id: str) -> None:
         self.actor.abort.remote(request_id)
 
+    @functools.cached_property
+    def in_flight_updates(self) -> bool:
+        """Whether the engine in the actor loads weights between decoding steps (see HFEngine)."""
+        import ray
+
+        return ray.get(self.actor.supports_in_flight_updates.remote())
+
     def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
         """Blocks until the engine has the new weights."""
         import ray
 
         slots, flat = pack(named_tensors)
-        ray.get(self.actor.load_weights.remote(slots, flat.numpy(), version))
+        self._loaded_fingerprint = ray.get(self.actor.load_weights.remote(slots, flat.numpy(),
+                                                                          version))
 
     def weights_fingerprint(self) -> str:
+        """The fingerprint the actor took right after this client's last load, once (one round
+        trip less while the engine decodes); otherwise asked for."""
         import ray
 
-        return ray.get(self.actor.weights_fingerprint.remote())
+        fingerprint, self._loaded_fingerprint = self._loaded_fingerprint, None
+        return fingerprint or ray.get(self.actor.weights_fingerprint.remote())
 
     def stats(self) -> dict[str, float]:
         import ray

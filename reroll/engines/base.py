@@ -49,6 +49,10 @@ class Completion:
     logprobs: list[float]
     finish_reason: FinishReason
     policy_version: int
+    """The engine's weights version when the request ended."""
+    token_versions: list[int] | None = None
+    """The version that sampled each token, when weights changed while the request ran (in-flight
+    updates); None: all `policy_version`."""
 
 
 @runtime_checkable

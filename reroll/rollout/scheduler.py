@@ -66,7 +66,8 @@ class Sample:
     def add(self, completion: Completion) -> None:
         self.tokens += completion.token_ids
         self.logprobs += completion.logprobs
-        self.token_versions += [completion.policy_version] * len(completion.token_ids)
+        self.token_versions += (completion.token_versions
+                                or [completion.policy_version] * len(completion.token_ids))
         self.finish_reason = completion.finish_reason
 
     @property

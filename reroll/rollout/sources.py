@@ -182,6 +182,9 @@ class AsyncSource:
         self.stop = threading.Event()
         self.consumed, self.in_flight, self.produced = 0, 0, 0
         self._producer: asyncio.Future | None = None
+        self.running: dict[asyncio.Task, Group] = {}
+        """The producer's groups being generated (touched on the producer's loop only)."""
+        self.stale_groups_aborted = 0
         self._params: SamplingParams | None = None
         self._metrics: dict[str, float] = {}
         self._idle_mark = 0.0
@@ -203,6 +206,7 @@ class AsyncSource:
                          | {"time/trainer_idle_s": self.buffer.wait_s - wait0,
                             "time/engine_idle_s": idle - self._idle_mark,
                             "rollout/stale_groups_dropped": float(self.buffer.dropped_stale_groups),
+                            "rollout/stale_groups_aborted": float(self.stale_groups_aborted),
                             "rollout/buffered_groups": float(len(self.buffer))})
         self._idle_mark = idle
         return [t for i, b in enumerate(taken) for t in b.group.trajectories(i)]
@@ -229,7 +233,7 @@ class AsyncSource:
         c, size = self.config, self.config.rollout.group_size
         keep = signal_keep(c.algorithm.dynamic_sampling if c.scheduler.refill_filtered else None,
                            size)
-        running: dict[asyncio.Task, Group] = {}
+        running = self.running
         index = 0
         try:
             while not self.stop.is_set():
@@ -250,6 +254,17 @@ class AsyncSource:
         finally:
             self.scheduler.release()
             await self.scheduler.abort_groups(list(running.values()), dict(running))
+
+    def abort_hopeless(self, version: int) -> None:
+        """After the engine moved to `version`: running groups with tokens older than
+        version - max_staleness can never be trained on (the next trainer holds `version`), so
+        they are aborted now rather than decoded to the end and dropped."""
+        floor = version - self.config.async_training.max_staleness
+        hopeless = {task: group for task, group in self.running.items()
+                    if any(s.token_versions for s in group.samples) and group.version < floor}
+        if hopeless:
+            self.stale_groups_aborted += len(hopeless)
+            asyncio.ensure_future(self.scheduler.abort_groups(list(hopeless.values())))
 
     def _may_start(self) -> bool:
         """Start a group only if it can be trained on within the staleness bound: the group will
@@ -283,6 +298,7 @@ class _ProducerEngine:
 
     def __init__(self, inner: Engine, source: AsyncSource, version: int):
         self.inner, self.source, self.version = inner, source, version
+        self._fingerprint: str | None = None
 
     async def generate(self, request: Request):
         future = asyncio.run_coroutine_threadsafe(self.inner.generate(request), self.source.loop)
@@ -297,21 +313,45 @@ class _ProducerEngine:
 
     async def _swap(self, named: list, version: int) -> None:
         scheduler = self.source.scheduler
-        partial = self.source.config.async_training.partial_rollout
+        a = self.source.config.async_training
         t0 = time.perf_counter()
-        if partial:
+        if a.in_flight_updates:
+            await self._load_between_steps(named, version)
+            self.source.abort_hopeless(version)
+            self.swap_s = time.perf_counter() - t0
+            return
+        if a.partial_rollout:
             await scheduler.preempt()
         else:
             await scheduler.drain()  # the running requests finish under the old weights
         try:
             await asyncio.to_thread(self.inner.load_weights, named, version)
+            # Fingerprinted while nothing runs: checked later, it would compete with decoding
+            # for the engine's CPU (seconds per step with an engine actor of 1 CPU).
+            self._fingerprint = await asyncio.to_thread(self.inner.weights_fingerprint)
             self.version = version
+            self.source.abort_hopeless(version)
         finally:
             scheduler.release()
         self.swap_s = time.perf_counter() - t0
 
+    async def _load_between_steps(self, named: list, version: int) -> None:
+        """In-flight update: nothing stops; the running requests' next tokens use the new weights."""
+        if not getattr(self.inner, "in_flight_updates", False):
+            raise ConfigError("async_training.in_flight_updates: this engine cannot load weights "
+                              "while requests run; turn it off to use partial_rollout")
+        if hasattr(self.inner, "actor"):  # in its own process, whose loop loads between steps
+            await asyncio.to_thread(self.inner.load_weights, named, version)
+            self._fingerprint = await asyncio.to_thread(self.inner.weights_fingerprint)
+        else:  # this loop runs the engine's steps too, so none is running now
+            self.inner.load_weights(named, version)
+            self._fingerprint = self.inner.weights_fingerprint()
+        self.version = version
+
     def weights_fingerprint(self) -> str:
-        return self.inner.weights_fingerprint()
+        """The fingerprint taken right after the last load (the weights cannot change until the
+        next one), or the engine's own before any."""
+        return self._fingerprint or self.inner.weights_fingerprint()
 
 
 def build_source(config, engine: Engine, rewards: RewardRunner, tokenizer, stream: PromptStream,

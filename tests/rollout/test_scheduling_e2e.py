@@ -65,6 +65,35 @@ def test_partial_rollout_on_the_hf_engine_keeps_every_token(tiny_model, tokenize
     assert all(s.reward == float(len(s.response_text)) for g in groups for s in g.samples)
 
 
+def test_in_flight_update_on_the_hf_engine_keeps_requests_running(tiny_model, tokenizer,
+                                                                  arithmetic):
+    """Weights loaded between two decoding steps: nothing is aborted or re-prefilled, and each
+    token records the version whose logits it was sampled from."""
+    torch.set_num_threads(1)
+    engine = HFEngine(load_model(tiny_model), pad_token_id=tokenizer.pad_token_id)
+    scheduler = RolloutScheduler([engine], RewardRunner(LengthReward(), 5.0), tokenizer)
+    row = load_prompts(arithmetic["eval"])[0]
+    params = SamplingParams(max_new_tokens=60, temperature=1.0)
+    steps = []
+
+    async def scenario():
+        group = scheduler.new_group(0, row, encode_prompt(tokenizer, row, 256), 4, lambda k: k)
+        task = asyncio.ensure_future(scheduler.run_group(group, params))
+        while len(steps) < 10:  # let the engine decode a few tokens, then load on this loop
+            steps.append(1)
+            await asyncio.sleep(0)
+        engine.load_weights(engine.model.state_dict().items(), 1)
+        await task
+        return group
+
+    group = asyncio.run(scenario())
+    for sample in group.samples:
+        assert len(sample.tokens) == len(sample.token_versions) == 60 and sample.resumes == 0
+        versions = sample.token_versions
+        assert versions[0] == 0 and versions[-1] == 1 and versions == sorted(versions)
+    assert group.version == 0
+
+
 def rl_config(tmp_path, tiny_model, arithmetic, **sections) -> RLConfig:
     data = {
         "output_dir": str(tmp_path / "run"), "seed": 1, "steps": 4,
@@ -105,6 +134,25 @@ def test_async_training_trains_within_the_staleness_bound(tmp_path, tiny_model, 
     after = dict(pipeline.policy.state_dict_for_sync())
     assert any(not torch.equal(before[k], after[k]) for k in before)
     assert summary["eval_reward_end"] is not None
+
+
+def test_async_training_with_in_flight_updates(tmp_path, tiny_model, arithmetic, reward_module):
+    config = rl_config(tmp_path, tiny_model, arithmetic,
+                       async_training={"enabled": True, "max_staleness": 1,
+                                       "in_flight_updates": True},
+                       algorithm={"correction": {"tis": {"level": "token", "cap": 2.0}}})
+    summary = RLVRPipeline(config).run()
+    rows = read_metrics(summary["run_dir"])
+    assert [r["step"] for r in rows] == [1, 2, 3, 4]
+    assert all(r["staleness/max"] <= 1 and r["rollout/resumed_samples"] == 0 for r in rows)
+    assert sum(r["rollout/samples_kept"] for r in rows) >= 4 * 16
+
+
+def test_in_flight_updates_need_the_hf_engine(tmp_path, tiny_model, arithmetic):
+    with pytest.raises(ValueError, match="async_training.in_flight_updates needs rollout.engine"):
+        rl_config(tmp_path, tiny_model, arithmetic,
+                  rollout={"engine": "vllm", "prompts_per_step": 4, "group_size": 4},
+                  async_training={"enabled": True, "in_flight_updates": True})
 
 
 def test_dynamic_sampling_fills_the_batch_with_the_hf_engine(tmp_path, tiny_model, arithmetic,
