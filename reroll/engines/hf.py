@@ -293,27 +293,30 @@ class HFEngine:
         others' tokens go through the model so that their next logits are ready."""
         tokens, logprobs = _sample(batch.logits.float(), batch.params,
                                    [row.generator for row in batch.rows])
-        keep, finished = [], []
-        for j, (row, token, logprob) in enumerate(zip(batch.rows, tokens.tolist(),
-                                                      logprobs.tolist(), strict=True)):
+        finished = []
+        for row, token, logprob in zip(batch.rows, tokens.tolist(), logprobs.tolist(), strict=True):
+            if row.finish is not None:  # ended earlier, its cache row not compacted away yet
+                continue
             row.tokens.append(token)
             row.logprobs.append(logprob)
             row.versions.append(row.logits_version)
             row.finish = _finish_reason(row, self._aborted)
-            if row.finish is None:
-                keep.append(j)
-            else:
+            if row.finish is not None:
                 finished.append(row)
+        keep = [j for j, row in enumerate(batch.rows) if row.finish is None]
         if not keep:
             batch.rows = []
             return finished
-        if finished:
+        # Compacting copies the whole cache, so ended rows stay (decoded, ignored) until a
+        # quarter of the batch has ended.
+        if len(keep) <= 3 * len(batch.rows) // 4:
             index = torch.tensor(keep, dtype=torch.long, device=tokens.device)
             batch.rows = [batch.rows[j] for j in keep]
             _gather_rows(batch, index)
             tokens = tokens[index]
             _crop_padding(batch)
-        batch.attention = torch.cat([batch.attention, batch.attention.new_ones((len(keep), 1))], -1)
+        rows = len(batch.rows)
+        batch.attention = torch.cat([batch.attention, batch.attention.new_ones((rows, 1))], -1)
         batch.logits = self._next_logits(tokens[:, None], batch.attention, batch.next_position,
                                          batch.cache)
         for row in batch.rows:
@@ -390,29 +393,45 @@ def _growing_layer_class() -> type:
         def update(self, key_states, value_states, *args, **kwargs):
             if not self.is_initialized:
                 self.lazy_initialization(key_states, value_states)
-            length, new = self.get_seq_length(), key_states.shape[-2]
-            if not self._views_buffers() or length + new > self._key_buffer.shape[-2]:
+            new, window = key_states.shape[-2], self._window()
+            if window is None or window[1] + new > self._key_buffer.shape[-2]:
+                length = self.get_seq_length()
                 self._key_buffer = _grown(self.keys, key_states, length, length + new)
                 self._value_buffer = _grown(self.values, value_states, length, length + new)
-            self._key_buffer[:, :, length:length + new] = key_states
-            self._value_buffer[:, :, length:length + new] = value_states
-            self.keys = self._key_buffer[:, :, :length + new]
-            self.values = self._value_buffer[:, :, :length + new]
+                window = (0, length)
+            start, end = window
+            self._key_buffer[:, :, end:end + new] = key_states
+            self._value_buffer[:, :, end:end + new] = value_states
+            self.keys = self._key_buffer[:, :, start:end + new]
+            self.values = self._value_buffer[:, :, start:end + new]
             return self.keys, self.values
 
         def batch_select_indices(self, indices: torch.Tensor) -> None:
-            if not self._views_buffers():
+            window = self._window()
+            if window is None:
                 return super().batch_select_indices(indices)
-            length = self.get_seq_length()
+            start, end = window
             self._key_buffer = self._key_buffer[indices]
             self._value_buffer = self._value_buffer[indices]
-            self.keys = self._key_buffer[:, :, :length]
-            self.values = self._value_buffer[:, :, :length]
+            self.keys = self._key_buffer[:, :, start:end]
+            self.values = self._value_buffer[:, :, start:end]
 
-        def _views_buffers(self) -> bool:
-            buffer = getattr(self, "_key_buffer", None)
-            return (buffer is not None and self.keys.data_ptr() == buffer.data_ptr()
-                    and self.keys.shape[0] == buffer.shape[0])
+        def _window(self) -> tuple[int, int] | None:
+            """(start, end) columns of keys/values within the buffers (cropping the front
+            leaves a window), or None when they are not windows of them."""
+            buffers = getattr(self, "_key_buffer", None), getattr(self, "_value_buffer", None)
+            if buffers[0] is None or not self.keys.numel():
+                return None
+            starts = set()
+            for tensor, buffer in zip((self.keys, self.values), buffers, strict=True):
+                if (tensor.untyped_storage().data_ptr() != buffer.untyped_storage().data_ptr()
+                        or tensor.shape[0] != buffer.shape[0] or tensor.stride() != buffer.stride()):
+                    return None
+                starts.add((tensor.storage_offset() - buffer.storage_offset()) // buffer.stride(2))
+            if len(starts) != 1:
+                return None
+            start = starts.pop()
+            return start, start + self.keys.shape[-2]
 
     return _GrowingLayer
 
@@ -467,15 +486,28 @@ def _merge(running: _Batch, joining: _Batch) -> _Batch:
     the padding shifts nothing."""
     width = max(running.attention.shape[1], joining.attention.shape[1])
     for mine, theirs in zip(running.cache.layers, joining.cache.layers, strict=True):
-        mine.keys = torch.cat([_pad_left(mine.keys, width, 2), _pad_left(theirs.keys, width, 2)])
-        mine.values = torch.cat([_pad_left(mine.values, width, 2),
-                                 _pad_left(theirs.values, width, 2)])
+        # Straight into a buffer with room to grow (see _GrowingLayer): one copy of each.
+        mine._key_buffer = _stacked(mine.keys, theirs.keys, width)
+        mine._value_buffer = _stacked(mine.values, theirs.values, width)
+        mine.keys = mine._key_buffer[:, :, :width]
+        mine.values = mine._value_buffer[:, :, :width]
     running.attention = torch.cat([_pad_left(running.attention, width, 1),
                                    _pad_left(joining.attention, width, 1)])
     running.next_position = torch.cat([running.next_position, joining.next_position])
     running.logits = torch.cat([running.logits, joining.logits])
     running.rows = running.rows + joining.rows
     return running
+
+
+def _stacked(first: torch.Tensor, second: torch.Tensor, width: int) -> torch.Tensor:
+    """[first; second] ([B, H, k, D] each) along the batch, each right-aligned in `width`
+    columns (zeros before it), in a buffer with room for more columns (as `_grown`)."""
+    rows = first.shape[0]
+    out = first.new_zeros((rows + second.shape[0], first.shape[1],
+                           width + max(64, width // 2), first.shape[3]))
+    out[:rows, :, width - first.shape[2]:width] = first
+    out[rows:, :, width - second.shape[2]:width] = second
+    return out
 
 
 def _pad_left(tensor: torch.Tensor, width: int, dim: int) -> torch.Tensor:
