@@ -27,7 +27,7 @@ from tensordict import TensorDict
 from reroll.config.schema import OptimizerConfig, TrainConfig
 from reroll.distributed.colocation import OptimizerOffload
 from reroll.models.logprobs import batched_logprobs
-from reroll.training.local import TRAINER_STATE, LossFn, accumulate_gradients, lr_lambda
+from reroll.training.local import TRAINER_STATE, LossFn, lr_lambda, optimizer_step
 
 OPTIMIZER_DIR = "optimizer"
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
@@ -93,25 +93,10 @@ class FSDP2Strategy:
         """This rank's part of one optimizer step. `train/loss` is this rank's part of the global
         loss (the caller sums it); other metrics are shard means (the caller averages them);
         `train/grad_norm` is already global."""
-        self.model.train()
-        self.optimizer.zero_grad(set_to_none=True)
         # FSDP averages gradients over ranks, but the ranks' losses are parts of one global
-        # loss whose gradients must add up: scale by N (gloo has no pre-multiplied sum).
-        loss_sum, totals = accumulate_gradients(
-            self.model, shard, loss_fn, self.train_config.micro_batch_size, self.autocast,
-            loss_scale=self.world_size, device=self.device)
-        grad_norm = self._clip_gradients()
-        self.optimizer.step()
-        self.scheduler.step()
-        return {**totals, "train/loss": loss_sum, "train/grad_norm": grad_norm,
-                "train/lr": self.scheduler.get_last_lr()[0]}
-
-    def _clip_gradients(self) -> float:
-        """Clip by the norm over ALL shards (each rank's local norm would be too small)."""
-        params = [p for p in self.model.parameters() if p.grad is not None]
-        max_norm = self.grad_clip if self.grad_clip is not None else float("inf")
-        norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
-        return float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
+        # loss whose gradients must add up: scale by N (gloo has no pre-multiplied sum). The
+        # clipping norm is over all shards (a rank's own norm would be too small).
+        return optimizer_step(self, shard, loss_fn, loss_scale=self.world_size, device=self.device)
 
     def full_state_dict(self) -> dict[str, torch.Tensor]:
         """Collective: the unsharded weights on CPU at rank 0 ({} on the other ranks)."""

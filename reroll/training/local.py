@@ -57,6 +57,26 @@ def accumulate_gradients(model: torch.nn.Module, batch: TensorDict, loss_fn: Los
     return loss_sum, totals
 
 
+def optimizer_step(strategy: Any, batch: TensorDict, loss_fn: LossFn, loss_scale: float = 1.0,
+                   device: torch.device | None = None) -> dict[str, float]:
+    """One optimizer step of `strategy` (its model, optimizer, scheduler, grad_clip, train
+    config, autocast) over `batch`, accumulated over micro-batches and clipped by the global
+    gradient norm (a sharded model's norm is gathered over its shards)."""
+    strategy.model.train()
+    strategy.optimizer.zero_grad(set_to_none=True)
+    loss_sum, totals = accumulate_gradients(
+        strategy.model, batch, loss_fn, strategy.train_config.micro_batch_size,
+        strategy.autocast, loss_scale=loss_scale, device=device)
+    params = [p for p in strategy.model.parameters() if p.grad is not None]
+    max_norm = strategy.grad_clip if strategy.grad_clip is not None else float("inf")
+    norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
+    strategy.optimizer.step()
+    strategy.scheduler.step()
+    grad_norm = float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
+    return {**totals, "train/loss": loss_sum, "train/grad_norm": grad_norm,
+            "train/lr": strategy.scheduler.get_last_lr()[0]}
+
+
 class LocalStrategy:
     data_parallel_size = 1
     """One process holds the whole batch (see PolicyGroup.data_parallel_size)."""
@@ -86,20 +106,7 @@ class LocalStrategy:
 
     def train_step(self, batch: TensorDict, loss_fn: LossFn) -> dict[str, float]:
         """One optimizer step over `batch`, accumulated over micro-batches."""
-        self.model.train()
-        self.optimizer.zero_grad(set_to_none=True)
-        loss_sum, totals = accumulate_gradients(self.model, batch, loss_fn,
-                                                self.train_config.micro_batch_size, self.autocast)
-        grad_norm = self._clip_gradients()
-        self.optimizer.step()
-        self.scheduler.step()
-        return {**totals, "train/loss": loss_sum, "train/grad_norm": grad_norm,
-                "train/lr": self.scheduler.get_last_lr()[0]}
-
-    def _clip_gradients(self) -> float:
-        params = [p for p in self.model.parameters() if p.grad is not None]
-        max_norm = self.grad_clip if self.grad_clip is not None else float("inf")
-        return float(torch.nn.utils.clip_grad_norm_(params, max_norm))
+        return optimizer_step(self, batch, loss_fn)
 
     def state_dict_for_sync(self) -> Iterator[tuple[str, torch.Tensor]]:
         return iter(self.model.state_dict().items())
