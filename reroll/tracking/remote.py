@@ -27,7 +27,19 @@ def _numbers(metrics: dict[str, Any]) -> dict[str, float]:
     return out
 
 
-class WandbSink:
+class _RunSink:
+    """A tracker run (`self.run`, set by the subclass) that takes finite numbers per step."""
+
+    run: Any
+
+    def log(self, step: int, metrics: dict[str, Any]) -> None:
+        self.run.log(_numbers(metrics), step=step)
+
+    def close(self) -> None:
+        self.run.finish()
+
+
+class WandbSink(_RunSink):
     """Weights & Biases. Offline mode writes `<run>/wandb/offline-run-*` and needs no network."""
 
     def __init__(self, run_dir: Path, project: str, name: str, mode: str, entity: str | None,
@@ -44,14 +56,8 @@ class WandbSink:
                 f"Use tracking.wandb_mode=offline on a machine without network, run `wandb login` "
                 f"for online mode, or set tracking.wandb=false") from None
 
-    def log(self, step: int, metrics: dict[str, Any]) -> None:
-        self.run.log(_numbers(metrics), step=step)
 
-    def close(self) -> None:
-        self.run.finish()
-
-
-class TrackioSink:
+class TrackioSink(_RunSink):
     """trackio: a local SQLite database (see `trackio show`), optionally synced to a Space."""
 
     def __init__(self, project: str, name: str, space_id: str | None,
@@ -68,8 +74,3 @@ class TrackioSink:
                 f"tracking.trackio_space_id (a Space needs network and a token), or set "
                 f"tracking.trackio=false") from None
 
-    def log(self, step: int, metrics: dict[str, Any]) -> None:
-        self.run.log(_numbers(metrics), step=step)
-
-    def close(self) -> None:
-        self.run.finish()
