@@ -55,7 +55,6 @@ class EngineHost:
         self._busy_since = 0.0
         self.asleep = False
         self.sync_group: Any = None
-        self._fingerprint: str | None = None
 
     async def generate_stream(self, requests: list[Request]):
         """Yields each request's Completion as soon as the engine finishes it."""
@@ -85,27 +84,26 @@ class EngineHost:
     async def abort(self, request_id: str) -> None:
         self.engine.abort(request_id)
 
-    async def load_weights(self, slots, flat, version: int) -> str | None:
-        """Returns the fingerprint taken right after loading, when the engine loads in flight."""
+    async def load_weights(self, slots, flat, version: int) -> str:
+        """Load, and return the fingerprint of the weights taken right after (the caller checks
+        it without another round trip, which would wait for a decoding step to end)."""
         named = unpack(slots, flat).items()
+
+        def load() -> str:
+            self.engine.load_weights(named, version)
+            return self.engine.weights_fingerprint()
+
         if self.supports_in_flight_updates():
             # On the loop, which also runs the decoding steps: the load falls between two steps
-            # and running requests go on under the new weights. Fingerprinted now: a check from
-            # another thread later would compete with decoding for the CPU.
-            self.engine.load_weights(named, version)
-            self._fingerprint = self.engine.weights_fingerprint()
-            return self._fingerprint
-        else:  # off the loop, so streaming completions and aborts are not blocked meanwhile
-            self._fingerprint = None
-            await asyncio.to_thread(self.engine.load_weights, named, version)
-            return None
+            # and running requests go on under the new weights.
+            return load()
+        # Off the loop, so streaming completions and aborts are not blocked meanwhile.
+        return await asyncio.to_thread(load)
 
     def supports_in_flight_updates(self) -> bool:
         return getattr(self.engine, "in_flight_updates", False)
 
     async def weights_fingerprint(self) -> str:
-        if self._fingerprint is not None:  # taken right after the last load
-            return self._fingerprint
         return await asyncio.to_thread(self.engine.weights_fingerprint)
 
     async def sleep(self) -> None:
@@ -131,7 +129,6 @@ class EngineHost:
             flat = receive_buckets(self.sync_group, buffer_size(slots), bucket_bytes, backend)
             self.engine.load_weights(unpack(slots, flat).items(), version)
 
-        self._fingerprint = None
         await asyncio.to_thread(receive_and_load)
 
     async def call(self, method: str, *args: Any) -> Any:

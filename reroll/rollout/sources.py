@@ -317,22 +317,18 @@ class _ProducerEngine:
         t0 = time.perf_counter()
         if a.in_flight_updates:
             await self._load_between_steps(named, version)
-            self.source.abort_hopeless(version)
-            self.swap_s = time.perf_counter() - t0
-            return
-        if a.partial_rollout:
-            await scheduler.preempt()
         else:
-            await scheduler.drain()  # the running requests finish under the old weights
-        try:
-            await asyncio.to_thread(self.inner.load_weights, named, version)
-            # Fingerprinted while nothing runs: checked later, it would compete with decoding
-            # for the engine's CPU (seconds per step with an engine actor of 1 CPU).
-            self._fingerprint = await asyncio.to_thread(self.inner.weights_fingerprint)
-            self.version = version
-            self.source.abort_hopeless(version)
-        finally:
-            scheduler.release()
+            await (scheduler.preempt() if a.partial_rollout  # resumed under the new weights
+                   else scheduler.drain())  # the running requests finish under the old ones
+            try:
+                await asyncio.to_thread(self.inner.load_weights, named, version)
+                # Fingerprinted while nothing runs: checked later, it would compete with
+                # decoding for the engine's CPU (seconds per step with an engine actor of 1 CPU).
+                self._fingerprint = await asyncio.to_thread(self.inner.weights_fingerprint)
+            finally:
+                scheduler.release()
+        self.version = version
+        self.source.abort_hopeless(version)
         self.swap_s = time.perf_counter() - t0
 
     async def _load_between_steps(self, named: list, version: int) -> None:
@@ -346,7 +342,6 @@ class _ProducerEngine:
         else:  # this loop runs the engine's steps too, so none is running now
             self.inner.load_weights(named, version)
             self._fingerprint = self.inner.weights_fingerprint()
-        self.version = version
 
     def weights_fingerprint(self) -> str:
         """The fingerprint taken right after the last load (the weights cannot change until the
