@@ -416,6 +416,14 @@ def _growing_layer_class() -> type:
             self.keys = self._key_buffer[:, :, start:end]
             self.values = self._value_buffer[:, :, start:end]
 
+        def stack(self, other: DynamicLayer, width: int) -> None:
+            """Append `other`'s rows after this layer's, both right-aligned in `width` columns
+            (zeros before), straight into buffers with room to grow: one copy of each."""
+            self._key_buffer = _stacked(self.keys, other.keys, width)
+            self._value_buffer = _stacked(self.values, other.values, width)
+            self.keys = self._key_buffer[:, :, :width]
+            self.values = self._value_buffer[:, :, :width]
+
         def _window(self) -> tuple[int, int] | None:
             """(start, end) columns of keys/values within the buffers (cropping the front
             leaves a window), or None when they are not windows of them."""
@@ -486,11 +494,7 @@ def _merge(running: _Batch, joining: _Batch) -> _Batch:
     the padding shifts nothing."""
     width = max(running.attention.shape[1], joining.attention.shape[1])
     for mine, theirs in zip(running.cache.layers, joining.cache.layers, strict=True):
-        # Straight into a buffer with room to grow (see _GrowingLayer): one copy of each.
-        mine._key_buffer = _stacked(mine.keys, theirs.keys, width)
-        mine._value_buffer = _stacked(mine.values, theirs.values, width)
-        mine.keys = mine._key_buffer[:, :, :width]
-        mine.values = mine._value_buffer[:, :, :width]
+        mine.stack(theirs, width)
     running.attention = torch.cat([_pad_left(running.attention, width, 1),
                                    _pad_left(joining.attention, width, 1)])
     running.next_position = torch.cat([running.next_position, joining.next_position])
