@@ -124,7 +124,9 @@ def main() -> None:
     print(json.dumps({"speedup": round(speedup, 3), "plain_rollout_s": round(plain["rollout_s"], 2),
                       "tail_rollout_s": round(tail["rollout_s"], 2),
                       "plain_samples": plain["samples"], "tail_samples": tail["samples"],
-                      "long_rounds": tail["long_rounds"], "deferred_left": tail["deferred_left"]}))
+                      "long_rounds": tail["long_rounds"],
+                      "long_round_s": round(tail["long_round_s"], 2),
+                      "deferred_left": tail["deferred_left"]}))
 
 
 if __name__ == "__main__":

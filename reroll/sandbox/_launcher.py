@@ -52,6 +52,8 @@ def _prepare(job):
             sys.stderr.write(f"sandbox: cannot write {rel!r} into the workdir: {exc}\n")
             raise SystemExit(126) from None
     os.chdir(workdir)
+    # The sandboxed program's environment, exactly the job's (reroll.settings governs the host's
+    # variables; this file runs inside the sandbox and may import built-in modules only).
     os.environ.clear()
     os.environ.update(job["env"])
     for rid, soft, hard in job["rlimits"]:

@@ -2,11 +2,11 @@ import asyncio
 
 import pytest
 import torch
+from engine_checks import assert_trainer_logprobs, generate_all
 
 from reroll.engines.base import Request, SamplingParams, fingerprint
 from reroll.engines.hf import HFEngine, _top_k_top_p
 from reroll.models.loading import load_model
-from reroll.models.logprobs import forward_logprobs
 
 pytestmark = pytest.mark.unit
 
@@ -22,39 +22,30 @@ def prompts(tokenizer, n):
             for i in range(n)]
 
 
-def run(engine, requests):
-    async def go():
-        return await asyncio.gather(*(engine.generate(r) for r in requests))
-    return asyncio.run(go())
-
 
 def test_behaviour_logprobs_match_the_trainer(engine, tokenizer, tiny_model):
     params = SamplingParams(max_new_tokens=12, temperature=0.7)
-    outs = run(engine, [Request(p, params, seed=i) for i, p in enumerate(prompts(tokenizer, 6))])
-    model = load_model(tiny_model)
-    for out in outs:
-        ids = torch.tensor([out.prompt_ids + out.token_ids])
-        logprobs, _ = forward_logprobs(model, ids, torch.ones_like(ids), temperature=0.7)
-        assert torch.allclose(logprobs[0, len(out.prompt_ids):], torch.tensor(out.logprobs), atol=1e-4)
-        assert len(out.token_ids) == 12 and out.finish_reason == "length"
+    outs = generate_all(engine, [Request(p, params, seed=i) for i, p in enumerate(prompts(tokenizer, 6))])
+    assert_trainer_logprobs(outs, load_model(tiny_model), temperature=0.7, atol=1e-4)
+    assert all(len(out.token_ids) == 12 and out.finish_reason == "length" for out in outs)
 
 
 def test_sample_does_not_depend_on_batch_neighbours(engine, tokenizer):
     params = SamplingParams(max_new_tokens=10, temperature=1.0)
-    many = run(engine, [Request(p, params, seed=100 + i) for i, p in enumerate(prompts(tokenizer, 8))])
-    alone = run(engine, [Request(many[5].prompt_ids, params, seed=105)])[0]
+    many = generate_all(engine, [Request(p, params, seed=100 + i) for i, p in enumerate(prompts(tokenizer, 8))])
+    alone = generate_all(engine, [Request(many[5].prompt_ids, params, seed=105)])[0]
     assert alone.token_ids == many[5].token_ids
-    other_seed = run(engine, [Request(many[5].prompt_ids, params, seed=7)])[0]
+    other_seed = generate_all(engine, [Request(many[5].prompt_ids, params, seed=7)])[0]
     assert other_seed.token_ids != alone.token_ids
 
 
 def test_greedy_equals_top_k_one_and_stop_token_ends(engine, tokenizer):
     prompt = prompts(tokenizer, 1)[0]
-    greedy = run(engine, [Request(prompt, SamplingParams(8, temperature=0.0))])[0]
-    top1 = run(engine, [Request(prompt, SamplingParams(8, temperature=1.0, top_k=1), seed=3)])[0]
+    greedy = generate_all(engine, [Request(prompt, SamplingParams(8, temperature=0.0))])[0]
+    top1 = generate_all(engine, [Request(prompt, SamplingParams(8, temperature=1.0, top_k=1), seed=3)])[0]
     assert greedy.token_ids == top1.token_ids
     stop = greedy.token_ids[2]
-    stopped = run(engine, [Request(prompt, SamplingParams(8, temperature=0.0, stop_token_ids=(stop,)))])[0]
+    stopped = generate_all(engine, [Request(prompt, SamplingParams(8, temperature=0.0, stop_token_ids=(stop,)))])[0]
     assert stopped.finish_reason == "stop" and stopped.token_ids[-1] == stop
     assert stopped.token_ids == greedy.token_ids[: len(stopped.token_ids)]
 
@@ -87,12 +78,12 @@ def test_load_weights_changes_fingerprint_and_outputs(tiny_model, tokenizer):
     other = load_model(tiny_model)
     assert engine.weights_fingerprint() == fingerprint(other.state_dict().items())
     prompt = prompts(tokenizer, 1)[0]
-    before = run(engine, [Request(prompt, SamplingParams(6, temperature=0.0))])[0]
+    before = generate_all(engine, [Request(prompt, SamplingParams(6, temperature=0.0))])[0]
     with torch.no_grad():
         for p in other.parameters():
             p.add_(torch.randn_like(p) * 0.5)
     engine.load_weights(other.state_dict().items(), version=3)
-    after = run(engine, [Request(prompt, SamplingParams(6, temperature=0.0))])[0]
+    after = generate_all(engine, [Request(prompt, SamplingParams(6, temperature=0.0))])[0]
     assert engine.weights_fingerprint() == fingerprint(other.state_dict().items())
     assert after.policy_version == 3 and after.token_ids != before.token_ids
 
@@ -120,7 +111,7 @@ def test_stats_count_queue_and_speed_and_sleep_wake_keep_outputs(tiny_model, tok
     assert stats.generated_tokens == 18 and stats.tokens_per_s > 0
     engine.sleep()
     engine.wake()
-    assert [c.token_ids for c in run(engine, requests)] == [c.token_ids for c in before]
+    assert [c.token_ids for c in generate_all(engine, requests)] == [c.token_ids for c in before]
 
 
 def test_batches_group_similar_prompt_lengths_and_keep_the_oldest():

@@ -6,6 +6,7 @@ import asyncio
 import socket
 
 import pytest
+from engine_checks import generate_all
 
 from reroll.config.errors import ConfigError
 from reroll.config.schema import RolloutConfig
@@ -59,18 +60,13 @@ def requests(tokenizer, n, temperature=1.0, length=8):
             for i, p in enumerate(ids)]
 
 
-def run(engine, reqs):
-    async def go():
-        return await asyncio.gather(*(engine.generate(r) for r in reqs))
-    return asyncio.run(go())
-
 
 def test_remote_completions_equal_the_in_process_engine(servers, tiny_model, tokenizer):
     local = HFEngine(load_model(tiny_model), 64, tokenizer.pad_token_id)
     remote = RemoteEngine([servers[0].url])
     try:
         reqs = requests(tokenizer, 4, temperature=0.8)
-        ours, theirs = run(remote, reqs), run(local, reqs)
+        ours, theirs = generate_all(remote, reqs), generate_all(local, reqs)
         assert [c.token_ids for c in ours] == [c.token_ids for c in theirs]
         for a, b in zip(ours, theirs, strict=True):
             assert a.logprobs == pytest.approx(b.logprobs, abs=1e-4)
@@ -84,7 +80,7 @@ def test_least_loaded_routing_respects_the_cap(servers, tokenizer):
         server.engine.peak = server.engine.served = 0
     remote = RemoteEngine([s.url for s in servers], RemoteOptions(max_in_flight=3))
     try:
-        outs = run(remote, requests(tokenizer, 16))
+        outs = generate_all(remote, requests(tokenizer, 16))
     finally:
         remote.close()
     assert len(outs) == 16 and all(len(c.token_ids) == 8 for c in outs)
@@ -96,19 +92,19 @@ def test_dead_endpoint_fails_over_and_endpoints_change_while_running(servers, to
     dead = free_port_url()
     remote = RemoteEngine([dead, servers[0].url], RemoteOptions(backoff_s=30, max_retries=2))
     try:
-        assert all(len(c.token_ids) == 8 for c in run(remote, requests(tokenizer, 6)))
+        assert all(len(c.token_ids) == 8 for c in generate_all(remote, requests(tokenizer, 6)))
         assert remote.endpoints[dead].failures >= 1
         remote.remove_endpoint(servers[0].url)
         remote.add_endpoint(servers[1].url)
         before = servers[1].engine.served
-        run(remote, requests(tokenizer, 3))
+        generate_all(remote, requests(tokenizer, 3))
         assert servers[1].engine.served == before + 3
     finally:
         remote.close()
     only_dead = RemoteEngine([dead], RemoteOptions(backoff_s=0.01, max_retries=2))
     try:
         with pytest.raises(RemoteEngineError, match="failed after 3 attempts"):
-            run(only_dead, requests(tokenizer, 1))
+            generate_all(only_dead, requests(tokenizer, 1))
     finally:
         only_dead.close()
 

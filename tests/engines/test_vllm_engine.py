@@ -6,11 +6,11 @@ import asyncio
 
 import pytest
 import torch
+from engine_checks import assert_trainer_logprobs, generate_all
 
 from reroll.engines.base import Request, SamplingParams, fingerprint
 from reroll.engines.hf import HFEngine
 from reroll.models.loading import load_model
-from reroll.models.logprobs import forward_logprobs
 
 pytestmark = pytest.mark.vllm
 
@@ -35,11 +35,6 @@ def prompts(tokenizer, n):
             for i in range(n)]
 
 
-def run(engine, requests):
-    async def go():
-        return await asyncio.gather(*(engine.generate(r) for r in requests))
-    return asyncio.run(go())
-
 
 def greedy(tokenizer, n=6, length=16):
     return [Request(p, SamplingParams(length, temperature=0.0)) for p in prompts(tokenizer, n)]
@@ -47,7 +42,7 @@ def greedy(tokenizer, n=6, length=16):
 
 def test_greedy_tokens_and_logprobs_match_the_hf_engine(vllm_engine, hf_engine, tokenizer):
     requests = greedy(tokenizer)
-    ours, theirs = run(vllm_engine, requests), run(hf_engine, requests)
+    ours, theirs = generate_all(vllm_engine, requests), generate_all(hf_engine, requests)
     assert [c.token_ids for c in ours] == [c.token_ids for c in theirs]
     for a, b in zip(ours, theirs, strict=True):
         # Tolerance: both are fp32 on CPU, but vLLM's kernels sum in another order.
@@ -57,27 +52,23 @@ def test_greedy_tokens_and_logprobs_match_the_hf_engine(vllm_engine, hf_engine, 
 
 def test_behaviour_logprobs_are_the_trainers_at_the_temperature(vllm_engine, tokenizer, tiny_model):
     params = SamplingParams(max_new_tokens=12, temperature=0.7)
-    outs = run(vllm_engine, [Request(p, params, seed=i) for i, p in enumerate(prompts(tokenizer, 4))])
-    model = load_model(tiny_model)
-    for out in outs:
-        ids = torch.tensor([out.prompt_ids + out.token_ids])
-        logprobs, _ = forward_logprobs(model, ids, torch.ones_like(ids), temperature=0.7)
-        assert torch.allclose(logprobs[0, len(out.prompt_ids):], torch.tensor(out.logprobs), atol=1e-3)
+    outs = generate_all(vllm_engine, [Request(p, params, seed=i) for i, p in enumerate(prompts(tokenizer, 4))])
+    assert_trainer_logprobs(outs, load_model(tiny_model), temperature=0.7, atol=1e-3)
 
 
 def test_seeded_sample_is_reproducible_and_independent_of_batch(vllm_engine, tokenizer):
     params = SamplingParams(max_new_tokens=10, temperature=1.0)
-    many = run(vllm_engine, [Request(p, params, seed=100 + i) for i, p in enumerate(prompts(tokenizer, 8))])
-    alone = run(vllm_engine, [Request(many[5].prompt_ids, params, seed=105)])[0]
+    many = generate_all(vllm_engine, [Request(p, params, seed=100 + i) for i, p in enumerate(prompts(tokenizer, 8))])
+    alone = generate_all(vllm_engine, [Request(many[5].prompt_ids, params, seed=105)])[0]
     assert alone.token_ids == many[5].token_ids
-    assert run(vllm_engine, [Request(many[5].prompt_ids, params, seed=7)])[0].token_ids != alone.token_ids
+    assert generate_all(vllm_engine, [Request(many[5].prompt_ids, params, seed=7)])[0].token_ids != alone.token_ids
 
 
 def test_stop_token_ends_the_response_and_is_kept(vllm_engine, tokenizer):
     prompt = prompts(tokenizer, 1)[0]
-    free = run(vllm_engine, [Request(prompt, SamplingParams(8, temperature=0.0))])[0]
+    free = generate_all(vllm_engine, [Request(prompt, SamplingParams(8, temperature=0.0))])[0]
     stop = free.token_ids[2]
-    out = run(vllm_engine, [Request(prompt, SamplingParams(8, temperature=0.0, stop_token_ids=(stop,)))])[0]
+    out = generate_all(vllm_engine, [Request(prompt, SamplingParams(8, temperature=0.0, stop_token_ids=(stop,)))])[0]
     assert out.finish_reason == "stop" and out.token_ids[-1] == stop
     assert out.token_ids == free.token_ids[: len(out.token_ids)]
 
@@ -104,7 +95,7 @@ def test_weight_update_changes_outputs_and_fingerprint(vllm_engine, hf_engine, t
     original = load_model(tiny_model)
     assert vllm_engine.weights_fingerprint() == fingerprint(original.state_dict().items())
     requests = greedy(tokenizer, n=3, length=8)
-    before = run(vllm_engine, requests)
+    before = generate_all(vllm_engine, requests)
     changed = load_model(tiny_model)
     with torch.no_grad():
         for p in changed.parameters():
@@ -112,7 +103,7 @@ def test_weight_update_changes_outputs_and_fingerprint(vllm_engine, hf_engine, t
     try:
         vllm_engine.load_weights(changed.state_dict().items(), version=3)
         hf_engine.load_weights(changed.state_dict().items(), version=3)
-        after, reference = run(vllm_engine, requests), run(hf_engine, requests)
+        after, reference = generate_all(vllm_engine, requests), generate_all(hf_engine, requests)
         assert vllm_engine.weights_fingerprint() == fingerprint(changed.state_dict().items())
         assert [c.token_ids for c in after] != [c.token_ids for c in before]
         assert [c.token_ids for c in after] == [c.token_ids for c in reference]
@@ -120,4 +111,4 @@ def test_weight_update_changes_outputs_and_fingerprint(vllm_engine, hf_engine, t
     finally:  # later tests in this module expect the original weights
         vllm_engine.load_weights(original.state_dict().items(), version=0)
         hf_engine.load_weights(original.state_dict().items(), version=0)
-    assert [c.token_ids for c in run(vllm_engine, requests)] == [c.token_ids for c in before]
+    assert [c.token_ids for c in generate_all(vllm_engine, requests)] == [c.token_ids for c in before]
