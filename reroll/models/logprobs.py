@@ -12,6 +12,12 @@ import contextlib
 import torch
 
 from reroll.algorithms import entropy_from_logits
+from reroll.models.packing import (
+    MASKED_ATTENTION,
+    PackedBatch,
+    pack_shared_prefixes,
+    supports_packing,
+)
 
 
 def token_logprobs_from_logits(logits: torch.Tensor, input_ids: torch.Tensor) -> torch.Tensor:
@@ -46,14 +52,21 @@ def load_weights(model: torch.nn.Module, state: dict[str, torch.Tensor], source:
 
 def forward_logprobs(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                      temperature: float = 1.0, with_entropy: bool = False,
-                     first_position: int = 1, entropy_grad: bool = True
+                     response_mask: torch.Tensor | None = None, entropy_grad: bool = True
                      ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Run the model on a right-padded batch; returns (logprobs [B, L], entropy [B, L] or None).
 
-    Only positions >= `first_position` are scored (earlier ones are 0): a trainer passes the
-    first response position, so the LM head and softmax skip the prompts, which for a large
-    vocabulary is much of the memory. `entropy_grad=False` computes the entropy as a metric
-    only, outside the autograd graph."""
+    With `response_mask`, only the positions a trainer reads are scored: from each row's first
+    response token on (earlier ones are 0), so the LM head and softmax skip the prompts, which
+    for a large vocabulary is much of the memory; and rows that share their prompt (a GRPO
+    group) are forwarded as one packed row (`reroll.models.packing`), the prompt once.
+    `entropy_grad=False` computes the entropy as a metric only, outside the autograd graph."""
+    if response_mask is not None and supports_packing(model):
+        packed = pack_shared_prefixes(input_ids, attention_mask, response_mask)
+        if packed is not None:
+            return _packed_forward(model, packed, input_ids.shape, temperature, with_entropy,
+                                   entropy_grad)
+    first_position = 1 if response_mask is None else first_response_position(response_mask)
     position_ids = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
     keep = {} if first_position <= 1 else {"logits_to_keep": input_ids.shape[1] - first_position + 1}
     logits = model(input_ids=input_ids, attention_mask=attention_mask,
@@ -68,6 +81,32 @@ def forward_logprobs(model: torch.nn.Module, input_ids: torch.Tensor, attention_
     return logprobs, entropy
 
 
+def _packed_forward(model: torch.nn.Module, packed: PackedBatch, shape: torch.Size,
+                    temperature: float, with_entropy: bool, entropy_grad: bool
+                    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """`forward_logprobs` through a packing: logits of the packed positions that predict a
+    scored token, scattered back to [B, L]."""
+    mask_dtype = MASKED_ATTENTION[model.config._attn_implementation]
+    mask = packed.attention_mask(mask_dtype or next(model.parameters()).dtype)
+    width = packed.input_ids.shape[1]
+    keep = width - int(packed.source_col.min())
+    logits = model(input_ids=packed.input_ids, attention_mask=mask,
+                   position_ids=packed.position_ids, use_cache=False, logits_to_keep=keep).logits
+    logits = logits[packed.source_row, packed.source_col - (width - keep)].float()  # [N, V]
+    if temperature != 1.0:
+        logits = logits / temperature
+    targets = packed.target_row, packed.target_col
+    picked = torch.gather(logits, -1, packed.target_ids[:, None]).squeeze(-1)
+    logprobs = torch.zeros(shape, dtype=torch.float32, device=logits.device).index_put(
+        targets, picked - torch.logsumexp(logits, dim=-1))
+    entropy = None
+    if with_entropy:
+        with contextlib.nullcontext() if entropy_grad else torch.no_grad():
+            entropy = torch.zeros(shape, dtype=torch.float32, device=logits.device).index_put(
+                targets, entropy_from_logits(logits))
+    return logprobs, entropy
+
+
 def first_response_position(response_mask: torch.Tensor) -> int:
     """The earliest response token over the rows of [B, L] (1 when there is none)."""
     rows = response_mask.any(-1)
@@ -78,13 +117,17 @@ def first_response_position(response_mask: torch.Tensor) -> int:
 
 @torch.no_grad()
 def batched_logprobs(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
-                     micro_batch_size: int, temperature: float = 1.0) -> torch.Tensor:
-    """`forward_logprobs` without gradients over micro-batches of a large batch -> [B, L]."""
+                     micro_batch_size: int, temperature: float = 1.0,
+                     response_mask: torch.Tensor | None = None) -> torch.Tensor:
+    """`forward_logprobs` without gradients over micro-batches of a large batch -> [B, L]
+    (with `response_mask`: from each row's first response token on, see `forward_logprobs`)."""
     out = torch.zeros(input_ids.shape, dtype=torch.float32)
     for start in range(0, input_ids.shape[0], micro_batch_size):
-        ids = input_ids[start : start + micro_batch_size]
-        mask = attention_mask[start : start + micro_batch_size]
+        rows = slice(start, start + micro_batch_size)
+        mask = attention_mask[rows]
         width = int(mask.sum(-1).max())  # right-padded: trim the shared padding
-        logprobs, _ = forward_logprobs(model, ids[:, :width], mask[:, :width], temperature)
-        out[start : start + ids.shape[0], :width] = logprobs
+        response = None if response_mask is None else response_mask[rows, :width]
+        logprobs, _ = forward_logprobs(model, input_ids[rows, :width], mask[:, :width],
+                                       temperature, response_mask=response)
+        out[rows, :width] = logprobs
     return out

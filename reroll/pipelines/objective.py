@@ -22,7 +22,7 @@ from torch import Tensor
 
 from reroll import algorithms
 from reroll.config.algorithm import AlgorithmConfig, AsyPPOConfig, KLConfig
-from reroll.models.logprobs import first_response_position, forward_logprobs
+from reroll.models.logprobs import forward_logprobs
 
 # ----------------------------------------------------------------------------- advantages
 
@@ -226,8 +226,7 @@ def make_rl_loss(config: AlgorithmConfig, batch: TensorDict, temperature: float,
         mask, response = micro[loss_key], micro["response_mask"]
         logprobs, entropy = forward_logprobs(
             model, micro["input_ids"], micro["attention_mask"], temperature, with_entropy=True,
-            first_position=first_response_position(response),
-            entropy_grad=config.entropy_coef > 0)
+            response_mask=response, entropy_grad=config.entropy_coef > 0)
         # Without stored old logprobs the update is on-policy: pi_old is the current policy.
         old = micro["old_logprobs"] if "old_logprobs" in micro.keys() else logprobs.detach()
         loss, raw = policy_loss(logprobs, old, micro["advantages"], mask, micro, **policy)
@@ -333,7 +332,8 @@ def sft_loss(batch: TensorDict) -> Callable[[torch.nn.Module, TensorDict], tuple
 
     def loss_fn(model: torch.nn.Module, micro: TensorDict) -> tuple[torch.Tensor, dict]:
         mask = micro["response_mask"]
-        logprobs, _ = forward_logprobs(model, micro["input_ids"], micro["attention_mask"])
+        logprobs, _ = forward_logprobs(model, micro["input_ids"], micro["attention_mask"],
+                                       response_mask=mask)
         loss = algorithms.aggregate_loss(-logprobs, mask, "token_mean", num_tokens=num_tokens)
         return loss, {"sft/nll": float(algorithms.masked_mean(-logprobs.detach(), mask))}
 

@@ -90,7 +90,8 @@ class SFTPipeline:
             return None
         batch, _ = collate(self.eval_set, self.tokenizer.pad_token_id)
         logprobs = batched_logprobs(self.policy.model, batch["input_ids"], batch["attention_mask"],
-                                    self.config.train.micro_batch_size)
+                                    self.config.train.micro_batch_size,
+                                    response_mask=batch["response_mask"])
         mask = batch["response_mask"]
         return float(-(logprobs * mask).sum() / mask.sum())
 

@@ -46,7 +46,8 @@ class MathRewardFn:
     def __init__(self, format_weight: float = 0.0, timeout_s: float = 5.0, num_workers: int = 1):
         self.format_weight = format_weight
         self.timeout_s = timeout_s
-        self.pool = ProcessPool(num_workers)
+        # Warm up: math-verify's imports (sympy, latex2sympy) take ~0.4 s per worker.
+        self.pool = ProcessPool(num_workers, warm_up=(verify_boxed, ("\\boxed{1}", "1")))
 
     async def __call__(self, sample: RewardSample) -> RewardResult:
         if sample.answer is None:

@@ -45,15 +45,37 @@ def read_frame(stream) -> bytes | None:
     return stream.read(size)
 
 
+WARM_UP_TIMEOUT_S = 120.0
+"""How long a new worker may take to run its warm-up call (imports, mostly)."""
+
+
 class Worker:
-    def __init__(self) -> None:
+    """One worker process. `warm_up` (fn, args) is sent at once, so the process imports what
+    the calls will need while the caller does other work; its reply is read before the first
+    call's."""
+
+    def __init__(self, warm_up: tuple[Callable[..., Any], tuple] | None = None) -> None:
         self.process = subprocess.Popen(
             [sys.executable, "-m", "reroll.rewards.worker"],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
         write_frame(self.process.stdin, pickle.dumps(list(sys.path)))
+        self.warming_up = warm_up is not None
+        if warm_up is not None:
+            write_frame(self.process.stdin, pickle.dumps(warm_up))
 
     def call(self, fn: Callable[..., Any], args: tuple, timeout: float) -> Any:
+        if self.warming_up:
+            self.warming_up = False
+            try:
+                self._reply(WARM_UP_TIMEOUT_S)
+            except (CallTimeout, WorkerCrashed):
+                raise  # the worker is gone: this call fails, and the pool replaces it
+            except Exception:  # noqa: BLE001 - the warm-up's own error; the call will tell
+                pass
         write_frame(self.process.stdin, pickle.dumps((fn, args)))
+        return self._reply(timeout)
+
+    def _reply(self, timeout: float) -> Any:
         ready, _, _ = select.select([self.process.stdout], [], [], timeout)
         if not ready:
             self.kill()
@@ -75,37 +97,43 @@ class Worker:
         self.process.wait()
 
     def close(self) -> None:
+        """Workers keep no state, so they are killed: an orderly exit would spend ~0.2 s tearing
+        down what the reward code imported."""
         if self.alive():
-            self.process.stdin.close()
-            try:
-                self.process.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                self.kill()
+            self.kill()
 
 
 class ProcessPool:
     """`await pool.run(fn, *args, timeout=s)` runs `fn(*args)` in one of `num_workers` processes.
-    `fn` must be importable by module path (a top-level function)."""
+    `fn` must be importable by module path (a top-level function). With `warm_up` (fn, args),
+    every worker starts now and runs that call first (to import a verifier's libraries while
+    the model loads, not during the first step); otherwise workers start on demand."""
 
-    def __init__(self, num_workers: int = 1):
+    def __init__(self, num_workers: int = 1,
+                 warm_up: tuple[Callable[..., Any], tuple] | None = None):
         self.num_workers = num_workers
+        self.warm_up = warm_up
         self._idle: queue.Queue[Worker] = queue.Queue()
         self._started = 0
         self._lock = threading.Lock()
         self.restarts = 0
+        if warm_up is not None:
+            for _ in range(num_workers):
+                self._idle.put(Worker(warm_up))
+            self._started = num_workers
 
     def _acquire(self) -> Worker:
         with self._lock:
             if self._idle.empty() and self._started < self.num_workers:
                 self._started += 1
-                return Worker()
+                return Worker(self.warm_up)
         return self._idle.get()
 
     def _release(self, worker: Worker) -> None:
         if not worker.alive():
             with self._lock:
                 self.restarts += 1
-            worker = Worker()
+            worker = Worker(self.warm_up)
         self._idle.put(worker)
 
     def _call(self, fn: Callable[..., Any], args: tuple, timeout: float) -> Any:

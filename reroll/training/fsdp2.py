@@ -86,7 +86,8 @@ class FSDP2Strategy:
         with self.autocast():
             out = batched_logprobs(self.model, batch["input_ids"].to(self.device),
                                    batch["attention_mask"].to(self.device),
-                                   self.train_config.micro_batch_size, temperature)
+                                   self.train_config.micro_batch_size, temperature,
+                                   batch["response_mask"].to(self.device))
         return out.cpu()
 
     def train_step(self, shard: TensorDict, loss_fn: LossFn) -> dict[str, float]:

@@ -102,7 +102,8 @@ class LocalStrategy:
         """Logprobs [B, L] of every token under the current weights, computed in micro-batches."""
         with self.autocast():
             return batched_logprobs(self.model, batch["input_ids"], batch["attention_mask"],
-                                    self.train_config.micro_batch_size, temperature)
+                                    self.train_config.micro_batch_size, temperature,
+                                    batch["response_mask"])
 
     def train_step(self, batch: TensorDict, loss_fn: LossFn) -> dict[str, float]:
         """One optimizer step over `batch`, accumulated over micro-batches."""

@@ -17,4 +17,4 @@ class ReferenceWorker:
 
     def logprobs(self, shard: TensorDict, temperature: float = 1.0) -> torch.Tensor:
         return batched_logprobs(self.model, shard["input_ids"], shard["attention_mask"],
-                                self.micro_batch_size, temperature)
+                                self.micro_batch_size, temperature, shard["response_mask"])

@@ -21,7 +21,7 @@ def test_first_position_skips_the_prompt_without_changing_the_response(tiny_mode
     assert first == 4
     full, full_entropy = forward_logprobs(model, ids, attention, 0.7, with_entropy=True)
     part, part_entropy = forward_logprobs(model, ids, attention, 0.7, with_entropy=True,
-                                          first_position=first, entropy_grad=False)
+                                          response_mask=response, entropy_grad=False)
     assert torch.allclose(part[:, first:], full[:, first:], atol=1e-5)
     assert torch.allclose(part_entropy[:, first:], full_entropy[:, first:], atol=1e-5)
     assert (part[:, :first] == 0).all() and not part_entropy.requires_grad

@@ -74,6 +74,32 @@ def test_process_pool_kills_a_hung_call_and_keeps_serving():
         pool.close()
 
 
+def remember(value):
+    global REMEMBERED
+    REMEMBERED = value
+
+
+def recall():
+    return REMEMBERED
+
+
+def test_process_pool_warm_up_runs_first_in_every_worker_and_may_fail():
+    pool = ProcessPool(num_workers=2, warm_up=(remember, ("warm",)))
+    try:
+        assert pool._started == 2  # started with the pool, before any call
+        async def both():
+            return await asyncio.gather(pool.run(recall, timeout=5), pool.run(recall, timeout=5))
+
+        assert asyncio.run(both()) == ["warm", "warm"]
+    finally:
+        pool.close()
+    failing = ProcessPool(num_workers=1, warm_up=(int, ("not a number",)))
+    try:  # a warm-up's error is not the call's
+        assert asyncio.run(failing.run(abs, -3, timeout=5)) == 3
+    finally:
+        failing.close()
+
+
 class Hangs:
     name = "hangs"
 
