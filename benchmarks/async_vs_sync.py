@@ -12,7 +12,7 @@ Reports the training-loop wall time of both (the final evaluation excluded) and 
 reward (mean of 4 samples per eval prompt), which must agree within TOLERANCE.
 Last line: JSON with `speedup`.
 
-    .venv/bin/python benchmarks/async_vs_sync.py [--steps N]
+    .venv/bin/python benchmarks/async_vs_sync.py [--steps N] [--rounds R]
 """
 
 from __future__ import annotations
@@ -45,6 +45,7 @@ STALENESS = 4
 """Lets the engine work up to four batches ahead, so a batch that happens to hold no long group
 (or two) does not leave one side idle; TIS corrects for the off-policy samples. With 2, nearly
 every 384-token response missed the bound and was generated for nothing."""
+MAX_RUNNING = None
 TOLERANCE = 0.08
 """Largest accepted |async - sync| difference of the final eval reward (64 prompts x 4 samples
 at temperature 1): about 2.5 standard errors of the difference of two such means at a reward
@@ -61,7 +62,8 @@ def train(workload: dict, steps: int, asynchronous: bool) -> dict:
         "algorithm": {"correction": {"tis": {"level": "token", "cap": 2.0}}},
         "optimizer": {"lr": LR}, "train": {"micro_batch_size": GROUP, "num_threads": 1},
         "eval": {"every_steps": 0, "samples_per_prompt": 4, "temperature": 1.0},
-        "scheduler": {"engine_process": True, "engine_threads": 1},
+        "scheduler": {"engine_process": True, "engine_threads": 1,
+                      "max_running_per_engine": MAX_RUNNING},
         "async_training": {"enabled": asynchronous, "max_staleness": STALENESS,
                            "in_flight_updates": IN_FLIGHT},
         "tracking": {"tensorboard": False, "record_batch_every": 0, "record_rollouts": 0}})
@@ -82,6 +84,13 @@ def train(workload: dict, steps: int, asynchronous: bool) -> dict:
         return trajectories
 
     pipeline.evaluate, pipeline.source.next_batch = timed_evaluate, counted_next_batch
+    engine, close, generated = pipeline.source.engine, pipeline.close, [0]
+
+    def close_after_counting() -> None:  # every token the engine made, evaluations included
+        generated[0] = getattr(engine, "inner", engine).stats()["generated_tokens"]
+        close()
+
+    pipeline.close = close_after_counting
     summary = pipeline.run()
     rows = [r for r in read_metrics(summary["run_dir"]) if "time/step_s" in r]
     return {"train_loop_s": sum(r["time/step_s"] for r in rows) - eval_s[-1],
@@ -90,37 +99,57 @@ def train(workload: dict, steps: int, asynchronous: bool) -> dict:
             "eval_start": summary["eval_reward_start"], "eval_end": summary["eval_reward_end"],
             "staleness_mean": sum(r.get("staleness/mean", 0.0) for r in rows) / len(rows),
             "trainer_idle_s": sum(r.get("time/trainer_idle_s", 0.0) for r in rows),
+            "trained_tokens": sum(r["rollout/tokens"] for r in rows),
+            "generated_tokens": generated[0],
             "samples": samples[0]}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=STEPS)
-    steps = parser.parse_args().steps
+    parser.add_argument("--rounds", type=int, default=2,
+                        help="runs of each mode, alternating sync/async (default 2)")
+    args = parser.parse_args()
     workload = build_workload()
     ensure_ray(num_cpus=2)
-    sync = train(workload, steps, asynchronous=False)
-    asyn = train(workload, steps, asynchronous=True)
+    runs: dict[str, list[dict]] = {"sync": [], "async": []}
+    for _ in range(args.rounds):  # alternating, so drift of the machine hits both modes alike
+        runs["sync"].append(train(workload, args.steps, asynchronous=False))
+        runs["async"].append(train(workload, args.steps, asynchronous=True))
+    sync, asyn = (fastest_run(runs[mode]) for mode in ("sync", "async"))
     speedup = sync["train_loop_s"] / asyn["train_loop_s"]
     same = abs(asyn["eval_end"] - sync["eval_end"]) <= TOLERANCE
-    table = Table(title=f"{steps} steps x {PROMPTS} prompts x {GROUP} samples, max_new_tokens "
-                        f"{MAX_NEW}; engine actor 1 CPU, trainer 1 thread")
-    for column in ("mode", "loop s", "rollout s/step", "train s/step", "samples", "eval start",
-                   "eval end", "staleness", "trainer idle s"):
+    table = Table(title=f"{args.steps} steps x {PROMPTS} prompts x {GROUP} samples, "
+                        f"max_new_tokens {MAX_NEW}; engine actor 1 CPU, trainer 1 thread; "
+                        f"fastest of {args.rounds} runs each")
+    for column in ("mode", "loop s", "rollout s/step", "train s/step", "samples",
+                   "tokens trained", "tokens generated", "eval start", "eval end", "staleness",
+                   "trainer idle s"):
         table.add_column(column)
     for name, r in (("sync", sync), ("async", asyn)):
         table.add_row(name, f"{r['train_loop_s']:.1f}", f"{r['rollout_s']:.2f}",
-                      f"{r['train_s']:.2f}", str(r["samples"]), f"{r['eval_start']:.3f}",
+                      f"{r['train_s']:.2f}", str(r["samples"]), f"{r['trained_tokens']:,.0f}",
+                      f"{r['generated_tokens']:,.0f}", f"{r['eval_start']:.3f}",
                       f"{r['eval_end']:.3f}", f"{r['staleness_mean']:.2f}",
                       f"{r['trainer_idle_s']:.1f}")
     Console().print(table)
+    Console().print(f"loop seconds, sync: {[round(r['train_loop_s'], 1) for r in runs['sync']]}, "
+                    f"async: {[round(r['train_loop_s'], 1) for r in runs['async']]}")
     Console().print(f"speedup {speedup:.2f}x (goal >= 1.8x); final eval reward within "
                     f"{TOLERANCE}: {same}")
     print(json.dumps({"speedup": round(speedup, 3), "sync_s": round(sync["train_loop_s"], 2),
                       "async_s": round(asyn["train_loop_s"], 2), "samples": sync["samples"],
+                      "sync_trained_tokens": sync["trained_tokens"],
+                      "async_trained_tokens": asyn["trained_tokens"],
                       "sync_eval_reward": round(sync["eval_end"], 4),
                       "async_eval_reward": round(asyn["eval_end"], 4),
                       "tolerance": TOLERANCE, "same_eval_reward": same}))
+
+
+def fastest_run(runs: list[dict]) -> dict:
+    """The run with the shortest loop, whole (its figures belong together). As timeit does: the
+    machine's noise only ever slows a run down."""
+    return min(runs, key=lambda r: r["train_loop_s"])
 
 
 if __name__ == "__main__":

@@ -44,6 +44,20 @@ class InProcessSync:
         return {"time/weight_sync_s": time.perf_counter() - t0, "policy_version": version}
 
 
+class PublishedSync:
+    """Asynchronous training with in-flight updates: the trainer hands its weights to the rollout
+    producer and goes on training; the producer loads them between decoding steps and checks
+    the fingerprint there (`_ProducerEngine.publish_weights`)."""
+
+    def __init__(self, policy: Any, engine: Any):
+        self.policy, self.engine = policy, engine
+
+    def __call__(self, version: int) -> dict[str, float]:
+        t0 = time.perf_counter()
+        self.engine.publish_weights(self.policy.state_dict_for_sync(), version)
+        return {"time/weight_sync_s": time.perf_counter() - t0, "policy_version": version}
+
+
 class ObjectStoreSync:
     """`policy` is a `PolicyGroup` on the Ray executor, `engine` an `ActorEngine`."""
 
@@ -164,13 +178,16 @@ def sync_method(config: DistributedConfig) -> tuple[str, str]:
 
 
 def make_weight_sync(policy: Any, engine: Engine, config: DistributedConfig | None = None
-                     ) -> InProcessSync | ObjectStoreSync | BroadcastSync:
+                     ) -> InProcessSync | PublishedSync | ObjectStoreSync | BroadcastSync:
     """For an engine actor fed by Ray policy workers: the object store or a broadcast, as
-    `config.weight_sync` says; otherwise the in-memory handoff (an engine actor fed by an
-    in-process policy packs the weights itself)."""
+    `config.weight_sync` says; for an async producer with in-flight updates, a hand-over;
+    otherwise the in-memory handoff (an engine actor fed by an in-process policy packs the
+    weights itself)."""
     from reroll.distributed.engine_actor import ActorEngine
     from reroll.distributed.roles import PolicyGroup
 
+    if getattr(engine, "publishes_weights", False):
+        return PublishedSync(policy, engine)
     if not (isinstance(policy, PolicyGroup) and isinstance(engine, ActorEngine)
             and not policy.in_process):
         return InProcessSync(policy, engine)

@@ -14,6 +14,7 @@ Both expose `engine` (what the pipeline loads weights into and evaluates with), 
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import functools
 import math
 import threading
@@ -28,7 +29,7 @@ from reroll import algorithms
 from reroll.config.algorithm import DynamicSamplingConfig
 from reroll.config.errors import ConfigError
 from reroll.data.batch import Trajectory
-from reroll.engines.base import Engine, Request, SamplingParams
+from reroll.engines.base import Engine, Request, SamplingParams, WeightSyncError, fingerprint
 from reroll.rewards.runner import RewardRunner
 from reroll.rollout.buffer import BufferedGroup, VersionedBuffer
 from reroll.rollout.sampling import encode_prompt, request_seed
@@ -215,7 +216,14 @@ class AsyncSource:
         return self._metrics
 
     def close(self) -> None:
-        """Stop the producer: abort what is running, end its tasks, stop its loop."""
+        """Wait for the last weight load (its error is the run's), then stop the producer: abort
+        what is running, end its tasks, stop its loop."""
+        try:
+            self.engine.wait_for_load()
+        finally:
+            self._stop_producer()
+
+    def _stop_producer(self) -> None:
         self.stop.set()
         if self._producer is not None:
             try:
@@ -299,10 +307,35 @@ class _ProducerEngine:
     def __init__(self, inner: Engine, source: AsyncSource, version: int):
         self.inner, self.source, self.version = inner, source, version
         self._fingerprint: str | None = None
+        self._pending_load: concurrent.futures.Future | None = None
 
     async def generate(self, request: Request):
+        if self._pending_load is not None:  # evaluation samples from the latest weights
+            await asyncio.wrap_future(self._pending_load)
         future = asyncio.run_coroutine_threadsafe(self.inner.generate(request), self.source.loop)
         return await asyncio.wrap_future(future)
+
+    @property
+    def publishes_weights(self) -> bool:
+        """Whether weights can be handed over without waiting for the load (in-flight updates)."""
+        return self.source.config.async_training.in_flight_updates
+
+    def publish_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]],
+                        version: int) -> None:
+        """Hand the weights over and return: the producer loads them between two decoding steps
+        and checks there that the engine's fingerprint is that of the weights sent (a mismatch
+        stops the producer, and the trainer's next batch raises it). At most one load is
+        outstanding: the trainer first waits for the previous one, and gets its error."""
+        self.wait_for_load()
+        named = [(k, v.detach().clone()) for k, v in named_tensors]
+        self._pending_load = asyncio.run_coroutine_threadsafe(
+            self._swap(named, version, check=True), self.source.loop)
+
+    def wait_for_load(self) -> None:
+        """Block until the last published weights are loaded; raises what the load raised."""
+        pending, self._pending_load = self._pending_load, None
+        if pending is not None:
+            pending.result()
 
     def abort(self, request_id: str) -> None:
         self.source.loop.call_soon_threadsafe(self.inner.abort, request_id)
@@ -311,7 +344,18 @@ class _ProducerEngine:
         named = [(k, v.detach().clone()) for k, v in named_tensors]
         asyncio.run_coroutine_threadsafe(self._swap(named, version), self.source.loop).result()
 
-    async def _swap(self, named: list, version: int) -> None:
+    async def _swap(self, named: list, version: int, check: bool = False) -> None:
+        try:
+            await self._swap_now(named, version)
+            if check and self._fingerprint != fingerprint(named):
+                raise WeightSyncError(
+                    f"after the weight load of step {version} the engine's weights fingerprint "
+                    f"does not match the policy's: the engine would sample from stale weights")
+        except BaseException as e:
+            self.source.buffer.close(e)  # the waiting trainer raises it
+            raise
+
+    async def _swap_now(self, named: list, version: int) -> None:
         scheduler = self.source.scheduler
         a = self.source.config.async_training
         t0 = time.perf_counter()

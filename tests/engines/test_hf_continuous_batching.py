@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from reroll.engines.base import Request, SamplingParams
-from reroll.engines.hf import HFEngine
+from reroll.engines.hf import HFEngine, _row_segments
 from reroll.models.loading import load_model
 
 pytestmark = pytest.mark.unit
@@ -60,6 +60,35 @@ def test_requests_join_a_running_batch_and_return_before_it_ends(engine, tokeniz
 
     outs = asyncio.run(go())
     for request, out in zip((long, wide, short), outs, strict=True):
+        assert_same_sample(out, engine.generate_batch([request])[0])
+
+
+def test_joining_requests_reuse_the_rows_that_finished_rows_left(engine, tokenizer):
+    """After rows end (and leave their K/V behind in the buffers), newcomers are written into
+    the spare rows of the same buffers, not into a new cache, and still sample as if alone."""
+    params = SamplingParams(max_new_tokens=60, temperature=1.0)
+    first = [Request(prompt(tokenizer, 2 + i), replace(params, max_new_tokens=n), seed=30 + i)
+             for i, n in enumerate([60, 4, 4, 4, 60])]
+    later = [Request(prompt(tokenizer, 1 + i), replace(params, max_new_tokens=8), seed=40 + i)
+             for i in range(3)]
+    buffers = []
+
+    def key_buffer():
+        return engine._running.cache.layers[0]._key_buffer
+
+    async def go():
+        tasks = [asyncio.create_task(engine.generate(r)) for r in first]
+        await asyncio.gather(*tasks[1:4])  # three rows ended: compacted away
+        await until(lambda: engine._running is not None and len(engine._running.rows) == 2)
+        buffers.append(key_buffer())
+        joined = [asyncio.create_task(engine.generate(r)) for r in later]
+        await until(lambda: engine._running is not None and len(engine._running.rows) == 5)
+        buffers.append(key_buffer())
+        return await asyncio.gather(*tasks, *joined)
+
+    outs = asyncio.run(go())
+    assert buffers[1] is buffers[0]  # the same buffers: only the newcomers were copied
+    for request, out in zip(first + later, outs, strict=True):
         assert_same_sample(out, engine.generate_batch([request])[0])
 
 
@@ -172,3 +201,13 @@ def test_a_prompt_the_model_rejects_fails_alone_and_the_engine_keeps_serving(eng
     good_out, later_out = asyncio.run(go())
     assert good_out.token_ids == engine.generate_batch([good])[0].token_ids
     assert len(later_out.token_ids) == 4
+
+
+def test_row_segments_by_hand():
+    starts = [0, 0, 5, 40, 41, 42, 100]
+    attention = torch.zeros(len(starts), 120, dtype=torch.long)
+    for row, start in enumerate(starts):
+        attention[row, start:] = 1
+    assert _row_segments(attention) == ((0, 3, 0), (3, 6, 40), (6, 7, 100))
+    assert _row_segments(attention, most=2) == ((0, 6, 0), (6, 7, 100))
+    assert _row_segments(torch.ones(3, 10, dtype=torch.long)) is None  # nothing to skip

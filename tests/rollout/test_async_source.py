@@ -1,14 +1,16 @@
 """Asynchronous training's buffer and source: the staleness bound holds, stale groups are never
 handed to the trainer, the producer keeps generating while the trainer is away."""
 
+import threading
 import time
 
 import pytest
+import torch
 from scripted_engine import ScriptedEngine, runner
 
 from reroll.config.schema import RLConfig
 from reroll.data.datasets import PromptRow, PromptSampler
-from reroll.engines.base import SamplingParams
+from reroll.engines.base import SamplingParams, WeightSyncError, fingerprint
 from reroll.rollout.buffer import BufferedGroup, StaleBatchError, VersionedBuffer
 from reroll.rollout.scheduler import Group
 from reroll.rollout.sources import AsyncSource, build_source
@@ -94,3 +96,56 @@ def test_partial_rollout_resumes_requests_cut_by_the_weight_update(tokenizer):
         assert source.metrics()["staleness/off_policy_token_frac"] >= 0.0
     finally:
         source.close()
+
+
+class HeldLoads(ScriptedEngine):
+    """An engine that loads between decoding steps, whose loads wait for `release`, and whose
+    fingerprint is that of what it loaded (or garbage, with `corrupt`)."""
+
+    in_flight_updates = True
+
+    def __init__(self, corrupt: bool = False):
+        super().__init__(lambda prompt, seed: 10, TOKEN, tick=0.0005)
+        self.release, self.corrupt = threading.Event(), corrupt
+
+    def load_weights(self, named_tensors, version: int) -> None:
+        assert self.release.wait(timeout=30)
+        super().load_weights(named_tensors, version)
+        self.loaded = fingerprint(named_tensors) if not self.corrupt else "garbage"
+
+    def weights_fingerprint(self) -> str:
+        return getattr(self, "loaded", "initial")
+
+
+def test_in_flight_weights_are_handed_over_without_waiting_for_the_load(tokenizer):
+    engine = HeldLoads()
+    source = build_source(config(max_staleness=2, in_flight_updates=True), engine, runner(),
+                          tokenizer, stream())
+    weights = [("w", torch.ones(3))]
+    try:
+        source.next_batch(1, 0, PARAMS)
+        source.engine.publish_weights(weights, 1)
+        assert engine.loads == 0 and source.engine.version == 0  # returned while it waits
+        engine.release.set()
+        source.engine.wait_for_load()
+        assert engine.loads == 1 and source.engine.version == 1
+        assert source.engine.weights_fingerprint() == fingerprint(weights)
+    finally:
+        source.close()
+
+
+def test_a_mismatched_in_flight_load_stops_the_run(tokenizer):
+    engine = HeldLoads(corrupt=True)
+    engine.release.set()
+    source = build_source(config(max_staleness=2, in_flight_updates=True), engine, runner(),
+                          tokenizer, stream())
+    try:
+        source.next_batch(1, 0, PARAMS)
+        source.engine.publish_weights([("w", torch.ones(3))], 1)
+        with pytest.raises(StaleBatchError, match="fingerprint"):
+            for step in range(2, 10):  # the trainer's next batch raises it
+                source.next_batch(step, step - 1, PARAMS)
+        with pytest.raises(WeightSyncError):
+            source.engine.wait_for_load()
+    finally:
+        source._stop_producer()
