@@ -230,6 +230,10 @@ class AsyncSource:
                 self._producer.result(timeout=60)
             except BaseException:  # noqa: BLE001 - its failure was already handed to the trainer
                 pass
+        try:  # what is left (streams of aborted requests) ends before its loop closes
+            asyncio.run_coroutine_threadsafe(_cancel_other_tasks(), self.loop).result(timeout=30)
+        except BaseException:  # noqa: BLE001 - shutting down: a stuck task must not block it
+            pass
         self.loop.call_soon_threadsafe(self.loop.stop)
         self.thread.join(timeout=30)
         self.loop.close()
@@ -299,6 +303,14 @@ class AsyncSource:
 
     def _encode(self, row) -> list[int]:
         return encode_prompt(self.tokenizer, row, self.config.data.max_prompt_tokens)
+
+
+async def _cancel_other_tasks() -> None:
+    current = asyncio.current_task()
+    tasks = [task for task in asyncio.all_tasks() if task is not current]
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
 
 
 class _ProducerEngine:
