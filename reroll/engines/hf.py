@@ -2,8 +2,8 @@
 
 Requests with the same sampling settings (temperature, top-p, top-k) decode together in one running
 batch. Between decoding steps, pending requests join it, up to `max_batch_size` rows: they are
-prefilled alone, then merged into the running KV cache by left-padding the shorter of the two
-caches; each row keeps its own position ids, so the padding shifts nothing. A row leaves as soon as
+prefilled alone, then merged into the running KV cache (`reroll.engines.kv_cache`), right-aligned
+to its width; each row keeps its own position ids, so the padding shifts nothing. A row leaves as soon as
 it ends (stop token, max_new_tokens, abort) and its caller gets the completion at once; leading
 cache columns that only departed rows needed are cropped. So on a long-tailed workload finished
 requests are not held back by the tail, and new requests keep the tail's batch full.
@@ -21,7 +21,6 @@ requests older than it still join, so the batch drains and no request waits fore
 from __future__ import annotations
 
 import asyncio
-import functools
 import inspect
 import itertools
 from collections.abc import Iterable
@@ -38,6 +37,7 @@ from reroll.engines.base import (
     SamplingParams,
     fingerprint,
 )
+from reroll.models.attention import GQA_SDPA, row_segments, share_kv_heads_in_sdpa
 from reroll.models.logprobs import load_weights
 
 if TYPE_CHECKING:
@@ -97,7 +97,7 @@ class HFEngine:
         self.meter = LoadMeter()
         self._device_when_awake: torch.device | None = None
         self._has_logits_to_keep = "logits_to_keep" in inspect.signature(model.forward).parameters
-        _share_kv_heads_in_sdpa(model)
+        share_kv_heads_in_sdpa(model)
         self._segmented_attention = (
             getattr(getattr(model, "config", None), "_attn_implementation", None) == GQA_SDPA)
 
@@ -332,207 +332,15 @@ class HFEngine:
         computes them for that position only, not for every prompt position."""
         extra = {"logits_to_keep": 1} if self._has_logits_to_keep else {}
         if input_ids.shape[1] == 1 and self._segmented_attention:
-            extra["row_segments"] = _row_segments(attention)
+            extra["row_segments"] = row_segments(attention)
         return self.model(input_ids=input_ids, attention_mask=attention, position_ids=positions,
                           past_key_values=cache, use_cache=True, **extra).logits[:, -1]
 
 
-GQA_SDPA = "reroll_sdpa_gqa"
+def _growing_cache() -> DynamicCache:
+    from reroll.engines.kv_cache import growing_cache
 
-
-def _share_kv_heads_in_sdpa(model: torch.nn.Module) -> None:
-    """Switch a model that uses transformers' `sdpa` attention to `GQA_SDPA`: the same, except
-    that grouped key/value heads are shared inside SDPA (`enable_gqa`) even under a padding mask.
-    transformers copies them to every query head (`repeat_kv`) whenever there is a mask, which
-    for a decoding batch is a copy of the whole KV cache per layer and step: ~10x slower
-    attention on CPU at 190 rows x 420 columns, 43 ms vs 4 ms."""
-    config = getattr(model, "config", None)
-    if config is None or getattr(config, "_attn_implementation", None) != "sdpa":
-        return
-    from transformers import AttentionInterface
-    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
-
-    AttentionInterface.register(GQA_SDPA, _sdpa_sharing_kv_heads)
-    ALL_MASK_ATTENTION_FUNCTIONS.register(GQA_SDPA, sdpa_mask)
-    model.set_attn_implementation(GQA_SDPA)
-
-
-def _sdpa_sharing_kv_heads(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor,
-                           value: torch.Tensor, attention_mask: torch.Tensor | None,
-                           dropout: float = 0.0, scaling: float | None = None,
-                           is_causal: bool | None = None, row_segments: tuple | None = None,
-                           **kwargs) -> tuple[torch.Tensor, None]:
-    """transformers' sdpa attention (query [B, H, q, D], key/value [B, H_kv, k, D]) -> [B, q, H, D].
-
-    With `row_segments` ((first row, end row, first column), ...: see `_row_segments`), a
-    decoding step attends over each range of rows separately, from its first used column on."""
-    from transformers.integrations.sdpa_attention import sdpa_attention_forward
-
-    grouped = getattr(module, "num_key_value_groups", 1) > 1
-    if row_segments is not None and query.shape[2] == 1:
-        outputs = [torch.nn.functional.scaled_dot_product_attention(
-            query[a:b], key[a:b, :, s:], value[a:b, :, s:], scale=scaling, enable_gqa=grouped,
-            attn_mask=None if attention_mask is None else attention_mask[a:b, :, :, s:])
-            for a, b, s in row_segments]
-        return torch.cat(outputs).transpose(1, 2).contiguous(), None
-    if not grouped or kwargs.get("position_bias") is not None:
-        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout, scaling,
-                                      is_causal, **kwargs)
-    causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
-    causal = query.shape[2] > 1 and attention_mask is None and causal
-    output = torch.nn.functional.scaled_dot_product_attention(
-        query, key, value, attn_mask=attention_mask, dropout_p=dropout, scale=scaling,
-        is_causal=causal, enable_gqa=True)
-    return output.transpose(1, 2).contiguous(), None
-
-
-def _row_segments(attention: torch.Tensor, close: int = 32, most: int = 4) -> tuple | None:
-    """Contiguous ranges of a decoding batch's rows, each with the first cache column one of its
-    rows uses: ((first row, end row, first column), ...), at most `most` of them. None when
-    one range over every column would do.
-
-    Rows join in cohorts, right-aligned to the batch's width, so a cohort of short newcomers
-    starts far to the right of the long rows it joined; attending per range skips the padding
-    columns that every newcomer would otherwise read (a batch's KV reads are most of a decoding
-    step on CPU). Rows start a new range when their first column is more than `close` from the
-    current range's; the closest neighbouring ranges are merged down to `most`."""
-    starts = attention.argmax(-1).tolist()  # each row's first 1
-    ranges = [[0, 1, starts[0]]]
-    for row, start in enumerate(starts[1:], start=1):
-        if abs(start - ranges[-1][2]) <= close:
-            ranges[-1][1], ranges[-1][2] = row + 1, min(start, ranges[-1][2])
-        else:
-            ranges.append([row, row + 1, start])
-    while len(ranges) > most:
-        i = min(range(len(ranges) - 1), key=lambda j: abs(ranges[j][2] - ranges[j + 1][2]))
-        merged = ranges.pop(i + 1)
-        ranges[i][1], ranges[i][2] = merged[1], min(ranges[i][2], merged[2])
-    if len(ranges) == 1 and ranges[0][2] == 0:
-        return None
-    return tuple(tuple(r) for r in ranges)
-
-
-def _growing_cache():
-    """A DynamicCache whose layers keep spare room (see `_GrowingLayer`)."""
-    from transformers import DynamicCache
-
-    cache = DynamicCache()
-    cache.layer_class_to_replicate = _growing_layer_class()
-    return cache
-
-
-@functools.cache
-def _growing_layer_class() -> type:
-    from transformers.cache_utils import DynamicLayer
-
-    class _GrowingLayer(DynamicLayer):
-        """A DynamicLayer whose keys/values are views into buffers with room to grow: columns at
-        the end, so a decoding step writes one column instead of copying the whole cache
-        (`torch.cat`), and spare rows, so requests joining the batch are written into them
-        instead of the whole cache being copied into a larger one. Buffers start zeroed, so the
-        padding that masked positions read is always finite. Anything that replaces
-        `keys`/`values` (cropping) is picked up at the next update."""
-
-        def update(self, key_states, value_states, *args, **kwargs):
-            if not self.is_initialized:
-                self.lazy_initialization(key_states, value_states)
-            new, window = key_states.shape[-2], self._window()
-            if window is None or window[1] + new > self._key_buffer.shape[-2]:
-                length = self.get_seq_length()
-                rows = key_states.shape[0]  # keep spare rows, but not more than `_spare` adds
-                rows = rows if window is None else min(self._key_buffer.shape[0], rows + _spare(rows))
-                self._key_buffer = _grown(self.keys, key_states, length, length + new, rows)
-                self._value_buffer = _grown(self.values, value_states, length, length + new, rows)
-                window = (0, length)
-            start, end = window
-            rows = key_states.shape[0]
-            self._key_buffer[:rows, :, end:end + new] = key_states
-            self._value_buffer[:rows, :, end:end + new] = value_states
-            self.keys = self._key_buffer[:rows, :, start:end + new]
-            self.values = self._value_buffer[:rows, :, start:end + new]
-            return self.keys, self.values
-
-        def batch_select_indices(self, indices: torch.Tensor) -> None:
-            """Keep rows `indices` (in that order, repeats allowed), moved to the front of the
-            buffers when they fit."""
-            window = self._window()
-            if window is None:
-                return super().batch_select_indices(indices)
-            start, end = window
-            rows = len(indices)
-            if rows > self._key_buffer.shape[0]:
-                self._key_buffer = _with_spare_rows(self._key_buffer[indices])
-                self._value_buffer = _with_spare_rows(self._value_buffer[indices])
-            else:
-                self._key_buffer[:rows, :, start:end] = self._key_buffer[indices, :, start:end]
-                self._value_buffer[:rows, :, start:end] = self._value_buffer[indices, :, start:end]
-            self.keys = self._key_buffer[:rows, :, start:end]
-            self.values = self._value_buffer[:rows, :, start:end]
-
-        def stack(self, other: DynamicLayer, width: int) -> None:
-            """Append `other`'s rows after this layer's, both right-aligned in `width` columns
-            (zeros before). Into the spare rows when the buffers have enough, and room on the
-            left to widen to `width` (only `other` is copied); else into new buffers."""
-            rows, joining = self.keys.shape[0], other.keys.shape[0]
-            window = self._window()
-            fits = (window is not None and self._key_buffer.shape[0] >= rows + joining
-                    and window[1] >= width)
-            if not fits:
-                self._key_buffer = _stacked(self.keys, other.keys, width)
-                self._value_buffer = _stacked(self.values, other.values, width)
-                self.keys = self._key_buffer[:rows + joining, :, :width]
-                self.values = self._value_buffer[:rows + joining, :, :width]
-                return
-            end = window[1]
-            for buffer, theirs in ((self._key_buffer, other.keys),
-                                   (self._value_buffer, other.values)):
-                own = theirs.shape[2]
-                buffer[rows:rows + joining, :, end - width:end - own] = 0
-                buffer[rows:rows + joining, :, end - own:end] = theirs
-            self.keys = self._key_buffer[:rows + joining, :, end - width:end]
-            self.values = self._value_buffer[:rows + joining, :, end - width:end]
-
-        def _window(self) -> tuple[int, int] | None:
-            """(start, end) columns of keys/values within the buffers (their first rows; cropping
-            the front leaves a window), or None when they are not windows of them."""
-            buffers = getattr(self, "_key_buffer", None), getattr(self, "_value_buffer", None)
-            if buffers[0] is None or not self.keys.numel():
-                return None
-            starts = set()
-            for tensor, buffer in zip((self.keys, self.values), buffers, strict=True):
-                if (tensor.untyped_storage().data_ptr() != buffer.untyped_storage().data_ptr()
-                        or tensor.shape[0] > buffer.shape[0] or tensor.stride() != buffer.stride()):
-                    return None
-                starts.add((tensor.storage_offset() - buffer.storage_offset()) // buffer.stride(2))
-            if len(starts) != 1:
-                return None
-            start = starts.pop()
-            return start, start + self.keys.shape[-2]
-
-    return _GrowingLayer
-
-
-def _spare(size: int) -> int:
-    """Room added when a cache buffer grows to `size` (columns or rows): half again, >= 64."""
-    return max(64, size // 2)
-
-
-def _grown(current: torch.Tensor, incoming: torch.Tensor, length: int, needed: int,
-           rows: int) -> torch.Tensor:
-    """A zeroed buffer of `rows` rows with room for `needed` columns and more (`_spare`),
-    holding `current`'s `length` columns at the start."""
-    buffer = incoming.new_zeros((rows, incoming.shape[1], needed + _spare(needed),
-                                 incoming.shape[-1]))
-    if length:
-        buffer[:current.shape[0], :, :length] = current
-    return buffer
-
-
-def _with_spare_rows(tensor: torch.Tensor) -> torch.Tensor:
-    """`tensor` ([B, ...]) in a zeroed buffer with spare rows after its own."""
-    buffer = tensor.new_zeros((tensor.shape[0] + _spare(tensor.shape[0]), *tensor.shape[1:]))
-    buffer[:tensor.shape[0]] = tensor
-    return buffer
+    return growing_cache()
 
 
 def _left_padded(prompts: list[tuple[int, ...]], pad_token_id: int, device: torch.device
@@ -581,17 +389,6 @@ def _merge(running: _Batch, joining: _Batch) -> _Batch:
     running.logits = torch.cat([running.logits, joining.logits])
     running.rows = running.rows + joining.rows
     return running
-
-
-def _stacked(first: torch.Tensor, second: torch.Tensor, width: int) -> torch.Tensor:
-    """[first; second] ([B, H, k, D] each) along the batch, each right-aligned in `width`
-    columns (zeros before it), in a zeroed buffer with spare rows and columns (`_spare`)."""
-    rows, total = first.shape[0], first.shape[0] + second.shape[0]
-    out = first.new_zeros((total + _spare(total), first.shape[1], width + _spare(width),
-                           first.shape[3]))
-    out[:rows, :, width - first.shape[2]:width] = first
-    out[rows:total, :, width - second.shape[2]:width] = second
-    return out
 
 
 def _pad_left(tensor: torch.Tensor, width: int, dim: int) -> torch.Tensor:

@@ -23,7 +23,9 @@ from dataclasses import dataclass
 
 import torch
 
-MASKED_ATTENTION = {"sdpa": torch.bool, "reroll_sdpa_gqa": torch.bool, "eager": None}
+from reroll.models.attention import GQA_SDPA
+
+MASKED_ATTENTION = {"sdpa": torch.bool, GQA_SDPA: torch.bool, "eager": None}
 """Attention implementations that take an arbitrary 4D mask as-is, with the mask dtype they
 want (None: an additive float mask in the model's dtype). Others (flash-attention kernels that
 only know padding) fall back to the padded batch."""

@@ -10,7 +10,8 @@ import pytest
 import torch
 
 from reroll.engines.base import Request, SamplingParams
-from reroll.engines.hf import HFEngine, _row_segments
+from reroll.engines.hf import HFEngine
+from reroll.models.attention import row_segments
 from reroll.models.loading import load_model
 
 pytestmark = pytest.mark.unit
@@ -74,7 +75,7 @@ def test_joining_requests_reuse_the_rows_that_finished_rows_left(engine, tokeniz
     buffers = []
 
     def key_buffer():
-        return engine._running.cache.layers[0]._key_buffer
+        return engine._running.cache.layers[0].buffers[0]
 
     async def go():
         tasks = [asyncio.create_task(engine.generate(r)) for r in first]
@@ -208,6 +209,6 @@ def test_row_segments_by_hand():
     attention = torch.zeros(len(starts), 120, dtype=torch.long)
     for row, start in enumerate(starts):
         attention[row, start:] = 1
-    assert _row_segments(attention) == ((0, 3, 0), (3, 6, 40), (6, 7, 100))
-    assert _row_segments(attention, most=2) == ((0, 6, 0), (6, 7, 100))
-    assert _row_segments(torch.ones(3, 10, dtype=torch.long)) is None  # nothing to skip
+    assert row_segments(attention) == ((0, 3, 0), (3, 6, 40), (6, 7, 100))
+    assert row_segments(attention, most=2) == ((0, 6, 0), (6, 7, 100))
+    assert row_segments(torch.ones(3, 10, dtype=torch.long)) is None  # nothing to skip
