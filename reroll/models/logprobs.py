@@ -25,11 +25,19 @@ def token_logprobs_from_logits(logits: torch.Tensor, input_ids: torch.Tensor) ->
     logprobs [B, L]; positions before L-K+1 (whose logits were not computed) are 0."""
     logprobs = torch.zeros(input_ids.shape, dtype=torch.float32, device=input_ids.device)
     first = input_ids.shape[1] - logits.shape[1] + 1
-    shifted = logits[:, :-1].float()
-    targets = input_ids[:, first:].unsqueeze(-1)
-    picked = torch.gather(shifted, -1, targets).squeeze(-1)
-    logprobs[:, first:] = picked - torch.logsumexp(shifted, dim=-1)
+    logprobs[:, first:] = picked_logprobs(logits[:, :-1].float(), input_ids[:, first:])
     return logprobs
+
+
+def picked_logprobs(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """log softmax(logits)[target] over the last dim: logits [..., V], targets [...]."""
+    picked = torch.gather(logits, -1, targets.unsqueeze(-1)).squeeze(-1)
+    return picked - torch.logsumexp(logits, dim=-1)
+
+
+def _entropy_grad(enabled: bool) -> contextlib.AbstractContextManager:
+    """The entropy in the autograd graph (a bonus in the loss) or outside it (a metric)."""
+    return contextlib.nullcontext() if enabled else torch.no_grad()
 
 
 def aligned_entropy(logits: torch.Tensor, length: int) -> torch.Tensor:
@@ -76,7 +84,7 @@ def forward_logprobs(model: torch.nn.Module, input_ids: torch.Tensor, attention_
     logprobs = token_logprobs_from_logits(logits, input_ids)
     entropy = None
     if with_entropy:
-        with contextlib.nullcontext() if entropy_grad else torch.no_grad():
+        with _entropy_grad(entropy_grad):
             entropy = aligned_entropy(logits, input_ids.shape[1])
     return logprobs, entropy
 
@@ -95,15 +103,16 @@ def _packed_forward(model: torch.nn.Module, packed: PackedBatch, shape: torch.Si
     logits = logits[packed.source_row, packed.source_col - (width - keep)].float()  # [N, V]
     if temperature != 1.0:
         logits = logits / temperature
-    targets = packed.target_row, packed.target_col
-    picked = torch.gather(logits, -1, packed.target_ids[:, None]).squeeze(-1)
-    logprobs = torch.zeros(shape, dtype=torch.float32, device=logits.device).index_put(
-        targets, picked - torch.logsumexp(logits, dim=-1))
+    where = packed.target_row, packed.target_col
+
+    def scattered(values: torch.Tensor) -> torch.Tensor:  # [N] -> [B, L], 0 elsewhere
+        return torch.zeros(shape, dtype=torch.float32, device=logits.device).index_put(where, values)
+
+    logprobs = scattered(picked_logprobs(logits, packed.target_ids))
     entropy = None
     if with_entropy:
-        with contextlib.nullcontext() if entropy_grad else torch.no_grad():
-            entropy = torch.zeros(shape, dtype=torch.float32, device=logits.device).index_put(
-                targets, entropy_from_logits(logits))
+        with _entropy_grad(entropy_grad):
+            entropy = scattered(entropy_from_logits(logits))
     return logprobs, entropy
 
 

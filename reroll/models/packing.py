@@ -72,8 +72,9 @@ def supports_packing(model: torch.nn.Module) -> bool:
 
 def pack_shared_prefixes(input_ids: torch.Tensor, attention_mask: torch.Tensor,
                          response_mask: torch.Tensor, pad_id: int = 0) -> PackedBatch | None:
-    """The packing of a right-padded batch, or None when no two rows share a prefix (packing
-    would then only add work). Rows without a response token are left out (nothing to score)."""
+    """The packing of a right-padded batch, or None when no two rows share a prefix, or none
+    would pack within the attention bound of `_chunks` (packing would then only add work). Rows
+    without a response token are left out (nothing to score)."""
     lengths = attention_mask.sum(-1).tolist()
     has_response = response_mask.any(-1).tolist()
     starts = response_mask.float().argmax(-1).tolist()
@@ -83,12 +84,14 @@ def pack_shared_prefixes(input_ids: torch.Tensor, attention_mask: torch.Tensor,
             groups.setdefault(tuple(input_ids[row, :start].tolist()), []).append(row)
         elif scored:
             return None
-    if all(len(rows) == 1 for rows in groups.values()):
+    packs = [(prefix, chunk) for prefix, rows in groups.items()
+             for chunk in _chunks(len(prefix), rows, lengths, input_ids.shape[1])]
+    if all(len(rows) == 1 for _, rows in packs):
         return None
 
     packed_rows, position_rows, segment_rows = [], [], []
     source_row, source_col, target_row, target_col = [], [], [], []
-    for g, (prefix, rows) in enumerate(groups.items()):
+    for g, (prefix, rows) in enumerate(packs):
         start = len(prefix)
         ids, positions, segments = list(prefix), list(range(start)), [0] * start
         for member, row in enumerate(rows, start=1):
@@ -121,3 +124,21 @@ def pack_shared_prefixes(input_ids: torch.Tensor, attention_mask: torch.Tensor,
         torch.tensor(source_row, dtype=torch.long, device=device),
         torch.tensor(source_col, dtype=torch.long, device=device),
         target_row_t, target_col_t, input_ids[target_row_t, target_col_t])
+
+
+def _chunks(prefix: int, rows: list[int], lengths: list[int], width: int) -> list[list[int]]:
+    """`rows` (sharing a `prefix`-token prompt) split into packs, in order, each as large as
+    it can be while its attention area (packed length squared: the mask and SDPA are dense) is
+    at most that of its rows in the padded batch (rows x `width` squared). Short responses to a
+    long prompt pack whole; 4k-token responses to a short prompt stay rows of their own."""
+    chunks: list[list[int]] = []
+    packed = 0  # tokens in the last chunk's packed row
+    for row in rows:
+        response = lengths[row] - prefix
+        if chunks and (packed + response) ** 2 <= (len(chunks[-1]) + 1) * width ** 2:
+            chunks[-1].append(row)
+            packed += response
+        else:
+            chunks.append([row])
+            packed = prefix + response
+    return chunks
