@@ -45,7 +45,6 @@ STALENESS = 4
 """Lets the engine work up to four batches ahead, so a batch that happens to hold no long group
 (or two) does not leave one side idle; TIS corrects for the off-policy samples. With 2, nearly
 every 384-token response missed the bound and was generated for nothing."""
-MAX_RUNNING = None
 TOLERANCE = 0.08
 """Largest accepted |async - sync| difference of the final eval reward (64 prompts x 4 samples
 at temperature 1): about 2.5 standard errors of the difference of two such means at a reward
@@ -62,8 +61,7 @@ def train(workload: dict, steps: int, asynchronous: bool) -> dict:
         "algorithm": {"correction": {"tis": {"level": "token", "cap": 2.0}}},
         "optimizer": {"lr": LR}, "train": {"micro_batch_size": GROUP, "num_threads": 1},
         "eval": {"every_steps": 0, "samples_per_prompt": 4, "temperature": 1.0},
-        "scheduler": {"engine_process": True, "engine_threads": 1,
-                      "max_running_per_engine": MAX_RUNNING},
+        "scheduler": {"engine_process": True, "engine_threads": 1},
         "async_training": {"enabled": asynchronous, "max_staleness": STALENESS,
                            "in_flight_updates": IN_FLIGHT},
         "tracking": {"tensorboard": False, "record_batch_every": 0, "record_rollouts": 0}})

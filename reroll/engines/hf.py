@@ -37,7 +37,7 @@ from reroll.engines.base import (
     SamplingParams,
     fingerprint,
 )
-from reroll.models.attention import GQA_SDPA, row_segments, share_kv_heads_in_sdpa
+from reroll.models.attention import GQA_SDPA, decode_row_segments, share_kv_heads_in_sdpa
 from reroll.models.logprobs import load_weights
 
 if TYPE_CHECKING:
@@ -332,7 +332,7 @@ class HFEngine:
         computes them for that position only, not for every prompt position."""
         extra = {"logits_to_keep": 1} if self._has_logits_to_keep else {}
         if input_ids.shape[1] == 1 and self._segmented_attention:
-            extra["row_segments"] = row_segments(attention)
+            extra["row_segments"] = decode_row_segments(attention)
         return self.model(input_ids=input_ids, attention_mask=attention, position_ids=positions,
                           past_key_values=cache, use_cache=True, **extra).logits[:, -1]
 

@@ -36,7 +36,7 @@ def sdpa_sharing_kv_heads(module: torch.nn.Module, query: torch.Tensor, key: tor
                            **kwargs) -> tuple[torch.Tensor, None]:
     """transformers' sdpa attention (query [B, H, q, D], key/value [B, H_kv, k, D]) -> [B, q, H, D].
 
-    With `row_segments` ((first row, end row, first column), ...: see `row_segments`), a
+    With `row_segments` ((first row, end row, first column), ...: see `decode_row_segments`), a
     decoding step attends over each range of rows separately, from its first used column on."""
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
@@ -58,7 +58,7 @@ def sdpa_sharing_kv_heads(module: torch.nn.Module, query: torch.Tensor, key: tor
     return output.transpose(1, 2).contiguous(), None
 
 
-def row_segments(attention: torch.Tensor, close: int = 32, most: int = 4) -> tuple | None:
+def decode_row_segments(attention: torch.Tensor, close: int = 32, most: int = 4) -> tuple | None:
     """Contiguous ranges of a decoding batch's rows, each with the first cache column one of its
     rows uses: ((first row, end row, first column), ...), at most `most` of them. None when
     one range over every column would do.

@@ -305,6 +305,11 @@ class AsyncSource:
         return encode_prompt(self.tokenizer, row, self.config.data.max_prompt_tokens)
 
 
+def _copied(named_tensors: Iterable[tuple[str, torch.Tensor]]) -> list[tuple[str, torch.Tensor]]:
+    """The trainer's weights, copied: it goes on updating them in place while the copy loads."""
+    return [(name, tensor.detach().clone()) for name, tensor in named_tensors]
+
+
 async def _cancel_other_tasks() -> None:
     current = asyncio.current_task()
     tasks = [task for task in asyncio.all_tasks() if task is not current]
@@ -339,9 +344,8 @@ class _ProducerEngine:
         stops the producer, and the trainer's next batch raises it). At most one load is
         outstanding: the trainer first waits for the previous one, and gets its error."""
         self.wait_for_load()
-        named = [(k, v.detach().clone()) for k, v in named_tensors]
         self._pending_load = asyncio.run_coroutine_threadsafe(
-            self._swap(named, version, check=True), self.source.loop)
+            self._swap(_copied(named_tensors), version, check=True), self.source.loop)
 
     def wait_for_load(self) -> None:
         """Block until the last published weights are loaded; raises what the load raised."""
@@ -353,8 +357,8 @@ class _ProducerEngine:
         self.source.loop.call_soon_threadsafe(self.inner.abort, request_id)
 
     def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
-        named = [(k, v.detach().clone()) for k, v in named_tensors]
-        asyncio.run_coroutine_threadsafe(self._swap(named, version), self.source.loop).result()
+        asyncio.run_coroutine_threadsafe(self._swap(_copied(named_tensors), version),
+                                         self.source.loop).result()
 
     async def _swap(self, named: list, version: int, check: bool = False) -> None:
         try:

@@ -11,7 +11,7 @@ import torch
 
 from reroll.engines.base import Request, SamplingParams
 from reroll.engines.hf import HFEngine
-from reroll.models.attention import row_segments
+from reroll.models.attention import decode_row_segments
 from reroll.models.loading import load_model
 
 pytestmark = pytest.mark.unit
@@ -204,11 +204,11 @@ def test_a_prompt_the_model_rejects_fails_alone_and_the_engine_keeps_serving(eng
     assert len(later_out.token_ids) == 4
 
 
-def test_row_segments_by_hand():
+def test_decode_row_segments_by_hand():
     starts = [0, 0, 5, 40, 41, 42, 100]
     attention = torch.zeros(len(starts), 120, dtype=torch.long)
     for row, start in enumerate(starts):
         attention[row, start:] = 1
-    assert row_segments(attention) == ((0, 3, 0), (3, 6, 40), (6, 7, 100))
-    assert row_segments(attention, most=2) == ((0, 6, 0), (6, 7, 100))
-    assert row_segments(torch.ones(3, 10, dtype=torch.long)) is None  # nothing to skip
+    assert decode_row_segments(attention) == ((0, 3, 0), (3, 6, 40), (6, 7, 100))
+    assert decode_row_segments(attention, most=2) == ((0, 6, 0), (6, 7, 100))
+    assert decode_row_segments(torch.ones(3, 10, dtype=torch.long)) is None  # nothing to skip
