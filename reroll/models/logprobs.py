@@ -70,7 +70,8 @@ def forward_logprobs(model: torch.nn.Module, input_ids: torch.Tensor, attention_
     group) are forwarded as one packed row (`reroll.models.packing`), the prompt once.
     `entropy_grad=False` computes the entropy as a metric only, outside the autograd graph."""
     if response_mask is not None and supports_packing(model):
-        packed = pack_shared_prefixes(input_ids, attention_mask, response_mask)
+        packed = pack_shared_prefixes(input_ids, attention_mask, response_mask,
+                                      getattr(model.config, "hidden_size", 0))
         if packed is not None:
             return _packed_forward(model, packed, input_ids.shape, temperature, with_entropy,
                                    entropy_grad)

@@ -71,10 +71,11 @@ def supports_packing(model: torch.nn.Module) -> bool:
 
 
 def pack_shared_prefixes(input_ids: torch.Tensor, attention_mask: torch.Tensor,
-                         response_mask: torch.Tensor, pad_id: int = 0) -> PackedBatch | None:
+                         response_mask: torch.Tensor, hidden_size: int = 0, pad_id: int = 0
+                         ) -> PackedBatch | None:
     """The packing of a right-padded batch, or None when no two rows share a prefix, or none
-    would pack within the attention bound of `_chunks` (packing would then only add work). Rows
-    without a response token are left out (nothing to score)."""
+    would pack at a saving (`_chunks`, for a model of `hidden_size`; 0 counts attention only).
+    Rows without a response token are left out (nothing to score)."""
     lengths = attention_mask.sum(-1).tolist()
     has_response = response_mask.any(-1).tolist()
     starts = response_mask.float().argmax(-1).tolist()
@@ -85,7 +86,7 @@ def pack_shared_prefixes(input_ids: torch.Tensor, attention_mask: torch.Tensor,
         elif scored:
             return None
     packs = [(prefix, chunk) for prefix, rows in groups.items()
-             for chunk in _chunks(len(prefix), rows, lengths, input_ids.shape[1])]
+             for chunk in _chunks(len(prefix), rows, lengths, input_ids.shape[1], hidden_size)]
     if all(len(rows) == 1 for _, rows in packs):
         return None
 
@@ -126,16 +127,23 @@ def pack_shared_prefixes(input_ids: torch.Tensor, attention_mask: torch.Tensor,
         target_row_t, target_col_t, input_ids[target_row_t, target_col_t])
 
 
-def _chunks(prefix: int, rows: list[int], lengths: list[int], width: int) -> list[list[int]]:
-    """`rows` (sharing a `prefix`-token prompt) split into packs, in order, each as large as
-    it can be while its attention area (packed length squared: the mask and SDPA are dense) is
-    at most that of its rows in the padded batch (rows x `width` squared). Short responses to a
-    long prompt pack whole; 4k-token responses to a short prompt stay rows of their own."""
+def _chunks(prefix: int, rows: list[int], lengths: list[int], width: int, hidden_size: int
+            ) -> list[list[int]]:
+    """`rows` (sharing a `prefix`-token prompt) split into packs, in order, each grown while a
+    member costs fewer FLOPs packed than as a padded row of `width` tokens.
+
+    Per layer, a token costs ~24 h^2 FLOPs in the linear layers (2 x ~12 h^2 weights) and a
+    (query, key) pair ~4 h in attention, which the dense mask makes pay for the whole square of
+    the packed row. A member of s response tokens saves width - s tokens (its prompt and
+    padding) and adds (T + s)^2 - T^2 - width^2 pairs to a pack of T tokens, so it joins when
+    6 h (width - s) >= that. Short responses to a long prompt pack whole; 4k-token responses
+    to a short prompt stay rows of their own (and the T x T mask stays small)."""
     chunks: list[list[int]] = []
     packed = 0  # tokens in the last chunk's packed row
     for row in rows:
         response = lengths[row] - prefix
-        if chunks and (packed + response) ** 2 <= (len(chunks[-1]) + 1) * width ** 2:
+        added_pairs = (packed + response) ** 2 - packed ** 2 - width ** 2
+        if chunks and 6 * hidden_size * (width - response) >= added_pairs:
             chunks[-1].append(row)
             packed += response
         else:

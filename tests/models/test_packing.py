@@ -102,14 +102,17 @@ def test_packing_is_only_used_where_a_custom_mask_is_honoured(tiny_model):
     assert not supports_packing(model)
 
 
-def test_a_group_is_packed_only_as_far_as_its_attention_stays_within_the_padded_batch():
-    # A 2-token prompt with 4-token responses: [P|r1|r2] would be 10 tokens, and 10^2 > 2 x 6^2:
-    # long responses to a short prompt stay rows of their own (a dense mask over the packed row
-    # would cost more than the padded rows).
+def test_a_group_packs_only_while_a_member_costs_fewer_flops_packed():
+    # Attention only (hidden size 0): a 2-token prompt with 4-token responses would make a
+    # 10-token row, 10^2 > 2 x 6^2 pairs: long responses to a short prompt stay rows of their
+    # own (the dense mask over the packed row would cost more than the padded rows).
     ids = torch.tensor([[5, 6, 7, 8, 9, 10], [5, 6, 9, 9, 9, 9]])
     ones, response = torch.ones_like(ids), torch.tensor([[0, 0, 1, 1, 1, 1]] * 2)
     assert pack_shared_prefixes(ids, ones, response) is None
-    # A 5-token prompt with 1-token responses: [P|r1|r2|r3] is 8 tokens, and 8^2 <= 3 x 6^2.
+    # With hidden size 8 the second member saves 6 x 8 x (6 - 4) = 96 >= 10^2 - 6^2 - 6^2 = 28.
+    assert pack_shared_prefixes(ids, ones, response, hidden_size=8).input_ids.tolist() == [
+        [5, 6, 7, 8, 9, 10, 9, 9, 9, 9]]
+    # A 5-token prompt with 1-token responses packs whole: 8^2 - 7^2 - 6^2 < 0 pairs added.
     ids = torch.tensor([[5, 6, 7, 8, 9, 1], [5, 6, 7, 8, 9, 2], [5, 6, 7, 8, 9, 3]])
     response = torch.tensor([[0, 0, 0, 0, 0, 1]] * 3)
     packed = pack_shared_prefixes(ids, torch.ones_like(ids), response)
