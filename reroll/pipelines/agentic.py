@@ -70,6 +70,10 @@ class EpisodeSource:
 
 
 class AgenticPipeline(RLVRPipeline):
+    def start_rewards(self) -> None:
+        """None: the environment is the reward (set up with the task)."""
+        return None
+
     def setup_task(self) -> None:
         """The task is an environment: env seeds instead of prompts, and the env is the reward."""
         c = self.config

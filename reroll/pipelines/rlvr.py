@@ -47,6 +47,7 @@ class RLVRPipeline:
         self.run_dir = RunDir(c.run_dir())
         self.tokenizer = load_tokenizer(c.model.path)
         self.stop_ids = (self.tokenizer.eos_token_id,)
+        self.rewards = self.start_rewards()
         # Policy, reference (when a KL term needs it), critic (for gae) and engine: in this
         # process or as Ray actors placed by `distributed:`, behind the same interfaces.
         self.roles = build_roles(c, c.steps * c.algorithm.updates_per_batch,
@@ -68,15 +69,19 @@ class RLVRPipeline:
                                resume_step=self.start_step if resume else None,
                                run_config=c.model_dump(mode="json"))
 
+    def start_rewards(self) -> RewardRunner | None:
+        """The reward, started before the models load: its workers import their verifier
+        meanwhile (math-verify: ~0.5 s), not during the first step."""
+        return RewardRunner(build_reward(self.config.reward), self.config.reward.timeout_s)
+
     def setup_task(self) -> None:
-        """The task: train/eval prompts, the reward, and the rollout source that turns prompts
-        into scored trajectories (sync, or async where `engine` becomes the producer's facade)."""
+        """The task: train/eval prompts and the rollout source that turns prompts into scored
+        trajectories (sync, or async where `engine` becomes the producer's facade)."""
         c = self.config
         self.train_rows = load_prompts(c.data.train, c.data.system_prompt)
         self.eval_rows = load_prompts(c.data.eval, c.data.system_prompt)[: c.eval.max_prompts] \
             if c.data.eval else []
         self.sampler = PromptStream(PromptSampler(self.train_rows, c.seed))
-        self.rewards = RewardRunner(build_reward(c.reward), c.reward.timeout_s)
         self.source = build_source(c, self.engine, self.rewards, self.tokenizer, self.sampler)
         self.engine = self.source.engine
 
