@@ -61,7 +61,7 @@ def test_async_source_respects_max_staleness_through_weight_updates(tokenizer, m
                           stream())
     assert isinstance(source, AsyncSource)
     try:
-        staleness = []
+        staleness, kept = [], 0.0
         for step in range(1, 7):
             trajectories = source.next_batch(step, step - 1, PARAMS)
             assert len(trajectories) == 6
@@ -71,9 +71,12 @@ def test_async_source_respects_max_staleness_through_weight_updates(tokenizer, m
             metrics = source.metrics()
             assert metrics["staleness/max"] <= max_staleness
             staleness.append(metrics["staleness/max"])
+            kept += metrics["rollout/samples_kept"]
             source.engine.load_weights([], step)  # the trainer's update, then the sync
             assert source.engine.weights_fingerprint() == f"v{step}"
-        assert metrics["rollout/samples_kept"] >= 6
+        # Counts are per step and the producer runs ahead, so one step may keep fewer than it
+        # consumes; every consumed sample was kept by the time it was taken.
+        assert kept >= 6 * 6
         if max_staleness == 0:
             assert staleness == [0.0] * 6
     finally:
