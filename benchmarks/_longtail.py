@@ -131,3 +131,9 @@ class _LoopSFT(SFTPipeline):
             bar.update(step, f"nll {metrics['sft/nll']:.3f}")
         bar.close()
         return self.finish(None, None, time.perf_counter() - t0)
+
+
+def fastest_run(runs: list[dict], key: str) -> dict:
+    """The run with the smallest `key` (a time), whole (its figures belong together). As timeit
+    does: the machine's noise only ever slows a run down."""
+    return min(runs, key=lambda r: r[key])

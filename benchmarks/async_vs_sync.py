@@ -27,7 +27,7 @@ from rich.console import Console
 from rich.table import Table
 
 sys.path.insert(0, str(Path(__file__).parent))
-from _longtail import build_workload, workload_dir  # noqa: E402
+from _longtail import build_workload, fastest_run, workload_dir  # noqa: E402
 
 from reroll.config.schema import RLConfig  # noqa: E402
 from reroll.distributed.ray_runtime import ensure_ray  # noqa: E402
@@ -114,7 +114,7 @@ def main() -> None:
     for _ in range(args.rounds):  # alternating, so drift of the machine hits both modes alike
         runs["sync"].append(train(workload, args.steps, asynchronous=False))
         runs["async"].append(train(workload, args.steps, asynchronous=True))
-    sync, asyn = (fastest_run(runs[mode]) for mode in ("sync", "async"))
+    sync, asyn = (fastest_run(runs[mode], "train_loop_s") for mode in ("sync", "async"))
     speedup = sync["train_loop_s"] / asyn["train_loop_s"]
     same = abs(asyn["eval_end"] - sync["eval_end"]) <= TOLERANCE
     table = Table(title=f"{args.steps} steps x {PROMPTS} prompts x {GROUP} samples, "
@@ -142,12 +142,6 @@ def main() -> None:
                       "sync_eval_reward": round(sync["eval_end"], 4),
                       "async_eval_reward": round(asyn["eval_end"], 4),
                       "tolerance": TOLERANCE, "same_eval_reward": same}))
-
-
-def fastest_run(runs: list[dict]) -> dict:
-    """The run with the shortest loop, whole (its figures belong together). As timeit does: the
-    machine's noise only ever slows a run down."""
-    return min(runs, key=lambda r: r["train_loop_s"])
 
 
 if __name__ == "__main__":

@@ -62,6 +62,13 @@ class TailBatchingConfig(Section):
     its prompt deferred to a long round (run with `rollout.max_new_tokens`)."""
     use_history: bool = True
     """Defer, before it starts, a prompt whose responses ran past the budget on an earlier epoch."""
+    response_oversample: float = Field(1.0, ge=1.0, le=4.0)
+    """RollPacker's speculative responses: in regular rounds each prompt starts
+    ceil(group_size x this) responses and keeps the first group_size to end on their own; the
+    rest are aborted. A prompt is then deferred only when too few end within the budget, not
+    for one straggler, so long rounds hold the prompts that really run long. Above 1 this biases
+    a group towards its shorter responses (its stragglers are never trained on in regular
+    rounds); 1 keeps every response."""
 
 
 def scheduling_errors(config) -> list[str]:

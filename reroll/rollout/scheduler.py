@@ -8,6 +8,8 @@ queued -> running -> finished -> rewarded -> kept | filtered | aborted.
   groups than needed (over-sampling), replaces dropped groups, and aborts the remainder once the
   batch is full. The batch is the first groups *in launch order* that pass, so which groups are
   kept does not depend on timing: with per-request seeds a run stays deterministic.
+- Speculative responses (RollPacker): a group may start more samples than it needs and keep
+  the first ones to stop on their own, aborting the rest (`collect(spare=...)`).
 - Partial rollout: `preempt` aborts every running request (before a weight update); the
   samples keep their tokens and logprobs and resume, as prompt + partial tokens, once `release`
   is called.
@@ -58,6 +60,8 @@ class Sample:
     reward_info: dict = field(default_factory=dict)
     response_text: str = ""
     history: list[State] = field(default_factory=lambda: [State.QUEUED])
+    dropped: bool = False
+    """A spare speculative sample that is no longer needed: it is aborted, never resumed."""
 
     def move(self, state: State) -> None:
         self.state = state
@@ -106,10 +110,15 @@ class Group:
             reward_info=s.reward_info, policy_version=self.version if version is None else version)
             for s in self.samples]
 
-    def mark(self, state: State) -> None:
-        for s in self.samples:
-            if s.state not in (State.KEPT, State.FILTERED, State.ABORTED):
-                s.move(state)
+    def mark(self, state: State) -> int:
+        """Move the samples whose life has not ended to `state`; returns how many moved."""
+        moving = [s for s in self.samples if s.state not in _ENDED]
+        for s in moving:
+            s.move(state)
+        return len(moving)
+
+
+_ENDED = (State.KEPT, State.FILTERED, State.ABORTED)
 
 
 @dataclass
@@ -154,12 +163,46 @@ class RolloutScheduler:
         self.lifecycle[State.QUEUED.value] += group_size
         return Group(index, row, prompt_ids, engine, samples, start_version=version)
 
-    async def run_group(self, group: Group, params: SamplingParams) -> Group:
+    async def run_group(self, group: Group, params: SamplingParams, needed: int | None = None
+                        ) -> Group:
+        """Generate and score the group's samples. With `needed` (fewer than its samples: the
+        rest are speculative spares), the group keeps the first `needed` samples to stop on their
+        own and aborts the others; if too many run to `max_new_tokens` for that, it stops early
+        and keeps every sample, so the ones that ran long show."""
+        runs = [asyncio.ensure_future(self._run_sample(group, s, params)) for s in group.samples]
         try:
-            await asyncio.gather(*(self._run_sample(group, s, params) for s in group.samples))
+            if needed is None or needed >= len(group.samples):
+                await asyncio.gather(*runs)
+            else:
+                await self._race(group, runs, needed)
         finally:
             self._state().groups[group.engine] -= 1
         return group
+
+    async def _race(self, group: Group, runs: list[asyncio.Future], needed: int) -> None:
+        """Wait until `needed` samples have stopped (EOS or a stop token), or until that can no
+        longer happen; then abort the rest. Of the samples stopped by then, the first `needed` in
+        index order are kept, so the choice does not depend on timing within a decoding step."""
+        pending = set(runs)
+        while pending:
+            done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+            for run in done:
+                run.result()
+            stopped = sum(_stopped(s) for s in group.samples)
+            if stopped >= needed or stopped + len(pending) < needed:
+                break
+        for sample in group.samples:
+            if sample.state not in (*_ENDED, State.REWARDED, State.FINISHED):
+                sample.dropped = True
+                if sample.request_id is not None:
+                    self.engines[group.engine].abort(sample.request_id)
+        await asyncio.gather(*pending)
+        kept = [s for s in group.samples if _stopped(s)][:needed]
+        if len(kept) == needed:
+            for sample in group.samples:
+                if sample not in kept and sample.state is not State.ABORTED:
+                    self._move(sample, State.ABORTED)
+            group.samples = kept
 
     async def _run_sample(self, group: Group, sample: Sample, params: SamplingParams) -> None:
         state, engine = self._state(), self.engines[group.engine]
@@ -167,7 +210,7 @@ class RolloutScheduler:
             self._move(sample, State.RUNNING)
             while True:
                 await state.open.wait()  # closed while the weights are being replaced
-                if group.cancelled:
+                if group.cancelled or sample.dropped:
                     sample.finish_reason = "abort"
                     break
                 remaining = params.max_new_tokens - len(sample.tokens)
@@ -185,7 +228,8 @@ class RolloutScheduler:
                 sample.add(completion)
                 preempted = sample in state.preempted
                 state.preempted.discard(sample)
-                if completion.finish_reason == "abort" and preempted and not group.cancelled:
+                resumable = preempted and not (group.cancelled or sample.dropped)
+                if completion.finish_reason == "abort" and resumable:
                     sample.resumes += 1
                     continue  # partial rollout: resume under the new weights
                 break
@@ -205,12 +249,14 @@ class RolloutScheduler:
     async def collect(self, rows: Iterator[PromptRow], encode: Callable[[PromptRow], list[int]],
                       num_groups: int, group_size: int, params: SamplingParams, seed_fn: SeedFn,
                       keep: KeepFn = keep_all, oversample: float = 1.0,
-                      max_groups: int | None = None) -> CollectResult:
+                      max_groups: int | None = None, spare: int = 0) -> CollectResult:
         """The first `num_groups` groups in launch order that pass `keep`.
 
         `oversample` x `num_groups` groups run at once; a dropped group is replaced by a new one;
         at most `max_groups` are started (then the batch may be short). Once the batch is
-        decided, the groups still running are aborted.
+        decided, the groups still running are aborted. With `spare`, each group starts
+        `group_size + spare` samples and keeps the first `group_size` to stop (`run_group`);
+        its seeds are `seed_fn(index * (group_size + spare) + k)`.
         """
         target = max(num_groups, math.ceil(num_groups * oversample))
         max_groups = max(max_groups or num_groups, target)
@@ -219,9 +265,10 @@ class RolloutScheduler:
 
         def launch() -> None:
             row = next(rows)
-            group = self.new_group(len(launched), row, encode(row), group_size, seed_fn)
+            group = self.new_group(len(launched), row, encode(row), group_size + spare, seed_fn)
             launched.append(group)
-            tasks[asyncio.ensure_future(self.run_group(group, params))] = group
+            run = self.run_group(group, params, needed=group_size if spare else None)
+            tasks[asyncio.ensure_future(run)] = group
 
         for _ in range(min(target, max_groups)):
             launch()
@@ -233,8 +280,7 @@ class RolloutScheduler:
                 task.result()
                 group.kept = keep(group)
                 if not group.kept:
-                    group.mark(State.FILTERED)
-                    self.lifecycle[State.FILTERED.value] += group_size
+                    self.lifecycle[State.FILTERED.value] += group.mark(State.FILTERED)
             kept = _first_kept(launched, num_groups)
             undecided = sum(g.kept is None for g in launched)
             passed = sum(bool(g.kept) for g in launched)
@@ -247,12 +293,10 @@ class RolloutScheduler:
             kept, last = [g for g in launched if g.kept], len(launched) - 1
         await self.abort_groups(list(tasks.values()), tasks)
         for g in kept:
-            g.mark(State.KEPT)
-            self.lifecycle[State.KEPT.value] += group_size
+            self.lifecycle[State.KEPT.value] += g.mark(State.KEPT)
         surplus = [g for g in launched if g.index > last and g.kept]
         for g in surplus:
-            g.mark(State.ABORTED)
-            self.lifecycle[State.ABORTED.value] += group_size
+            self.lifecycle[State.ABORTED.value] += g.mark(State.ABORTED)
         metrics = {"rollout/groups_launched": float(len(launched)),
                    "rollout/groups_kept": float(len(kept)),
                    "rollout/groups_filtered": float(sum(g.kept is False for g in launched)),
@@ -354,6 +398,11 @@ class _NoLimit:
 
     async def __aexit__(self, *exc) -> None:
         return None
+
+
+def _stopped(sample: Sample) -> bool:
+    """Ended on its own (EOS or a stop token) and scored."""
+    return sample.state is State.REWARDED and sample.finish_reason == "stop"
 
 
 def _first_kept(launched: list[Group], num_groups: int) -> list[Group] | None:

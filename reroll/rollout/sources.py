@@ -107,14 +107,15 @@ class SyncSource:
         return [t for i, g in enumerate(groups) for t in g.trajectories(i)]
 
     def _collect(self, rows, num_groups: int, params: SamplingParams, keep: KeepFn, step: int,
-                 first_index: int = 0, oversample: float | None = None) -> CollectResult:
+                 first_index: int = 0, oversample: float | None = None,
+                 spare: int = 0) -> CollectResult:
         """One `scheduler.collect`; `first_index` offsets the seeds of a second wave in a step."""
         s, size = self.config.scheduler, self.config.rollout.group_size
         return asyncio.run(self.scheduler.collect(
             rows, self.encode, num_groups, size, params,
-            lambda i: request_seed(self.config.seed, step, first_index * size + i), keep=keep,
-            oversample=s.oversample if oversample is None else oversample,
-            max_groups=math.ceil(num_groups * s.max_groups_factor)))
+            lambda i: request_seed(self.config.seed, step, first_index * (size + spare) + i),
+            keep=keep, oversample=s.oversample if oversample is None else oversample,
+            max_groups=math.ceil(num_groups * s.max_groups_factor), spare=spare))
 
     def _regular_round(self, n: int, params: SamplingParams, signal: KeepFn, step: int):
         """A round under the length budget. Groups that reach it are deferred, not filtered: they
@@ -125,9 +126,11 @@ class SyncSource:
         keep = lambda g: not tail.too_long(g) and signal(g)  # noqa: E731
         groups, metrics, launched = [], Counter(), 0
         limit = len(self.stream.sampler.rows) + math.ceil(n * self.config.scheduler.max_groups_factor)
+        size = self.config.rollout.group_size
+        spare = math.ceil(size * self.config.tail_batching.response_oversample) - size
         while len(groups) < n and launched < limit:
             result = self._collect(tail.regular_rows(self.stream), n - len(groups), params, keep,
-                                   step, first_index=launched)
+                                   step, first_index=launched, spare=spare)
             self.stream.push_front(result.unused_rows)
             tail.observe(result.groups + result.dropped)
             deferred = [g for g in result.dropped if tail.too_long(g)]
@@ -292,12 +295,10 @@ class AsyncSource:
             if group.cancelled:  # the source is closing
                 return
             if all(s.state is State.REWARDED for s in group.samples) and keep(group):
-                group.mark(State.KEPT)
-                self.scheduler.lifecycle[State.KEPT.value] += len(group.samples)
+                self.scheduler.lifecycle[State.KEPT.value] += group.mark(State.KEPT)
                 self.buffer.put(BufferedGroup(group, group.version))
             else:
-                group.mark(State.FILTERED)
-                self.scheduler.lifecycle[State.FILTERED.value] += len(group.samples)
+                self.scheduler.lifecycle[State.FILTERED.value] += group.mark(State.FILTERED)
         finally:
             self.in_flight -= 1
 

@@ -111,6 +111,34 @@ def test_oversampling_aborts_the_groups_left_once_the_batch_is_full(tokenizer):
     assert scheduler.lifecycle["aborted"] == 4
 
 
+def test_speculative_responses_keep_the_first_to_stop_and_abort_the_rest(tokenizer):
+    """Groups of 4 start 5 samples (seeds 5g..5g+4). Group 0 has one straggler: it keeps the 4
+    that stop and aborts the straggler. Group 1 has two: 4 can never stop, so it keeps all 5,
+    its two stragglers cut at max_new_tokens, and fails `keep`."""
+    stragglers = {1, 6, 8}
+    table = rows("ss")
+    outcomes = []
+    for _ in range(2):  # which samples are kept does not depend on timing
+        engine = ScriptedEngine(lambda prompt, seed: 10_000 if seed in stragglers else 3 + seed % 4,
+                                TOKEN, tick=0.0005)
+        scheduler = RolloutScheduler([engine], runner(), tokenizer)
+        result = collect(scheduler, table, 2, keep=lambda g: all(
+            s.finish_reason == "stop" for s in g.samples), spare=1, max_groups=2)
+        assert [g.row.metadata["i"] for g in result.groups] == [0]
+        kept = result.groups[0]
+        assert [s.seed for s in kept.samples] == [0, 2, 3, 4]
+        assert all(s.finish_reason == "stop" and s.state is State.KEPT for s in kept.samples)
+        straggler = next(r for r in engine.requests if r.seed == 1)
+        assert straggler.request_id in engine.aborted
+        [failed] = result.dropped
+        assert [s.seed for s in failed.samples] == [5, 6, 7, 8, 9]
+        assert [len(s.tokens) for s in failed.samples if s.seed in stragglers] == [64, 64]
+        assert scheduler.lifecycle["kept"] == 4 and scheduler.lifecycle["aborted"] == 1
+        assert scheduler.lifecycle["filtered"] == 5
+        outcomes.append([[s.tokens for s in g.samples] for g in result.groups])
+    assert outcomes[0] == outcomes[1]
+
+
 def test_partial_rollout_keeps_tokens_across_a_weight_update(tokenizer):
     """Requests preempted by a weight update resume as prompt + partial tokens; the finished
     response has exactly the length it would have had, with tokens from both versions."""

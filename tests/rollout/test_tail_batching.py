@@ -1,6 +1,8 @@
 """Tail batching: regular rounds hold only responses within the length budget; prompts that run
 long are deferred and run together in a long round with the full length."""
 
+from collections import Counter
+
 import pytest
 from scripted_engine import ScriptedEngine, runner
 
@@ -87,3 +89,44 @@ def test_a_dataset_of_only_long_prompts_is_a_config_error(tokenizer):
     with pytest.raises(ConfigError, match="length_budget"):
         for step in range(1, 6):
             source.next_batch(step, step - 1, SamplingParams(max_new_tokens=60))
+
+
+@pytest.mark.parametrize("response_oversample", [1.0, 1.5])
+def test_speculative_responses_defer_only_prompts_that_really_run_long(tokenizer,
+                                                                      response_oversample):
+    """Rows "long": every response runs long; rows "flaky": one response in three does. With
+    3 responses started per group of 2 (RollPacker's speculative execution), a flaky prompt
+    keeps its 2 short responses in the regular round instead of being deferred: long rounds
+    then hold only the long prompts. Without it, the flaky prompts are deferred too."""
+    table = [PromptRow([{"role": "user", "content": f"question {i}"}], "0",
+                       {"kind": ("long", "flaky", "short", "short")[i % 4]}, f"t:{i}")
+             for i in range(24)]
+    kinds, calls = {}, Counter()
+
+    def length(prompt, seed):  # a flaky prompt's every third request runs long
+        key = tuple(prompt)
+        calls[key] += 1
+        flaky_long = kinds[key] == "flaky" and calls[key] % 3 == 1
+        return 90 if kinds[key] == "long" or flaky_long else 8
+
+    config = RLConfig(model={"path": "unused"}, data={"train": "unused"}, steps=1,
+                      rollout={"prompts_per_step": 2, "group_size": 2, "max_new_tokens": 100},
+                      train={"micro_batch_size": 2},
+                      tail_batching={"enabled": True, "length_budget": 20, "use_history": False,
+                                     "response_oversample": response_oversample})
+    source = SyncSource(config, ScriptedEngine(length, TOKEN), runner(), tokenizer,
+                        PromptStream(PromptSampler(table, seed=0)))
+    kinds.update({tuple(source.encode(row)): row.metadata["kind"] for row in table})
+    long_round_kinds, regular_kinds = set(), set()
+    for step in range(1, 25):
+        trajectories = source.next_batch(step, step - 1, SamplingParams(max_new_tokens=100))
+        assert len(trajectories) == 4
+        if source.metrics()["tail/long_round"]:
+            long_round_kinds |= {kinds[tuple(t.prompt_ids)] for t in trajectories}
+        else:
+            assert all(len(t.response_ids) == 8 for t in trajectories)
+            regular_kinds |= {kinds[tuple(t.prompt_ids)] for t in trajectories}
+    assert "long" in long_round_kinds and "long" not in regular_kinds
+    speculative = response_oversample > 1.0
+    assert ("flaky" in long_round_kinds) != speculative
+    assert "flaky" in regular_kinds or not speculative
