@@ -116,6 +116,8 @@ class HFEngine:
             return completion
         finally:
             self.meter.finished(tokens)
+            # An abort that came after the request ended (before its caller resumed) is moot.
+            self._aborted.discard(request.request_id)
 
     def abort(self, request_id: str) -> None:
         self._aborted.add(request_id)

@@ -94,6 +94,30 @@ def test_in_flight_update_on_the_hf_engine_keeps_requests_running(tiny_model, to
     assert group.version == 0
 
 
+def test_speculative_responses_on_the_hf_engine(tiny_model, tokenizer, arithmetic):
+    """6 responses started per group of 4 on the real engine: a kept group is the first 4 to
+    stop, the spares are aborted in the engine (their requests end early, nothing hangs)."""
+    torch.set_num_threads(1)
+    engine = HFEngine(load_model(tiny_model), pad_token_id=tokenizer.pad_token_id)
+    scheduler = RolloutScheduler([engine], RewardRunner(LengthReward(), 5.0), tokenizer)
+    rows = load_prompts(arithmetic["eval"])[:6]
+    # The untrained model samples nearly uniformly: stopping on a tenth of the vocabulary gives
+    # responses of ~10 tokens, some of them cut at max_new_tokens.
+    params = SamplingParams(max_new_tokens=40, temperature=1.0,
+                            stop_token_ids=tuple(range(3, tokenizer.vocab_size, 10)))
+    result = asyncio.run(scheduler.collect(
+        iter(rows), lambda row: encode_prompt(tokenizer, row, 256), 3, 4, params, lambda i: i,
+        keep=lambda g: all(s.finish_reason == "stop" for s in g.samples), max_groups=6, spare=2))
+    assert result.groups
+    for group in result.groups:
+        assert len(group.samples) == 4
+        assert all(s.finish_reason == "stop" and len(s.tokens) < 40 for s in group.samples)
+    lifecycle = scheduler.lifecycle
+    assert lifecycle["queued"] == 6 * int(result.metrics["rollout/groups_launched"])
+    assert lifecycle["kept"] == 4 * len(result.groups) and lifecycle["aborted"] > 0
+    assert not engine._aborted  # no abort mark outlives its request
+
+
 def rl_config(tmp_path, tiny_model, arithmetic, **sections) -> RLConfig:
     data = {
         "output_dir": str(tmp_path / "run"), "seed": 1, "steps": 4,
