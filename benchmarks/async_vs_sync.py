@@ -130,10 +130,11 @@ def main() -> None:
                       f"{r['generated_tokens']:,.0f}", f"{r['eval_start']:.3f}",
                       f"{r['eval_end']:.3f}", f"{r['staleness_mean']:.2f}",
                       f"{r['trainer_idle_s']:.1f}")
-    Console().print(table)
-    Console().print(f"loop seconds, sync: {[round(r['train_loop_s'], 1) for r in runs['sync']]}, "
+    console = Console(width=150)  # the table's width, also when printed to a pipe
+    console.print(table)
+    console.print(f"loop seconds, sync: {[round(r['train_loop_s'], 1) for r in runs['sync']]}, "
                     f"async: {[round(r['train_loop_s'], 1) for r in runs['async']]}")
-    Console().print(f"speedup {speedup:.2f}x (goal >= 1.8x); final eval reward within "
+    console.print(f"speedup {speedup:.2f}x (goal >= 1.8x); final eval reward within "
                     f"{TOLERANCE}: {same}")
     print(json.dumps({"speedup": round(speedup, 3), "sync_s": round(sync["train_loop_s"], 2),
                       "async_s": round(asyn["train_loop_s"], 2), "samples": sync["samples"],
