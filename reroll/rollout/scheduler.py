@@ -167,8 +167,8 @@ class RolloutScheduler:
                         ) -> Group:
         """Generate and score the group's samples. With `needed` (fewer than its samples: the
         rest are speculative spares), the group keeps the first `needed` samples to stop on their
-        own and aborts the others; if too many run to `max_new_tokens` for that, it stops early
-        and keeps every sample, so the ones that ran long show."""
+        own and aborts the others. Once too many have run to `max_new_tokens` for that, it ends
+        at once (aborting the rest) and keeps every sample, so the ones that ran long show."""
         runs = [asyncio.ensure_future(self._run_sample(group, s, params)) for s in group.samples]
         try:
             if needed is None or needed >= len(group.samples):
