@@ -4,7 +4,7 @@ import time
 import pytest
 
 from reroll.rewards import RewardResult, RewardRunner, RewardSample
-from reroll.rewards.math import MathRewardFn, last_boxed
+from reroll.rewards.math import WARM_UP_ANSWERS, MathRewardFn, last_boxed, verify_boxed
 from reroll.rewards.pool import CallTimeout, ProcessPool
 
 pytestmark = pytest.mark.unit
@@ -30,6 +30,14 @@ def test_math_reward_scores(response, answer, score):
     finally:
         reward.close()
     assert result.score == score
+
+
+def test_the_warm_up_answers_take_the_real_paths():
+    """Each warm-up answer parses and matches itself, and not 9: the warm-up sets up the
+    parsing and comparison a real answer of its kind needs, not an error path."""
+    for answer in WARM_UP_ANSWERS:
+        assert verify_boxed(f"\\boxed{{{answer}}}", answer)[0] == 1.0, answer
+        assert verify_boxed(f"\\boxed{{{answer}}}", "9")[0] == 0.0, answer
 
 
 def test_format_weight_mixes_in_a_format_score():
