@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from reroll.config.schema import RLConfig
-from reroll.data.datasets import load_prompts
+from reroll.data.datasets import PromptSampler, load_prompts
 from reroll.engines.base import SamplingParams
 from reroll.engines.hf import HFEngine
 from reroll.models.loading import load_model
@@ -16,6 +16,8 @@ from reroll.rewards import RewardRunner
 from reroll.rewards.base import RewardResult
 from reroll.rollout.sampling import encode_prompt
 from reroll.rollout.scheduler import RolloutScheduler
+from reroll.rollout.sources import SyncSource
+from reroll.rollout.stream import PromptStream
 from reroll.tracking import read_metrics
 
 pytestmark = pytest.mark.e2e
@@ -116,6 +118,35 @@ def test_speculative_responses_on_the_hf_engine(tiny_model, tokenizer, arithmeti
     assert lifecycle["queued"] == 6 * int(result.metrics["rollout/groups_launched"])
     assert lifecycle["kept"] == 4 * len(result.groups) and lifecycle["aborted"] > 0
     assert not engine._aborted  # no abort mark outlives its request
+
+
+def test_tail_batching_on_the_hf_engine(tiny_model, tokenizer, arithmetic):
+    """Tail batching with speculative responses, through the sync source, on the real engine:
+    regular rounds hold only responses that stopped within the budget, deferred prompts come
+    back in long rounds with the full length, and every step gets a full batch."""
+    torch.set_num_threads(1)
+    config = RLConfig(model={"path": tiny_model}, data={"train": "unused"}, steps=1,
+                      rollout={"prompts_per_step": 2, "group_size": 4, "max_new_tokens": 40},
+                      train={"micro_batch_size": 8},
+                      tail_batching={"enabled": True, "length_budget": 12,
+                                     "response_oversample": 1.5})
+    engine = HFEngine(load_model(tiny_model), pad_token_id=tokenizer.pad_token_id)
+    source = SyncSource(config, engine, RewardRunner(LengthReward(), 5.0), tokenizer,
+                        PromptStream(PromptSampler(load_prompts(arithmetic["train"]), seed=0)))
+    params = SamplingParams(max_new_tokens=40, temperature=1.0,  # responses of ~10 tokens
+                            stop_token_ids=tuple(range(3, tokenizer.vocab_size, 10)))
+    long_rounds = 0
+    for step in range(1, 13):
+        trajectories = source.next_batch(step, 0, params)
+        assert len(trajectories) == 8
+        if source.metrics()["tail/long_round"]:
+            long_rounds += 1
+            assert max(len(t.response_ids) for t in trajectories) > 12
+        else:
+            assert all(t.finish_reason == "stop" and len(t.response_ids) <= 12
+                       for t in trajectories)
+    assert long_rounds >= 1 and source.metrics()["tail/deferred_total"] >= 2
+    assert not engine._aborted
 
 
 def rl_config(tmp_path, tiny_model, arithmetic, **sections) -> RLConfig:
