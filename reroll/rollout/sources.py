@@ -282,10 +282,12 @@ class AsyncSource:
             asyncio.ensure_future(self.scheduler.abort_groups(list(hopeless.values())))
 
     def _may_start(self) -> bool:
-        """Start a group only if it can be trained on within the staleness bound: the group will
-        be taken at about step (consumed + buffered + running) // groups_per_step + 1, whose
-        trainer version must be at most the engine's version + max_staleness."""
-        bound = self.config.async_training.max_staleness + self.engine.version + 1
+        """Start a group only if it will be taken within `max_ahead` (default: max_staleness)
+        versions of the engine's: it will be taken at about step
+        (consumed + buffered + running) // groups_per_step + 1."""
+        a = self.config.async_training
+        ahead = a.max_staleness if a.max_ahead is None else a.max_ahead
+        bound = ahead + self.engine.version + 1
         outstanding = self.consumed + len(self.buffer) + self.in_flight
         return outstanding < self.groups_per_step * bound
 

@@ -152,3 +152,25 @@ def test_a_mismatched_in_flight_load_stops_the_run(tokenizer):
             source.engine.wait_for_load()
     finally:
         source._stop_producer()
+
+
+@pytest.mark.parametrize("max_ahead, starts_ahead", [(0, False), (None, True)])
+def test_max_ahead_bounds_how_far_the_producer_runs_ahead(tokenizer, max_ahead, starts_ahead):
+    """With max_ahead 0 the producer starts nothing for the next batch until the engine has the
+    trainer's weights; by default (max_staleness 4) it works up to four batches ahead."""
+    engine = ScriptedEngine(lambda prompt, seed: 10, TOKEN, tick=0.0005)
+    source = build_source(config(max_staleness=4, max_ahead=max_ahead), engine, runner(),
+                          tokenizer, stream())
+    try:
+        source.next_batch(1, 0, PARAMS)
+        time.sleep(0.2)  # the producer's chance to start the next batches
+        assert (len(source.buffer) + source.in_flight > 0) == starts_ahead
+        source.engine.load_weights([], 1)
+        assert len(source.next_batch(2, 1, PARAMS)) == 6
+    finally:
+        source.close()
+
+
+def test_max_ahead_beyond_max_staleness_is_a_config_error():
+    with pytest.raises(ValueError, match="async_training.max_ahead"):
+        config(max_staleness=1, max_ahead=2)
