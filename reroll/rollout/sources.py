@@ -184,7 +184,7 @@ class AsyncSource:
         self.thread.start()
         self.engine = _ProducerEngine(engine, self, version)
         self.stop = threading.Event()
-        self.consumed, self.in_flight, self.produced = 0, 0, 0
+        self.consumed, self.in_flight = 0, 0
         self._producer: asyncio.Future | None = None
         self.running: dict[asyncio.Task, Group] = {}
         """The producer's groups being generated (touched on the producer's loop only)."""
