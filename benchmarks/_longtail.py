@@ -19,7 +19,9 @@ import hashlib
 import json
 import random
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from reroll.config.schema import SFTConfig
 from reroll.data.batch import collate
@@ -133,7 +135,14 @@ class _LoopSFT(SFTPipeline):
         return self.finish(None, None, time.perf_counter() - t0)
 
 
-def fastest_run(runs: list[dict], key: str) -> dict:
-    """The run with the smallest `key` (a time), whole (its figures belong together). As timeit
-    does: the machine's noise only ever slows a run down."""
-    return min(runs, key=lambda r: r[key])
+def alternating_runs(modes: dict[str, Any], run: Callable[[Any], dict], repeats: int, key: str
+                     ) -> tuple[dict[str, list[dict]], dict[str, dict]]:
+    """`run(settings)` for each mode, `repeats` times, the modes alternating so the machine's
+    drift hits them alike. Returns (every run per mode, the fastest run per mode by `key`, a
+    time): as timeit does, since the machine's noise only ever slows a run down; the fastest
+    run is kept whole, its figures belong together."""
+    runs: dict[str, list[dict]] = {mode: [] for mode in modes}
+    for _ in range(repeats):
+        for mode, settings in modes.items():
+            runs[mode].append(run(settings))
+    return runs, {mode: min(runs[mode], key=lambda r: r[key]) for mode in modes}

@@ -24,6 +24,7 @@ Last line: JSON with `speedup` (async) and `speedup_long_kept`.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import sys
 import time
@@ -33,7 +34,7 @@ from rich.console import Console
 from rich.table import Table
 
 sys.path.insert(0, str(Path(__file__).parent))
-from _longtail import build_workload, fastest_run, workload_dir  # noqa: E402
+from _longtail import alternating_runs, build_workload, workload_dir  # noqa: E402
 
 from reroll.config.schema import RLConfig  # noqa: E402
 from reroll.distributed.ray_runtime import ensure_ray  # noqa: E402
@@ -121,11 +122,8 @@ def main() -> None:
     args = parser.parse_args()
     workload = build_workload()
     ensure_ray(num_cpus=2)
-    runs: dict[str, list[dict]] = {mode: [] for mode in MODES}
-    for _ in range(args.rounds):  # alternating, so drift of the machine hits every mode alike
-        for mode, settings in MODES.items():
-            runs[mode].append(train(workload, args.steps, settings))
-    best = {mode: fastest_run(runs[mode], "train_loop_s") for mode in MODES}
+    runs, best = alternating_runs(MODES, functools.partial(train, workload, args.steps),
+                                  args.rounds, "train_loop_s")
     sync, asyn, long_kept = best.values()
     speedup = sync["train_loop_s"] / asyn["train_loop_s"]
     same = abs(asyn["eval_end"] - sync["eval_end"]) <= TOLERANCE

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import json
 import sys
 import time
@@ -38,7 +39,7 @@ from rich.console import Console
 from rich.table import Table
 
 sys.path.insert(0, str(Path(__file__).parent))
-from _longtail import build_workload, fastest_run  # noqa: E402
+from _longtail import alternating_runs, build_workload  # noqa: E402
 
 from reroll.config.schema import RLConfig  # noqa: E402
 from reroll.data.datasets import PromptSampler, load_prompts  # noqa: E402
@@ -129,11 +130,8 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     workload = build_workload()
-    runs: dict[str, list[dict]] = {mode: [] for mode in MODES}
-    for _ in range(args.repeats):  # alternating, so drift of the machine hits every mode alike
-        for mode, response_oversample in MODES.items():
-            runs[mode].append(rollout_time(workload, args.rounds, response_oversample))
-    best = {mode: fastest_run(runs[mode], "rollout_s") for mode in MODES}
+    runs, best = alternating_runs(MODES, functools.partial(rollout_time, workload, args.rounds),
+                                  args.repeats, "rollout_s")
     plain, all_responses, speculative = best.values()
     table = Table(title=f"Rollout phase, {args.rounds} rounds x {PROMPTS} prompts x {GROUP} "
                         f"samples, max_new_tokens {MAX_NEW}, length budget {BUDGET}, "

@@ -276,13 +276,15 @@ class HFEngine:
 
         A prompt shared by several rows (a GRPO group) is computed once; its KV, logits and
         positions are then copied to each of those rows."""
+        from reroll.engines.kv_cache import growing_cache  # imports transformers: when used
+
         distinct: dict[tuple[int, ...], int] = {}
         prompt_of_row = [distinct.setdefault(tuple(row.request.prompt_ids), len(distinct))
                          for row in rows]
         device = next(self.model.parameters()).device
         input_ids, attention = _left_padded(list(distinct), self.pad_token_id, device)
         positions = (attention.cumsum(-1) - 1).clamp(min=0)
-        cache = _growing_cache()
+        cache = growing_cache()
         logits = self._next_logits(input_ids, attention, positions, cache)
         for row in rows:
             row.logits_version = self.version
@@ -337,12 +339,6 @@ class HFEngine:
             extra["row_segments"] = decode_row_segments(attention)
         return self.model(input_ids=input_ids, attention_mask=attention, position_ids=positions,
                           past_key_values=cache, use_cache=True, **extra).logits[:, -1]
-
-
-def _growing_cache() -> DynamicCache:
-    from reroll.engines.kv_cache import growing_cache
-
-    return growing_cache()
 
 
 def _left_padded(prompts: list[tuple[int, ...]], pad_token_id: int, device: torch.device
