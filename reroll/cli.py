@@ -74,6 +74,12 @@ def cmd_sft(args: argparse.Namespace) -> None:
 
 
 def cmd_make_model(args: argparse.Namespace) -> None:
+    if args.from_gguf:
+        from reroll.models.gguf import import_gguf
+
+        out = import_gguf(args.from_gguf, args.out)
+        console.print(f"wrote the model of {args.from_gguf} (dequantised, float32) to [bold]{out}[/]")
+        return
     from reroll.models.factory import make_model
 
     sizes = {k: v for k, v in {"hidden_size": args.hidden_size, "num_layers": args.num_layers,
@@ -84,6 +90,27 @@ def cmd_make_model(args: argparse.Namespace) -> None:
             corpus = [line for line in f]
     out = make_model(args.out, args.preset, corpus=corpus, seed=args.seed, **sizes)
     console.print(f"wrote a {args.preset} model and tokenizer to [bold]{out}[/]")
+
+
+def cmd_check_model(args: argparse.Namespace) -> None:
+    from reroll.check_model import run_checks
+
+    with console.status("loading the model") as status:
+        summary = run_checks(args.model, args.attn_implementation, args.vllm,
+                             progress=lambda name: status.update(f"checking {name}"))
+    table = Table(title=f"reroll check-model {args.model} ({summary['architecture']}, "
+                        f"{summary['attn_implementation']} attention)")
+    for column in ("check", "result", "detail"):
+        table.add_column(column)
+    colours = {"pass": "green", "fail": "bold red", "skip": "yellow"}
+    for check in summary["checks"]:
+        table.add_row(check["name"], f"[{colours[check['status']]}]{check['status']}[/]",
+                      check["detail"])
+    Console().print(table)
+    print(json.dumps(summary))
+    if summary["failed"]:
+        console.print(f"[bold red]failed:[/] {', '.join(summary['failed'])}", highlight=False)
+        raise SystemExit(1)
 
 
 def cmd_make_data(args: argparse.Namespace) -> None:
@@ -119,8 +146,12 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("overrides", nargs="*", help="dotted overrides, e.g. optimizer.lr=1e-4 resume=true")
         p.set_defaults(fn=fn)
 
-    p = sub.add_parser("make-model", help="write a small random-init model and a locally trained tokenizer")
+    p = sub.add_parser("make-model", help="write a small random-init model and a locally trained "
+                       "tokenizer, or import a pretrained model from a GGUF file")
     p.add_argument("--out", required=True, help="output folder (Hugging Face format)")
+    p.add_argument("--from-gguf", metavar="FILE",
+                   help="import this GGUF file (or a packaged model: smollm2-135m-instruct) with its "
+                        "tokenizer and chat template instead of building a random-init model")
     p.add_argument("--preset", default="tiny", choices=["tiny", "small"], help="tiny ~1M, small ~30M parameters")
     p.add_argument("--hidden-size", type=int)
     p.add_argument("--num-layers", type=int)
@@ -128,6 +159,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--corpus", help="text file to train the tokenizer on (default: built-in task text)")
     p.add_argument("--seed", type=int, default=0)
     p.set_defaults(fn=cmd_make_model)
+
+    p = sub.add_parser("check-model", help="will this model work? tokenizer, chat template, "
+                       "attention features, engine vs generate and vs trainer logprobs, weight sync")
+    p.add_argument("model", help="model folder (Hugging Face format)")
+    p.add_argument("--attn-implementation", default="auto",
+                   help="as model.attn_implementation in configs (default auto)")
+    p.add_argument("--vllm", action=argparse.BooleanOptionalAction, default=None,
+                   help="check the vLLM engine too (default: when installed)")
+    p.set_defaults(fn=cmd_check_model)
 
     p = sub.add_parser("make-data", help="write the built-in arithmetic task's train/eval splits")
     p.add_argument("--out", required=True, help="output folder for train.jsonl and eval.jsonl")

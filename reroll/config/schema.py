@@ -36,6 +36,14 @@ class ModelConfig(Section):
     or a hub id when the machine has network access."""
     dtype: Literal["float32", "bfloat16"] = "float32"
     """Dtype of the trained weights. Keep float32 on CPU and use `train.bf16_autocast` for speed."""
+    attn_implementation: Literal["auto", "sdpa", "eager", "flex_attention", "flash_attention_2",
+                                 "flash_attention_3"] = "auto"
+    """transformers' attention implementation for every role. `auto`: sdpa, unless the model
+    declares an attention feature sdpa ignores (Gemma 2's attn_logit_softcapping), then eager. A
+    choice that would ignore a declared feature is refused (`reroll check-model` lists them)."""
+    dropout: bool = False
+    """Keep the model's dropout during training. Off by default: RL needs the trainer's logprobs to
+    be the ones the engine sampled with (with GPT-2's 0.1 dropout they differ by up to ~2 nats)."""
 
 
 class DataConfig(Section):

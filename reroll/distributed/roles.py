@@ -43,14 +43,16 @@ def policy_spec(c: RLConfig, total_steps: int) -> WorkerSpec:
 
     return WorkerSpec(PolicyWorker, dict(
         model_path=c.model.path, dtype=c.model.dtype, optimizer=c.optimizer, train=c.train,
-        total_steps=total_steps, param_dtype=c.distributed.fsdp_param_dtype), role="policy")
+        total_steps=total_steps, param_dtype=c.distributed.fsdp_param_dtype,
+        attn_implementation=c.model.attn_implementation, dropout=c.model.dropout), role="policy")
 
 
 def reference_spec(c: RLConfig) -> WorkerSpec:
     from reroll.workers.reference import ReferenceWorker
 
     return WorkerSpec(ReferenceWorker, dict(model_path=c.model.path, dtype=c.model.dtype,
-                                            micro_batch_size=c.train.micro_batch_size),
+                                            micro_batch_size=c.train.micro_batch_size,
+                                            attn_implementation=c.model.attn_implementation),
                       role="reference")
 
 
@@ -79,14 +81,16 @@ def _local_roles(c: RLConfig, total_steps: int, pad_token_id: int) -> Roles:
         # Taking turns needs the worker's offload()/reload(); numerically the same strategy.
         policy = PolicyGroup(Cluster(policy_spec(c, total_steps), 1, LocalExecutor()))
     else:
-        policy = LocalStrategy(load_model(c.model.path, c.model.dtype), c.optimizer, c.train,
+        policy = LocalStrategy(load_model(c.model.path, c.model.dtype, c.model.attn_implementation,
+                                          c.model.dropout), c.optimizer, c.train,
                                total_steps=total_steps)
     # The reference model exists only when a KL term needs it, the critic only for gae.
     reference = ReferenceGroup(Cluster(reference_spec(c), 1, LocalExecutor())) \
         if c.algorithm.kl.coef else None
     critic = Critic(c.algorithm.critic, c.model.path, c.model.dtype, c.optimizer, c.train,
                     total_steps) if c.algorithm.critic else None
-    engine = build_engine(c.rollout, c.model.path, c.model.dtype, pad_token_id, c.seed)
+    engine = build_engine(c.rollout, c.model.path, c.model.dtype, pad_token_id, c.seed,
+                          c.model.attn_implementation)
     return Roles(policy, reference, critic, engine, [])
 
 
@@ -120,7 +124,8 @@ def _ray_roles(c: RLConfig, total_steps: int, pad_token_id: int) -> Roles:
         clusters.append(critic.cluster)
     rollout = options["rollout"][0]
     engine = start_engine_actor(
-        engine_factory(c.rollout, c.model.path, c.model.dtype, pad_token_id, c.seed),
+        engine_factory(c.rollout, c.model.path, c.model.dtype, pad_token_id, c.seed,
+                       c.model.attn_implementation),
         num_cpus=rollout["num_cpus"], num_threads=d.rollout.num_threads,
         name=f"{prefix}-rollout-0", ray_options=rollout)
     return Roles(policy, reference, critic, engine, clusters)

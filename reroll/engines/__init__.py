@@ -11,13 +11,15 @@ from reroll.config.errors import ConfigError
 
 
 def build_engine(rollout, model_path: str, dtype: str = "float32", pad_token_id: int = 0,
-                 seed: int = 0):
-    """The engine named by `rollout.engine` (a RolloutConfig) over the model at `model_path`."""
+                 seed: int = 0, attn_implementation: str = "auto"):
+    """The engine named by `rollout.engine` (a RolloutConfig) over the model at `model_path`
+    (`attn_implementation` as in `model.attn_implementation`, for the HF engine)."""
     if rollout.engine == "hf":
         from reroll.engines.hf import HFEngine
         from reroll.models.loading import load_model
 
-        return HFEngine(load_model(model_path, dtype), rollout.max_batch_size, pad_token_id)
+        return HFEngine(load_model(model_path, dtype, attn_implementation),
+                        rollout.max_batch_size, pad_token_id)
     if rollout.engine == "vllm":
         return _build_vllm(rollout, model_path, dtype, seed)
     if rollout.engine == "remote":
@@ -26,10 +28,11 @@ def build_engine(rollout, model_path: str, dtype: str = "float32", pad_token_id:
 
 
 def engine_factory(rollout, model_path: str, dtype: str = "float32", pad_token_id: int = 0,
-                   seed: int = 0) -> Callable:
+                   seed: int = 0, attn_implementation: str = "auto") -> Callable:
     """A picklable zero-argument builder of the configured engine, for engines that are built
     inside another process (a Ray actor): the same choice and checks as `build_engine`."""
-    return functools.partial(build_engine, rollout, model_path, dtype, pad_token_id, seed)
+    return functools.partial(build_engine, rollout, model_path, dtype, pad_token_id, seed,
+                             attn_implementation)
 
 
 def _build_vllm(rollout, model_path: str, dtype: str, seed: int):

@@ -1,4 +1,12 @@
-"""Load a causal LM and its tokenizer from a local folder (or a hub id, with network)."""
+"""Load a causal LM and its tokenizer from a local folder (or a hub id, with network).
+
+Every role loads its model through `load_model`, which makes two choices the same way for all:
+- dropout is switched off (the trainer's forward must give the logprobs the engine sampled with;
+  GPT-2's 0.1 dropout put them ~2 nats apart), and
+- the attention implementation keeps every attention feature the config declares: transformers'
+  `sdpa` silently drops Gemma 2's attention logit soft-capping, so `auto` picks `eager` there
+  and an explicit choice that would drop a feature is refused (`attention_problems`).
+"""
 
 from __future__ import annotations
 
@@ -9,6 +17,14 @@ import torch
 from reroll.config.errors import ConfigError
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+
+# Attention features a config can declare, and the implementations that honour each. Sliding
+# windows are kept by every implementation transformers has (sdpa and eager through the mask);
+# reroll's own packed masks apply them too (models/packing.py).
+FEATURE_IMPLEMENTATIONS = {
+    "attn_logit_softcapping": {"eager", "flex_attention", "flash_attention_2",
+                               "flash_attention_3"},
+}
 
 
 def load_tokenizer(path: str):
@@ -23,11 +39,67 @@ def load_tokenizer(path: str):
     return tokenizer
 
 
-def load_model(path: str, dtype: str = "float32") -> torch.nn.Module:
-    from transformers import AutoModelForCausalLM
+def declared_attention_features(config) -> list[str]:
+    """The attention features `config` turns on that not every implementation honours."""
+    return [name for name in FEATURE_IMPLEMENTATIONS if getattr(config, name, None) is not None]
+
+
+def attention_problems(config, implementation: str) -> list[str]:
+    """Why `implementation` would not compute the attention `config` declares (empty: fine)."""
+    return [f"{config.model_type} declares {name}={getattr(config, name)}, which "
+            f"{implementation!r} ignores (use one of {sorted(FEATURE_IMPLEMENTATIONS[name])})"
+            for name in declared_attention_features(config)
+            if implementation not in FEATURE_IMPLEMENTATIONS[name]]
+
+
+def choose_attention(config, requested: str = "auto") -> str:
+    """The attention implementation to load with: `requested`, or for `auto` sdpa unless the
+    config declares a feature sdpa drops (then eager). A choice that drops one is a ConfigError."""
+    if requested == "auto":
+        return "sdpa" if not attention_problems(config, "sdpa") else "eager"
+    problems = attention_problems(config, requested)
+    if problems:
+        raise ConfigError(f"model.attn_implementation: {'; '.join(problems)}")
+    return requested
+
+
+def without_dropout(config) -> list[str]:
+    """Set every dropout probability of `config` (attention_dropout, resid_pdrop, ...) to 0;
+    returns the names that were non-zero."""
+    changed = []
+    for name, value in list(config.to_dict().items()):
+        if ("dropout" in name or name.endswith("pdrop")) and isinstance(value, float) and value:
+            setattr(config, name, 0.0)
+            changed.append(name)
+    return changed
+
+
+def disable_dropout(model: torch.nn.Module) -> int:
+    """p = 0 in every dropout module (some read their rate from places a config does not reach);
+    returns how many had p > 0."""
+    count = 0
+    for module in model.modules():
+        if isinstance(module, torch.nn.modules.dropout._DropoutNd) and module.p > 0:
+            module.p = 0.0
+            count += 1
+    return count
+
+
+def load_model(path: str, dtype: str = "float32", attn_implementation: str = "auto",
+               dropout: bool = False) -> torch.nn.Module:
+    """The causal LM at `path` in `dtype`, dropout off unless `dropout`, with an attention
+    implementation that keeps its attention features (`choose_attention`)."""
+    from transformers import AutoConfig, AutoModelForCausalLM
 
     _check_path(path)
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=DTYPES[dtype])
+    config = AutoConfig.from_pretrained(path)
+    if not dropout:
+        without_dropout(config)
+    implementation = choose_attention(config, attn_implementation)
+    model = AutoModelForCausalLM.from_pretrained(path, config=config, dtype=DTYPES[dtype],
+                                                 attn_implementation=implementation)
+    if not dropout:
+        disable_dropout(model)
     model.config.use_cache = False  # training forwards never need the KV cache
     return model
 

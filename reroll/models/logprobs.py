@@ -16,6 +16,7 @@ from reroll.models.packing import (
     MASKED_ATTENTION,
     PackedBatch,
     pack_shared_prefixes,
+    packed_masks,
     supports_packing,
 )
 
@@ -96,7 +97,7 @@ def _packed_forward(model: torch.nn.Module, packed: PackedBatch, shape: torch.Si
     """`forward_logprobs` through a packing: logits of the packed positions that predict a
     scored token, scattered back to [B, L]."""
     mask_dtype = MASKED_ATTENTION[model.config._attn_implementation]
-    mask = packed.attention_mask(mask_dtype or next(model.parameters()).dtype)
+    mask = packed_masks(model.config, packed, mask_dtype or next(model.parameters()).dtype)
     width = packed.input_ids.shape[1]
     keep = width - int(packed.source_col.min())
     logits = model(input_ids=packed.input_ids, attention_mask=mask,

@@ -42,15 +42,20 @@ class PackedBatch:
     target_col: torch.Tensor  # [N] ... and position
     target_ids: torch.Tensor  # [N] the token itself
 
-    def attention_mask(self, dtype: torch.dtype) -> torch.Tensor:
-        """[G, 1, T, T]: query q sees key k <= q of the prefix or of its own response. Padding
-        queries see themselves (a row of nothing would make NaNs that leak into the backward)."""
+    def attention_mask(self, dtype: torch.dtype, window: int | None = None) -> torch.Tensor:
+        """[G, 1, T, T]: query q sees key k <= q of the prefix or of its own response (and with a
+        sliding `window`, only keys fewer than `window` positions back, counted in position ids,
+        which are the original rows' positions). Padding queries see themselves (a row of nothing
+        would make NaNs that leak into the backward)."""
         seg = self.segments
         width = seg.shape[1]
         causal = torch.ones(width, width, dtype=torch.bool, device=seg.device).tril()
         same = (seg[:, None, :] == 0) | (seg[:, None, :] == seg[:, :, None])
         padding = seg < 0
         allowed = causal & same & ~padding[:, None, :] & ~padding[:, :, None]
+        if window is not None:
+            distance = self.position_ids[:, :, None] - self.position_ids[:, None, :]
+            allowed &= distance < window
         allowed |= torch.eye(width, dtype=torch.bool, device=seg.device) & padding[:, :, None]
         allowed = allowed[:, None]
         if dtype == torch.bool:
@@ -59,15 +64,42 @@ class PackedBatch:
             ~allowed, torch.finfo(dtype).min)
 
 
+def sliding_window(config) -> int | None:
+    """The sliding attention window `config` uses, or None. Mistral declares only
+    `sliding_window`; Qwen2/3 set it with `use_sliding_window` (and may turn it off); Gemma 2/3,
+    Qwen2/3 say per layer in `layer_types` which layers slide."""
+    window = getattr(config, "sliding_window", None)
+    if window is None or getattr(config, "use_sliding_window", True) is False:
+        return None
+    layer_types = getattr(config, "layer_types", None)
+    if layer_types is not None and "sliding_attention" not in layer_types:
+        return None
+    return int(window)
+
+
 def supports_packing(model: torch.nn.Module) -> bool:
     """Whether `model` attends with a custom 4D mask exactly as packing needs: an attention
-    implementation that takes such a mask, and no sliding-window layers (a custom mask replaces
-    the window)."""
+    implementation that takes such a mask, and layers that are full or sliding-window attention
+    (the packed mask carries the window, `packed_masks`), nothing else (chunked, linear...)."""
     config = getattr(model, "config", None)
     if config is None or getattr(config, "_attn_implementation", None) not in MASKED_ATTENTION:
         return False
-    sliding = any(t != "full_attention" for t in getattr(config, "layer_types", None) or ())
-    return not sliding and not getattr(config, "use_sliding_window", False)
+    kinds = set(getattr(config, "layer_types", None) or ())
+    return kinds <= {"full_attention", "sliding_attention"}
+
+
+def packed_masks(config, packed: PackedBatch, dtype: torch.dtype
+                 ) -> torch.Tensor | dict[str, torch.Tensor]:
+    """The `attention_mask` argument for a packed forward: one 4D mask, or for models whose
+    layers mix full and sliding attention one per layer type (transformers takes such a dict
+    as-is). A 4D mask replaces the model's own masks, so the window must be in it."""
+    window = sliding_window(config)
+    if window is None:
+        return packed.attention_mask(dtype)
+    if getattr(config, "layer_types", None) is None:  # Mistral: every layer slides
+        return packed.attention_mask(dtype, window)
+    return {"full_attention": packed.attention_mask(dtype),
+            "sliding_attention": packed.attention_mask(dtype, window)}
 
 
 def pack_shared_prefixes(input_ids: torch.Tensor, attention_mask: torch.Tensor,

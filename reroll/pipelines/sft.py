@@ -52,8 +52,9 @@ class SFTPipeline:
         self.train_set = self.load(c.data.train)
         self.eval_set = self.load(c.data.eval) if c.data.eval else []
         self.steps = max(1, math.ceil(c.epochs * len(self.train_set) / c.batch_size))
-        self.policy = LocalStrategy(load_model(c.model.path, c.model.dtype), c.optimizer, c.train,
-                                    total_steps=self.steps)
+        model = load_model(c.model.path, c.model.dtype, c.model.attn_implementation,
+                           c.model.dropout)
+        self.policy = LocalStrategy(model, c.optimizer, c.train, total_steps=self.steps)
         self.tracker = Tracker(self.run_dir.path, c.tracking, run_config=c.model_dump(mode="json"))
 
     def load(self, path: str) -> list[Trajectory]:

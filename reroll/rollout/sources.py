@@ -431,5 +431,5 @@ def _engine_in_own_process(config, tokenizer) -> Engine:
     from reroll.engines import engine_factory
 
     factory = engine_factory(config.rollout, config.model.path, config.model.dtype,
-                             tokenizer.pad_token_id, config.seed)
+                             tokenizer.pad_token_id, config.seed, config.model.attn_implementation)
     return start_engine_actor(factory, num_cpus=1, num_threads=config.scheduler.engine_threads)

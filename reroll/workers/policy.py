@@ -26,9 +26,10 @@ from reroll.training.local import LocalStrategy, LossFn
 class PolicyWorker:
     def __init__(self, *, rank: int, world_size: int, model_path: str, dtype: str,
                  optimizer: OptimizerConfig, train: TrainConfig, total_steps: int,
-                 param_dtype: str = "float32"):
+                 param_dtype: str = "float32", attn_implementation: str = "auto",
+                 dropout: bool = False):
         self.rank = rank
-        model = load_model(model_path, dtype)
+        model = load_model(model_path, dtype, attn_implementation, dropout)
         if world_size == 1:
             self.strategy: Any = LocalStrategy(model, optimizer, train, total_steps)
         else:

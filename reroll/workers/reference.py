@@ -11,8 +11,8 @@ from reroll.models.logprobs import batched_logprobs
 
 class ReferenceWorker:
     def __init__(self, *, rank: int, world_size: int, model_path: str, dtype: str,
-                 micro_batch_size: int):
-        self.model = load_model(model_path, dtype).eval()
+                 micro_batch_size: int, attn_implementation: str = "auto"):
+        self.model = load_model(model_path, dtype, attn_implementation).eval()
         self.micro_batch_size = micro_batch_size
 
     def logprobs(self, shard: TensorDict, temperature: float = 1.0) -> torch.Tensor:
