@@ -82,15 +82,54 @@ def make_tokenizer(corpus: Iterable[str], vocab_size: int):
     return fast
 
 
+def architecture_config(architecture: str, sizes: dict, tokens: dict, **extra):
+    """A transformers config of `architecture` (a model_type) at the preset's `sizes`, with the
+    architecture's own names for them and its own features switched on small enough to matter
+    in short sequences (sliding windows of 16 tokens, Gemma 2's soft-capping, MoE routing)."""
+    from transformers import AutoConfig
+
+    h, layers, heads, kv = (sizes["hidden_size"], sizes["num_layers"], sizes["num_heads"],
+                            sizes["num_kv_heads"])
+    common = dict(vocab_size=tokens["vocab_size"], bos_token_id=tokens["bos_token_id"],
+                  eos_token_id=tokens["eos_token_id"], pad_token_id=tokens["pad_token_id"],
+                  tie_word_embeddings=True)
+    llama_like = dict(hidden_size=h, num_hidden_layers=layers, num_attention_heads=heads,
+                      num_key_value_heads=kv, intermediate_size=sizes["intermediate_size"],
+                      max_position_embeddings=sizes["max_positions"], **common)
+    per_architecture = {
+        "qwen2": llama_like, "llama": llama_like, "olmo2": llama_like, "phi3": llama_like,
+        "qwen3": dict(llama_like, head_dim=h // heads),
+        "qwen3_moe": dict(llama_like, head_dim=h // heads, num_experts=4, num_experts_per_tok=2,
+                          moe_intermediate_size=sizes["intermediate_size"] // 2),
+        "mistral": dict(llama_like, sliding_window=16, head_dim=h // heads),
+        "gemma2": dict(llama_like, head_dim=h // heads, sliding_window=16,
+                       query_pre_attn_scalar=h // heads),
+        "gemma3_text": dict(llama_like, head_dim=h // heads, sliding_window=16,
+                            query_pre_attn_scalar=h // heads, sliding_window_pattern=2),
+        "gpt2": dict(n_embd=h, n_layer=layers, n_head=heads, n_positions=sizes["max_positions"],
+                     n_inner=sizes["intermediate_size"], **common),
+        "gpt_neox": dict(hidden_size=h, num_hidden_layers=layers, num_attention_heads=heads,
+                         intermediate_size=sizes["intermediate_size"],
+                         max_position_embeddings=sizes["max_positions"], **common),
+    }
+    if architecture not in per_architecture:
+        raise ValueError(f"unknown architecture {architecture!r} "
+                         f"(choose from {sorted(per_architecture)})")
+    return AutoConfig.for_model(architecture, **per_architecture[architecture], **extra)
+
+
 def make_model(out: str | Path, preset: str = "tiny", corpus: Iterable[str] | None = None,
-               seed: int = 0, **overrides: int) -> Path:
-    """Write a random-init Qwen2 causal LM and a locally trained tokenizer to `out` (HF format).
+               seed: int = 0, architecture: str = "qwen2", config_overrides: dict | None = None,
+               **overrides: int) -> Path:
+    """Write a random-init causal LM and a locally trained tokenizer to `out` (HF format).
 
     `corpus` is the tokenizer's training text (default: the built-in arithmetic task's text).
-    `overrides` replace preset sizes (e.g. hidden_size=256).
+    `architecture` is a transformers model_type (`architecture_config` lists those set up here;
+    qwen2 by default). `overrides` replace preset sizes (e.g. hidden_size=256),
+    `config_overrides` the architecture's own config fields (e.g. sliding_window=8).
     """
     import torch
-    from transformers import AutoModelForCausalLM, Qwen2Config
+    from transformers import AutoModelForCausalLM
 
     if preset not in PRESETS:
         raise ValueError(f"unknown preset {preset!r} (choose from {sorted(PRESETS)})")
@@ -100,20 +139,10 @@ def make_model(out: str | Path, preset: str = "tiny", corpus: Iterable[str] | No
 
         corpus = tokenizer_corpus(seed=seed)
     tokenizer = make_tokenizer(corpus, sizes["vocab_size"])
-    config = Qwen2Config(
-        vocab_size=len(tokenizer),
-        hidden_size=sizes["hidden_size"],
-        num_hidden_layers=sizes["num_layers"],
-        num_attention_heads=sizes["num_heads"],
-        num_key_value_heads=sizes["num_kv_heads"],
-        intermediate_size=sizes["intermediate_size"],
-        max_position_embeddings=sizes["max_positions"],
-        tie_word_embeddings=True,
-        bos_token_id=tokenizer.convert_tokens_to_ids(BOS_TOKEN),
-        eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id,
-        torch_dtype="float32",
-    )
+    config = architecture_config(architecture, sizes, dict(
+        vocab_size=len(tokenizer), bos_token_id=tokenizer.convert_tokens_to_ids(BOS_TOKEN),
+        eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id),
+        dtype="float32", **(config_overrides or {}))
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(config)
     model.generation_config.eos_token_id = tokenizer.eos_token_id

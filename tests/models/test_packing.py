@@ -95,7 +95,10 @@ def test_packed_forward_gives_the_padded_gradient(tiny_model):
 def test_packing_is_only_used_where_a_custom_mask_is_honoured(tiny_model):
     model = load_model(tiny_model)
     assert supports_packing(model)
+    # Sliding-window layers pack (the packed mask carries the window); others do not.
     model.config.layer_types = ["sliding_attention"] * len(model.config.layer_types)
+    assert supports_packing(model)
+    model.config.layer_types = ["chunked_attention"] * len(model.config.layer_types)
     assert not supports_packing(model)
     model = load_model(tiny_model)
     model.config._attn_implementation = "flash_attention_2"
@@ -117,3 +120,35 @@ def test_a_group_packs_only_while_a_member_costs_fewer_flops_packed():
     response = torch.tensor([[0, 0, 0, 0, 0, 1]] * 3)
     packed = pack_shared_prefixes(ids, torch.ones_like(ids), response)
     assert packed.input_ids.tolist() == [[5, 6, 7, 8, 9, 1, 2, 3]]
+
+
+# -- sliding windows (a custom 4D mask replaces the model's own window) -----------------------------
+
+@pytest.mark.parametrize("architecture", ["mistral", "gemma2", "gemma3_text"])
+def test_packing_keeps_the_sliding_window(tmp_path, architecture):
+    """Rows longer than the 16-token window: the packed forward equals the padded one (which
+    transformers masks itself). Mistral, which declares only `sliding_window`, was packed with a
+    full causal mask: logprobs off by nats."""
+    from reroll.models.factory import make_model
+    from reroll.models.loading import load_model
+    from reroll.models.logprobs import forward_logprobs
+    from reroll.models.packing import sliding_window, supports_packing
+
+    path = make_model(tmp_path / architecture, "tiny", seed=0, architecture=architecture)
+    model = load_model(str(path)).eval()
+    assert sliding_window(model.config) == 16 and supports_packing(model)
+    generator = torch.Generator().manual_seed(0)
+    prompt = torch.randint(5, 500, (20,), generator=generator)
+    rows = [torch.cat([prompt, torch.randint(5, 500, (n,), generator=generator)])
+            for n in (30, 12, 25, 7)]
+    width = max(len(r) for r in rows)
+    ids = torch.zeros(len(rows), width, dtype=torch.long)
+    attention = torch.zeros_like(ids)
+    response = torch.zeros_like(ids)
+    for i, r in enumerate(rows):
+        ids[i, :len(r)], attention[i, :len(r)], response[i, 20:len(r)] = r, 1, 1
+    with torch.no_grad():
+        padded, _ = forward_logprobs(model, ids, attention)
+        packed, _ = forward_logprobs(model, ids, attention, response_mask=response)
+    assert torch.allclose(padded * response, packed, atol=1e-4), \
+        (padded * response - packed).abs().max()
