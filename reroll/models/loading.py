@@ -85,6 +85,20 @@ def disable_dropout(model: torch.nn.Module) -> int:
     return count
 
 
+def refuse_unservable(config, path: str) -> None:
+    """A ConfigError, with the reason, for a model reroll cannot train as a policy: one that is
+    not a decoder-only causal LM transformers knows (encoder-decoders, encoders, classifiers)."""
+    from transformers import MODEL_FOR_CAUSAL_LM_MAPPING
+
+    if getattr(config, "is_encoder_decoder", False):
+        raise ConfigError(f"model.path {path}: {config.model_type} is an encoder-decoder model; "
+                          "reroll trains decoder-only causal LMs (the policy generates its "
+                          "response after the prompt in one sequence)")
+    if type(config) not in MODEL_FOR_CAUSAL_LM_MAPPING:
+        raise ConfigError(f"model.path {path}: transformers has no causal LM for model_type "
+                          f"{config.model_type!r}, so reroll cannot generate from or train it")
+
+
 def load_model(path: str, dtype: str = "float32", attn_implementation: str = "auto",
                dropout: bool = False) -> torch.nn.Module:
     """The causal LM at `path` in `dtype`, dropout off unless `dropout`, with an attention
@@ -93,6 +107,7 @@ def load_model(path: str, dtype: str = "float32", attn_implementation: str = "au
 
     _check_path(path)
     config = AutoConfig.from_pretrained(path)
+    refuse_unservable(config, path)
     if not dropout:
         without_dropout(config)
     implementation = choose_attention(config, attn_implementation)

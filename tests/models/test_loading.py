@@ -60,3 +60,13 @@ def test_softcapping_chooses_eager_and_matches_it(gemma2):
 def test_an_implementation_that_drops_a_feature_is_refused(gemma2):
     with pytest.raises(ConfigError, match="attn_logit_softcapping.*'sdpa' ignores"):
         load_model(gemma2, attn_implementation="sdpa")
+
+
+@pytest.mark.parametrize("model_type,reason", [("t5", "encoder-decoder"),
+                                               ("vit", "no causal LM")])
+def test_an_architecture_that_cannot_be_served_is_refused(tmp_path, model_type, reason):
+    from transformers import AutoConfig
+
+    AutoConfig.for_model(model_type).save_pretrained(tmp_path)
+    with pytest.raises(ConfigError, match=reason):
+        load_model(str(tmp_path))
