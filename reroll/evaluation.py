@@ -75,6 +75,8 @@ class EvalSpec:
     threshold: float = 1.0
     seed: int = 0
     batch_size: int = 256
+    threads: int | None = None
+    """torch threads of this process (None: torch's default, every core)."""
 
     def sampling_temperature(self) -> float:
         """Greedy for a single sample (pass@1 of the deterministic answer); 1.0 for n > 1."""
@@ -92,20 +94,29 @@ class EvalSpec:
 
 def evaluate(spec: EvalSpec) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """Run the evaluation; returns (results, one row per sample)."""
+    import torch
+
     from reroll.engines.base import SamplingParams
     from reroll.models.loading import load_tokenizer
 
     ks = spec.k_values()
+    if spec.threads:
+        torch.set_num_threads(spec.threads)
     tokenizer = load_tokenizer(spec.model)
     engine = _engine(spec, tokenizer)
     params = SamplingParams(spec.max_new_tokens, spec.sampling_temperature(), spec.top_p, 0,
                             (tokenizer.eos_token_id,))
     start = time.perf_counter()
-    if spec.env:
-        parts = {env_id: _play_env(spec, env_id, engine, tokenizer, params)
-                 for env_id in spec.env.split(",")}
-    else:
-        parts = {spec.task: _sample_task(spec, engine, tokenizer, params)}
+    try:
+        if spec.env:
+            parts = {env_id: _play_env(spec, env_id, engine, tokenizer, params)
+                     for env_id in spec.env.split(",")}
+        else:
+            parts = {spec.task: _sample_task(spec, engine, tokenizer, params)}
+    finally:
+        # vLLM's engine core is a process of its own: left to the interpreter's exit it dies
+        # first and the client prints EngineDeadError.
+        engine.close()
     seconds = time.perf_counter() - start
     results: dict[str, Any] = {"model": spec.model, "task": spec.task, "env": spec.env,
                                "engine": spec.engine, "n": spec.n,
@@ -255,6 +266,8 @@ def add_eval_parser(subparsers: argparse._SubParsersAction) -> argparse.Argument
                    help="a sample is correct when its reward is at least this (default 1.0)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--batch-size", type=int, default=256, help="most sequences decoded together")
+    p.add_argument("--threads", type=int, help="torch threads (default: every core; set it when "
+                                               "other processes share the machine)")
     p.add_argument("--out", help="results JSON (default runs/eval/<model>-<task>.json); the "
                                  "samples go next to it as .samples.jsonl")
     p.set_defaults(fn=cmd_eval)
@@ -270,7 +283,8 @@ def spec_from_args(args: argparse.Namespace) -> EvalSpec:
         raise ConfigError(f"--env-kwargs {args.env_kwargs!r}: expected a JSON object")
     for flag, value, low in (("--n", args.n, 1), ("--max-new-tokens", args.max_new_tokens, 1),
                              ("--batch-size", args.batch_size, 1), ("--episodes", args.episodes, 1),
-                             ("--max-turns", args.max_turns, 1)):
+                             ("--max-turns", args.max_turns, 1),
+                             ("--threads", 1 if args.threads is None else args.threads, 1)):
         if value < low:
             raise ConfigError(f"{flag} {value}: must be at least {low}")
     if args.max_prompts is not None and args.max_prompts < 1:
@@ -287,7 +301,7 @@ def spec_from_args(args: argparse.Namespace) -> EvalSpec:
                     temperature=args.temperature, top_p=args.top_p,
                     max_new_tokens=args.max_new_tokens, max_prompts=args.max_prompts,
                     system_prompt=args.system_prompt, threshold=args.threshold, seed=args.seed,
-                    batch_size=args.batch_size)
+                    batch_size=args.batch_size, threads=args.threads)
 
 
 def cmd_eval(args: argparse.Namespace) -> None:

@@ -111,3 +111,25 @@ def test_help_lists_eval_and_replay():
 
     text = build_parser().format_help()
     assert "eval" in text and "replay" in text
+
+
+@pytest.mark.vllm
+def test_eval_on_vllm_closes_its_engine(tmp_path, tiny_model, arithmetic):
+    """The engine is closed before the interpreter exits: vLLM's engine core used to die first and
+    its client printed EngineDeadError after the results."""
+    import subprocess
+
+    result = subprocess.run(
+        [sys.executable, "-m", "reroll.cli", "eval", "--model", tiny_model, "--task",
+         arithmetic["eval"], "--engine", "vllm", "--max-prompts", "8", "--max-new-tokens", "16",
+         "--threads", "1", "--out", str(tmp_path / "eval.json")],
+        capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "EngineDeadError" not in result.stderr and "Traceback" not in result.stderr
+    assert json.loads((tmp_path / "eval.json").read_text())["prompts"] == 8
+
+
+@pytest.mark.unit
+def test_eval_threads_must_be_positive(tiny_model, capsys):
+    assert main(["eval", "--model", tiny_model, "--task", "arithmetic", "--threads", "0"]) == 2
+    assert "--threads 0" in capsys.readouterr().err
