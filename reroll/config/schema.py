@@ -356,14 +356,3 @@ class SFTConfig(Section):
 
     def run_dir(self) -> Path:
         return Path(self.output_dir) if self.output_dir else Path("runs") / self.name
-
-    def off_policy_reasons(self) -> list[str]:
-        """Why the trained samples can come from a distribution other than the trainer's pi_old
-        (empty: they are on-policy up to float noise); `algorithm.correction.auto` reads it."""
-        engine = self.rollout.engine
-        return [f"rollout.engine: {engine} samples with its own logprobs"] if engine != "hf" else []
-
-    @model_validator(mode="after")
-    def _resolve_correction(self) -> RLRunConfig:
-        self.algorithm.resolve_correction(self.off_policy_reasons())
-        return self
