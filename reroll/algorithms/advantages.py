@@ -227,7 +227,22 @@ def reinforce_pp_advantages(
     rewards [B]; mask, kl [B, T] (kl per token, e.g. k1 of policy vs reference, detached).
     Returns (advantages, returns) [B, T], returns = G.
     """
-    token_rewards = scores_to_token_rewards(rewards, mask)
+    return reinforce_pp_token_advantages(scores_to_token_rewards(rewards, mask), mask, kl=kl,
+                                         kl_coef=kl_coef, gamma=gamma, eps=eps)
+
+
+def reinforce_pp_token_advantages(
+    token_rewards: Tensor,
+    mask: Tensor,
+    *,
+    kl: Tensor | None = None,
+    kl_coef: float = 0.0,
+    gamma: float = 1.0,
+    eps: float = 1e-8,
+) -> tuple[Tensor, Tensor]:
+    """REINFORCE++ from token rewards [B, T] (e.g. each turn's reward on its last token):
+    r_t - kl_coef * kl_t, discounted returns G over the valid tokens, A = whiten(G) over the batch.
+    Returns (advantages, returns = G), [B, T]."""
     if kl is not None:
         token_rewards = token_rewards - kl_coef * kl.detach() * mask.to(token_rewards.dtype)
     returns = discounted_returns(token_rewards, mask, gamma)

@@ -174,6 +174,26 @@ def turns_to_tokens(turn_values: Tensor, turn_ids: Tensor) -> Tensor:
     return torch.where(turn_ids >= 0, out, torch.zeros_like(out))
 
 
+def turn_rewards_to_tokens(turn_rewards: Tensor, turn_ids: Tensor) -> Tensor:
+    """Place each turn's reward on that turn's last policy token: [B, K] -> [B, T], 0 elsewhere.
+
+    The token-level form of per-turn rewards for token-level estimators (GAE, REINFORCE++), so a
+    discount gamma < 1 sees when each reward came. Rewards of turns without a token are dropped
+    (as `turn_valid` drops them for the turn-level estimators). A single-turn response (turn 0
+    on every response token) gets its reward on its last token, as `scores_to_token_rewards`.
+    """
+    B, T = turn_ids.shape
+    K = turn_rewards.shape[1]
+    pos = torch.arange(T, device=turn_ids.device).expand(B, T)
+    idx = torch.where(turn_ids >= 0, turn_ids, K).long()
+    last = torch.full((B, K + 1), -1, dtype=torch.long, device=turn_ids.device)
+    last = last.scatter_reduce(1, idx, torch.where(turn_ids >= 0, pos, -1), "amax")[:, :K]
+    values = torch.where(last >= 0, turn_rewards, torch.zeros_like(turn_rewards))
+    out = turn_rewards.new_zeros(B, T + 1)
+    out = out.scatter_add(1, torch.where(last >= 0, last, T), values)
+    return out[:, :T]
+
+
 def turn_sums(per_token: Tensor, turn_ids: Tensor, num_turns: int) -> Tensor:
     """Sum of per-token values [B, T] within each turn -> [B, K] (K = num_turns)."""
     out = per_token.new_zeros(per_token.shape[0], num_turns + 1)

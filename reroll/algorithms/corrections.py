@@ -110,6 +110,18 @@ def ratio_mask_sequence(
     return mask * keep.unsqueeze(-1).to(mask.dtype)
 
 
+def behaviour_kl_k3(old_logprobs: Tensor, behaviour_logprobs: Tensor, mask: Tensor) -> Tensor:
+    """Per-token k3 estimate of KL(mu || pi_old) on tokens sampled from mu: [B, T], 0 off mask.
+
+    The tokens come from mu, so Schulman's k3 takes r = pi_old / mu (not mu / pi_old):
+    k3 = r - 1 - log r, whose mean under mu is E_mu[-log r] = KL(mu || pi_old) (E_mu[r] = 1).
+    The one definition behind `off_policy_metrics` and the actor's `behaviour_kl_k3`.
+    """
+    lr = _token_log_ratio(old_logprobs, behaviour_logprobs, mask).clamp(-LOG_RATIO_CLAMP,
+                                                                        LOG_RATIO_CLAMP)
+    return (torch.exp(lr) - 1 - lr) * mask.to(lr.dtype)
+
+
 def off_policy_metrics(
     old_logprobs: Tensor, behaviour_logprobs: Tensor, mask: Tensor
 ) -> dict[str, Tensor]:
@@ -121,5 +133,6 @@ def off_policy_metrics(
         "behaviour_ratio_mean": masked_mean(ratio, mask),
         "behaviour_ratio_max": big.max() if big.numel() else big.new_zeros(()),
         "behaviour_kl_k1": masked_mean(-lr, mask),
-        "behaviour_kl_k3": masked_mean(ratio - 1 - lr, mask),
+        "behaviour_kl_k3": masked_mean(behaviour_kl_k3(old_logprobs, behaviour_logprobs, mask),
+                                       mask),
     }

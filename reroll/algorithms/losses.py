@@ -242,6 +242,7 @@ def decoupled_ppo_loss(
     clip_high: float = 0.2,
     dual_clip: float | None = None,
     behaviour_cap: float | None = None,
+    behaviour_cap_mode: str = "truncate",
     agg: str = "token_mean",
     num_tokens: float | None = None,
     num_seqs: float | None = None,
@@ -253,13 +254,21 @@ def decoupled_ppo_loss(
 
     ``old_logprobs`` are the PROXIMAL policy's (the trainer's weights at the start of the step),
     ``behaviour_logprobs`` the sampler's (mu). l = w * PPO-clip(pi_theta / pi_prox, A) with
-    w = sg(pi_prox / mu), truncated at ``behaviour_cap`` when given. Inputs [B, T].
-    Metrics: those of :func:`ppo_clip_loss` plus behaviour_weight_mean.
+    w = sg(pi_prox / mu). Above ``behaviour_cap`` (when given) ``behaviour_cap_mode`` "truncate"
+    sets w = cap (truncated IS), "drop" sets w = 0 (AReaL's ``behav_imp_weight_cap`` filter); a
+    dropped token still counts in the normaliser. Inputs [B, T].
+    Metrics: those of :func:`ppo_clip_loss` plus behaviour_weight_mean and behaviour_capped_frac.
     """
+    if behaviour_cap_mode not in ("truncate", "drop"):
+        raise ValueError(f"behaviour_cap_mode must be truncate or drop, got {behaviour_cap_mode!r}")
     w = torch.exp(_log_ratio(old_logprobs, behaviour_logprobs)).detach()
+    metrics_w: Metrics = {}
     if behaviour_cap is not None:
-        w = w.clamp(max=behaviour_cap)
-    metrics_w = {"behaviour_weight_mean": masked_mean(w, mask)}
+        over = w > behaviour_cap
+        metrics_w["behaviour_capped_frac"] = _frac(over, mask)
+        w = w.clamp(max=behaviour_cap) if behaviour_cap_mode == "truncate" else \
+            torch.where(over, torch.zeros_like(w), w)
+    metrics_w["behaviour_weight_mean"] = masked_mean(w, mask)
     if is_weights is not None:
         w = w * is_weights.detach()
     loss, metrics = ppo_clip_loss(

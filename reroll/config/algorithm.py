@@ -207,7 +207,12 @@ class DecoupledPPOLoss(Section):
     dual_clip: float | None = Field(None, gt=1)
     """Dual clip bound c for negative advantages (None: off)."""
     behaviour_cap: float | None = Field(None, gt=0)
-    """Truncate the behaviour weight pi_old / mu at this value (None: no truncation)."""
+    """Bound on the behaviour weight pi_old / mu (None: unbounded); what happens above it is
+    `behaviour_cap_mode`."""
+    behaviour_cap_mode: Literal["truncate", "drop"] = "truncate"
+    """truncate: the weight becomes the cap (truncated IS: the token keeps a bounded gradient).
+    drop: the token gets weight 0, as AReaL's `behav_imp_weight_cap` filters it (it stays in the
+    loss normaliser, like a masked token)."""
 
 
 class IPAChunkLoss(Section):
@@ -329,12 +334,30 @@ class RatioMaskConfig(Section):
 
 
 class CorrectionConfig(Section):
-    """Off-policy corrections between the trainer's policy and the engine that sampled."""
+    """Off-policy corrections between the trainer's policy and the engine that sampled.
+
+    Written `algorithm.correction: none` in YAML it is `{auto: false}`: no correction, even when
+    the samples can be off-policy (the pipeline then logs a warning at start)."""
 
     tis: TISConfig | None = None
-    """Truncated importance-sampling weights on the policy loss; None: off."""
+    """Truncated importance-sampling weights on the policy loss; None: off (unless `auto` turns
+    it on)."""
     ratio_mask: RatioMaskConfig | None = None
     """Ratio-based masking of tokens or sequences; None: off."""
+    auto: bool = True
+    """When the samples can be off-policy (`async_training.enabled`, or `rollout.engine` vllm or
+    remote, whose logprobs are not the trainer's) and neither `tis` nor `ratio_mask` is set and
+    the policy loss is not `decoupled_ppo` (which corrects by itself): turn on token-level TIS with
+    cap 2 (`tis: {level: token, cap: 2.0}`, see docs/async.md). Resolved when the config loads;
+    the run's config.yaml shows the result. false: leave the samples uncorrected (logged)."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _none_means_off(cls, value):
+        """`correction: none` (or null) is the explicit way to turn every correction off."""
+        if value is None or (isinstance(value, str) and value.lower() == "none"):
+            return {"auto": False}
+        return value
 
 
 # ----------------------------------------------------------------------------------------------
@@ -415,7 +438,8 @@ class AlgorithmConfig(Section):
     overlong: OverlongConfig = Field(default_factory=OverlongConfig)
     """Overlong filtering and DAPO's soft overlong penalty."""
     correction: CorrectionConfig = Field(default_factory=CorrectionConfig)
-    """Off-policy corrections (truncated IS, ratio masks) against the engine's behaviour logprobs."""
+    """Off-policy corrections (truncated IS, ratio masks) against the engine's behaviour logprobs.
+    On by default (token TIS, cap 2) whenever the samples can be off-policy; `none` turns it off."""
     critic: CriticConfig | None = None
     """The value model that `advantage: {name: gae}` needs; None: no critic."""
 
@@ -454,6 +478,14 @@ class AlgorithmConfig(Section):
             raise ValueError(f"algorithm.normalize.reward_clip: low ({clip[0]}) must be below "
                              f"high ({clip[1]})")
         return self
+
+    def resolve_correction(self, off_policy_reasons: list[str]) -> None:
+        """`correction.auto`: token-level TIS (cap 2) when the samples can be off-policy and no
+        correction is configured. Called by the run config, which knows the rollout side."""
+        corr = self.correction
+        if (corr.auto and off_policy_reasons and corr.tis is None and corr.ratio_mask is None
+                and self.policy_loss.name != "decoupled_ppo"):
+            corr.tis = TISConfig()
 
     def rollout_errors(self, group_size: int, max_new_tokens: int) -> list[str]:
         """Problems of this section together with `rollout:`; each names the fields."""

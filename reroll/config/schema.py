@@ -276,6 +276,17 @@ class RLRunConfig(Section):
     def run_dir(self) -> Path:
         return Path(self.output_dir) if self.output_dir else Path("runs") / self.name
 
+    def off_policy_reasons(self) -> list[str]:
+        """Why the trained samples can come from a distribution other than the trainer's pi_old
+        (empty: they are on-policy up to float noise); `algorithm.correction.auto` reads it."""
+        engine = self.rollout.engine
+        return [f"rollout.engine: {engine} samples with its own logprobs"] if engine != "hf" else []
+
+    @model_validator(mode="after")
+    def _resolve_correction(self) -> RLRunConfig:
+        self.algorithm.resolve_correction(self.off_policy_reasons())
+        return self
+
 
 class RLConfig(RLRunConfig):
     """`reroll train CONFIG.yaml`: reinforcement learning with verifiable rewards (RLVR)."""
@@ -287,6 +298,13 @@ class RLConfig(RLRunConfig):
     scheduler: SchedulerConfig = Field(default_factory=SchedulerConfig)
     async_training: AsyncTrainingConfig = Field(default_factory=AsyncTrainingConfig)
     tail_batching: TailBatchingConfig = Field(default_factory=TailBatchingConfig)
+
+    def off_policy_reasons(self) -> list[str]:
+        reasons = super().off_policy_reasons()
+        if self.async_training.enabled:
+            reasons.append(f"async_training trains on samples up to "
+                           f"{self.async_training.max_staleness} versions old")
+        return reasons
 
     @model_validator(mode="after")
     def _check_combinations(self) -> RLConfig:

@@ -65,20 +65,31 @@ def _outcome(fn: Callable[..., Tensor]) -> Callable:
     return estimate
 
 
+def _token_rewards(batch: TensorDict) -> Tensor:
+    """[B, T]: each turn's reward on its turn's last token (a single-turn response: its reward on
+    its last token), so token-level estimators keep the timing of per-turn rewards."""
+    turn_rewards, turn_ids = _turn_inputs(batch, None, 0.0)
+    return algorithms.turn_rewards_to_tokens(turn_rewards, turn_ids)
+
+
 def _reinforce_pp(cfg, batch, group_size, kl, kl_coef):
-    return algorithms.reinforce_pp_advantages(batch["rewards"], batch["response_mask"], kl=kl,
-                                              kl_coef=kl_coef, gamma=cfg.gamma, eps=cfg.eps)
+    return algorithms.reinforce_pp_token_advantages(
+        _token_rewards(batch), batch["response_mask"], kl=kl, kl_coef=kl_coef, gamma=cfg.gamma,
+        eps=cfg.eps)
 
 
 def _reinforce_pp_baseline(cfg, batch, group_size, kl, kl_coef):
-    return algorithms.reinforce_pp_baseline_advantages(
-        batch["rewards"], batch["response_mask"], group_size, kl=kl, kl_coef=kl_coef,
-        gamma=cfg.gamma, eps=cfg.eps)
+    """The group mean of the episode returns is subtracted on each response's last token."""
+    mask, token_rewards = batch["response_mask"], _token_rewards(batch)
+    baseline = algorithms.group_mean(token_rewards.sum(-1), group_size)
+    token_rewards = token_rewards - algorithms.scores_to_token_rewards(baseline, mask)
+    return algorithms.reinforce_pp_token_advantages(token_rewards, mask, kl=kl, kl_coef=kl_coef,
+                                                    gamma=cfg.gamma, eps=cfg.eps)
 
 
 def _gae(cfg, batch, group_size, kl, kl_coef):
     mask = batch["response_mask"]
-    token_rewards = algorithms.scores_to_token_rewards(batch["rewards"], mask)
+    token_rewards = _token_rewards(batch)
     if kl is not None:
         token_rewards = algorithms.kl_penalty_rewards(token_rewards, kl, mask, kl_coef)
     advantages, returns = algorithms.gae_advantages(token_rewards, batch["values"], mask,
@@ -131,13 +142,16 @@ def estimate_advantages(config: AlgorithmConfig, batch: TensorDict, group_size: 
     """Advantages [B, T] (0 off the response) and returns [B, T] (token-level estimators) or None.
 
     Order: reward clip -> estimator (with the KL reward penalty `batch["token_kl"]` x `kl_coef`
-    when present) -> whitening -> advantage clip.
+    when present) -> whitening -> advantage clip. The clip applies to every reward an estimator
+    may read: the scalar `rewards` and, in multi-turn batches, each turn's `turn_rewards`.
     """
     norm = config.normalize
     mask = batch["response_mask"]
     if norm.reward_clip is not None:
         batch = batch.clone(recurse=False)
-        batch["rewards"] = algorithms.clip_rewards(batch["rewards"], *norm.reward_clip)
+        for key in ("rewards", "turn_rewards"):
+            if key in batch.keys():
+                batch[key] = algorithms.clip_rewards(batch[key], *norm.reward_clip)
     kl = batch["token_kl"] if "token_kl" in batch.keys() and kl_coef > 0 else None
     advantages, returns = ESTIMATORS[config.advantage.name](config.advantage, batch, group_size,
                                                             kl, kl_coef)
@@ -173,7 +187,8 @@ POLICY_LOSSES: dict[str, tuple[Callable, Callable[..., dict]]] = {
     "topr": (algorithms.topr_loss, lambda c, m: _knobs(c, "sequence_ratio")),
     "reinforce": (algorithms.reinforce_loss, lambda c, m: {}),
     "decoupled_ppo": (algorithms.decoupled_ppo_loss,
-                      lambda c, m: _knobs(c, "clip_low", "clip_high", "dual_clip", "behaviour_cap")
+                      lambda c, m: _knobs(c, "clip_low", "clip_high", "dual_clip", "behaviour_cap",
+                                           "behaviour_cap_mode")
                       | {"behaviour_logprobs": m["behaviour_logprobs"]}),
     "ipa_chunk": (algorithms.ipa_chunk_loss,
                   lambda c, m: _knobs(c, "clip_low", "clip_high") | {"turn_ids": _turn_ids(m)}),
@@ -213,11 +228,16 @@ def make_rl_loss(config: AlgorithmConfig, batch: TensorDict, temperature: float,
     current value (default `config.kl.coef`)."""
     loss_key = "loss_mask" if "loss_mask" in batch.keys() else "response_mask"
     entropy_key = "entropy_mask" if "entropy_mask" in batch.keys() else loss_key
-    tokens = _normalisers(config, batch[loss_key], max_response_len)
-    entropy_norm = _normalisers(config, batch[entropy_key], max_response_len)
+    # Ratio masks and AsyPPO's masks zero a token's weight but leave it in the count (IcePop's
+    # 1/sum|y_i|, AsyPPO's masked advantage); `normaliser_mask` is the loss mask before them.
+    has_count = "normaliser_mask" in batch.keys()
+    count_mask = batch["normaliser_mask"] if has_count else batch[loss_key]
+    tokens = _normalisers(config, count_mask, max_response_len)
+    entropy_norm = _normalisers(config, count_mask if has_count else batch[entropy_key],
+                                max_response_len)
     policy = {"agg": tokens["mode"], **{k: v for k, v in tokens.items() if k != "mode"}}
     if config.policy_loss.name == "ipa_chunk":  # its token_mean normaliser counts chunks
-        policy["num_tokens"] = algorithms.chunk_count(_turn_ids(batch), batch[loss_key])
+        policy["num_tokens"] = algorithms.chunk_count(_turn_ids(batch), count_mask)
     policy_loss = policy_loss_fn(config)
     kl_coef = config.kl.coef if kl_coef is None else kl_coef
     kl_in_loss = config.kl.mode == "loss" and kl_coef > 0
@@ -232,9 +252,9 @@ def make_rl_loss(config: AlgorithmConfig, batch: TensorDict, temperature: float,
         loss, raw = policy_loss(logprobs, old, micro["advantages"], mask, micro, **policy)
         metrics = {f"actor/{k}": float(v) for k, v in raw.items()}
         # Train/inference mismatch: how far the engine's sampling distribution is from the policy.
-        mismatch = old.detach() - micro["behaviour_logprobs"]
         metrics["actor/behaviour_kl_k3"] = float(algorithms.masked_mean(
-            torch.exp(-mismatch) - 1 + mismatch, response))
+            algorithms.behaviour_kl_k3(old.detach(), micro["behaviour_logprobs"], response),
+            response))
         metrics["actor/entropy"] = float(algorithms.masked_mean(entropy.detach(), response))
         if kl_in_loss:
             kl = algorithms.kl_estimate(logprobs, micro["ref_logprobs"], config.kl.estimator)

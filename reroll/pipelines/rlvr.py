@@ -56,6 +56,7 @@ class RLVRPipeline:
         self.critic, self.engine = self.roles.critic, self.roles.engine
         self.restarts = 0  # set by the supervisor when this pipeline resumes after a failure
         self.kl = objective.kl_controller(c.algorithm.kl)
+        rl_batch.announce_correction(c.algorithm, c.off_policy_reasons())
         self.setup_task()
         self.weight_sync = make_weight_sync(self.policy, self.engine, c.distributed)
         # Rollout colocated with the policy: they take turns on the devices at phase boundaries.

@@ -13,6 +13,7 @@ from reroll.algorithms import (
     masked_mean,
     masked_var,
     masked_whiten,
+    turn_rewards_to_tokens,
     turn_sums,
     turn_valid,
     turns_to_tokens,
@@ -162,3 +163,12 @@ def test_turn_helpers_by_hand():
     torch.testing.assert_close(turns_to_tokens(tv, turn_ids), expected)
     bt = broadcast_to_tokens(torch.tensor([2.0, -1.0]), torch.tensor([[1.0, 0.0], [1.0, 1.0]]))
     torch.testing.assert_close(bt, torch.tensor([[2.0, 0.0], [-1.0, -1.0]]))
+
+
+def test_turn_rewards_to_tokens_by_hand():
+    # row 0: turn 0 = positions 0, 1; env token 2; turn 1 = positions 3, 4 -> rewards on 1 and 4
+    # row 1: one turn ending at position 2; its turn 1 has no token, so its reward is dropped
+    turn_ids = torch.tensor([[0, 0, -1, 1, 1], [0, 0, 0, -1, -1]])
+    turn_rewards = torch.tensor([[1.0, 2.0], [3.0, 7.0]])
+    want = torch.tensor([[0.0, 1.0, 0.0, 0.0, 2.0], [0.0, 0.0, 3.0, 0.0, 0.0]])
+    torch.testing.assert_close(turn_rewards_to_tokens(turn_rewards, turn_ids), want)

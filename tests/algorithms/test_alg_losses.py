@@ -300,6 +300,14 @@ def test_decoupled_ppo_by_hand():
                                    behaviour_cap=1.5)
     # w = 1.5 on row 0: (1.5 * -2.7 + 2.9) / 5 = -1.15 / 5 = -0.23
     assert capped.item() == pytest.approx(-0.23, abs=1e-6)
+    dropped, m = decoupled_ppo_loss(logprobs, prox, adv, mask, behaviour_logprobs=behaviour,
+                                    behaviour_cap=1.5, behaviour_cap_mode="drop")
+    # AReaL's filter: row 0 (w = 2 > 1.5) weighs 0 and still counts in the 5 tokens: 2.9 / 5
+    assert dropped.item() == pytest.approx(0.58, abs=1e-6)
+    assert float(m["behaviour_capped_frac"]) == pytest.approx(3 / 5)
+    with pytest.raises(ValueError, match="behaviour_cap_mode"):
+        decoupled_ppo_loss(logprobs, prox, adv, mask, behaviour_logprobs=behaviour,
+                           behaviour_cap=1.5, behaviour_cap_mode="clip")
 
 
 def test_ipa_chunk_loss_by_hand():

@@ -191,6 +191,22 @@ def test_async_training_trains_within_the_staleness_bound(tmp_path, tiny_model, 
     assert summary["eval_reward_end"] is not None
 
 
+def test_async_training_without_a_configured_correction_applies_tis(tmp_path, tiny_model,
+                                                                   arithmetic, reward_module):
+    # Issue 17: no `algorithm.correction` configured, staleness > 0: the run must not train on
+    # stale samples as if on-policy; token TIS (cap 2) is on and its weights are not all 1.
+    config = rl_config(tmp_path, tiny_model, arithmetic,
+                       async_training={"enabled": True, "max_staleness": 1})
+    assert config.algorithm.correction.tis is not None
+    summary = RLVRPipeline(config).run()
+    rows = read_metrics(summary["run_dir"])
+    assert any(r["staleness/max"] == 1 for r in rows)
+    assert all("correction/tis_weight_mean" in r for r in rows)
+    assert any(abs(r["correction/tis_weight_mean"] - 1.0) > 1e-4 for r in rows)
+    assert any(r["correction/behaviour_ratio_max"] > 1.0 + 1e-4 for r in rows)
+    assert "cap: 2.0" in (tmp_path / "run" / "config.yaml").read_text()
+
+
 def test_async_training_with_in_flight_updates(tmp_path, tiny_model, arithmetic, reward_module):
     config = rl_config(tmp_path, tiny_model, arithmetic,
                        async_training={"enabled": True, "max_staleness": 1,
