@@ -89,7 +89,11 @@ def smollm2_tokenizer():
                                             gguf_file="SmolLM2-135M-Instruct.Q4_1.gguf")
         tok.save_pretrained(str(out))
 
-    return load_tokenizer(str(_build_once(MODELS / "smollm2-tokenizer", build)))
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(_build_once(MODELS / "smollm2-tokenizer", build)))
+    tok.pad_token = tok.pad_token or tok.eos_token
+    return tok
 
 
 @pytest.fixture(scope="session")
