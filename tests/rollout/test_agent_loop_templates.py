@@ -176,3 +176,17 @@ def test_qwen3_strip_one_sample_per_turn_with_the_templates_context(qwen_tokeniz
             assert "</think>" not in template
         if len(episode) > 1 and episode[0].finish_reason and "</think>" in tok.decode(turns[0]):
             assert "maybe" not in tok.decode(episode[1].prompt_ids)
+
+
+def test_training_start_check_asks_to_choose(qwen_tokenizer, smollm2_tokenizer):
+    """The agentic pipeline's start-up check: a template that drops reasoning needs an explicit
+    `env.history_thinking`; templates that keep history verbatim need nothing."""
+    from reroll.config.errors import ConfigError
+    from reroll.pipelines.agentic import check_history
+
+    with pytest.raises(ConfigError, match=r"env.history_thinking: .*<think>.*keep"):
+        check_history(qwen_tokenizer, None, None)
+    check_history(qwen_tokenizer, None, "keep")
+    check_history(smollm2_tokenizer, "Play well.", None)
+    with pytest.raises(ConfigError, match="strip gives one training sample per turn"):
+        check_history(smollm2_tokenizer, None, "strip")
