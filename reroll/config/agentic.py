@@ -27,6 +27,14 @@ class EnvConfig(Section):
     """Limit of one env reset or step; past it the episode fails (`env/errors`), the run goes on."""
     system_prompt: str | None = None
     """Prepended as a system message to every episode."""
+    history_thinking: Literal["keep", "strip"] | None = None
+    """How the model's earlier turns appear in later turns' contexts when the chat template
+    rewrites history (Qwen3's drops earlier turns' `<think>` blocks). Unset: checked at start,
+    and a template that rewrites history is an error asking to choose. `keep`: train on the
+    tokens as generated, earlier reasoning included (exact token in/token out, one sample per
+    episode; contexts differ from what a template-based server shows the model). `strip`: every
+    turn's context rendered by the template, one sample per turn (agent loop and library; the
+    training pipeline refuses it until its group advantages take per-turn samples)."""
     train_seeds: int = Field(100_000, ge=1)
     """Training episodes reset the env with seeds drawn from [0, train_seeds)."""
     eval_episodes: int = Field(32, ge=0)

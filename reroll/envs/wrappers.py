@@ -100,6 +100,39 @@ class ChatFormat:
         self.turn_end = closed[closed.index(self.PLACEHOLDER) + len(self.PLACEHOLDER):]
         """The template's markup after an assistant message's content (e.g. `<|im_end|>\\n`)."""
 
+    THOUGHT = "<think>\nweighing the options\n</think>\n\nmy answer"
+
+    def history_mismatch(self) -> str | None:
+        """Why this template renders a finished assistant turn otherwise than the loop records it,
+        or None. The loop keeps the model's text verbatim in later turns' contexts; a template
+        that rewrites history (Qwen3's drops earlier turns' `<think>` blocks) shows a
+        template-based server's model different contexts than the ones trained on. Probed with a
+        turn that holds a think block (the placeholder of `observation_ids` has none, so its
+        check cannot see this)."""
+        head = self._messages("first")
+        turn = head + [{"role": "assistant", "content": self.THOUGHT}]
+        template = self._render(turn + [{"role": "user", "content": "second"}], True)
+        before = self._render(head + [{"role": "assistant", "content": self.PLACEHOLDER}], False)
+        after = self._render(head + [{"role": "assistant", "content": self.PLACEHOLDER},
+                                     {"role": "user", "content": "second"}], True)
+        loop = (self._render(head, True) + self.THOUGHT + self.turn_end
+                + after[len(before):])
+        if template == loop:
+            return None
+        dropped = "</think>" in loop and "</think>" not in template
+        return ("the chat template renders an earlier assistant turn differently from what the "
+                "model wrote" + (" (it drops the turn's <think>...</think> block, as Qwen3's "
+                                 "does)" if dropped else "")
+                + f": template {template!r} vs agent loop {loop!r}")
+
+    def messages_ids(self, messages: list[dict[str, str]]) -> list[int]:
+        """The template's own rendering of a conversation, up to the next assistant header."""
+        return self._encode(self._render(messages, True))
+
+    def first_messages(self, first_obs: str) -> list[dict[str, str]]:
+        """The episode's conversation before the model's first turn."""
+        return self._messages(first_obs)
+
     def _messages(self, first_obs: str) -> list[dict[str, str]]:
         system = [{"role": "system", "content": self.system_prompt}] if self.system_prompt else []
         return system + [{"role": "user", "content": first_obs}]

@@ -20,14 +20,31 @@ from types import SimpleNamespace
 import torch
 
 from reroll.config.agentic import AgenticConfig
+from reroll.config.errors import ConfigError
 from reroll.data.batch import Trajectory
 from reroll.data.datasets import PromptSampler
 from reroll.engines.base import Engine, SamplingParams
-from reroll.envs import make_env
+from reroll.envs import ChatFormat, make_env
 from reroll.pipelines.rlvr import RLVRPipeline
 from reroll.rollout.agent_loop import AgentJob, AgentStats, run_episodes
 
 EVAL_SEED_BASE = 10**9
+
+
+def check_history(tokenizer, system_prompt: str | None, history_thinking: str | None) -> None:
+    """At start: a chat template that renders earlier turns otherwise than the agent loop
+    records them (Qwen3's drops their reasoning) needs an explicit `env.history_thinking`."""
+    if history_thinking == "strip":
+        raise ConfigError("env.history_thinking: strip gives one training sample per turn, a "
+                          "number that varies by episode; this pipeline's group advantages "
+                          "need rollout.group_size samples per env seed, so it trains with "
+                          "keep only (strip works in the agent loop, AgentJob)")
+    problem = ChatFormat(tokenizer, system_prompt).history_mismatch()
+    if problem is not None and history_thinking is None:
+        raise ConfigError(f"env.history_thinking: {problem}. Set env.history_thinking: keep to "
+                          "train on the tokens as generated (earlier reasoning stays in later "
+                          "contexts, unlike what template-based inference shows the model); "
+                          "see docs/agentic.md")
 
 
 class EpisodeSource:
@@ -40,13 +57,15 @@ class EpisodeSource:
         self._metrics: dict[str, float] = {}
         env = config.env
         make_env(env.id, **env.kwargs)  # a bad id or argument fails at start-up, not mid-run
+        check_history(tokenizer, env.system_prompt, env.history_thinking)
 
     def job(self, params: SamplingParams) -> AgentJob:
         env = self.config.env
         return AgentJob(self.engine, self.tokenizer, lambda: make_env(env.id, **env.kwargs),
                         params, max_turns=env.max_turns,
                         max_context_tokens=env.max_context_tokens,
-                        step_timeout_s=env.step_timeout_s, system_prompt=env.system_prompt)
+                        step_timeout_s=env.step_timeout_s, system_prompt=env.system_prompt,
+                        history_thinking=env.history_thinking or "keep")
 
     def run(self, seeds: list[int], group_size: int, params: SamplingParams, step: int,
             redundancy: int = 0) -> tuple[list[Trajectory], AgentStats]:

@@ -12,6 +12,16 @@ steps run in worker threads (or the env's own async `astep`), so a slow env over
 `step_timeout_s` fails only its episode (finish reason `env_error`, no policy tokens in the loss).
 `redundancy` extra episodes per group start with the group; the first `group_size` to finish are
 kept and the rest aborted, so a slow env instance does not hold up the step.
+
+History and thinking (`AgentJob.history_thinking`). A chat template may rewrite history: Qwen3's
+drops the `<think>` block of every assistant turn before the last user message, so a
+template-based server shows the model contexts without its earlier reasoning. `keep` (above)
+trains on the tokens as generated, reasoning included: exact token in/token out, one sample per
+episode, but not the contexts such a server shows. `strip` asks the template for every turn's
+context (the engine then sees what a template-based server shows) and returns one sample per
+turn: its prompt is exactly that turn's request and its response the turn's tokens, each
+scored with the episode's return. Per-turn samples are the only exact form: no single sequence
+holds turn 1 both with (when it was generated) and without (in turn 2's context) its reasoning.
 """
 
 from __future__ import annotations
@@ -46,10 +56,15 @@ class AgentJob:
     step_timeout_s: float | None = 30.0
     system_prompt: str | None = None
     format: ChatFormat | None = None
+    history_thinking: str = "keep"
+    """`keep`: one sample per episode, the tokens as generated; `strip`: every turn's context
+    rendered by the chat template (which may drop earlier reasoning), one sample per turn."""
 
     def __post_init__(self) -> None:
         if self.format is None:
             self.format = ChatFormat(self.tokenizer, self.system_prompt)
+        if self.history_thinking not in ("keep", "strip"):
+            raise ValueError(f"history_thinking must be keep or strip, not {self.history_thinking!r}")
 
 
 @dataclass
@@ -89,6 +104,8 @@ class _Episode:
         self.rewards: list[float] = []
         self.states: list[int] = [state_id(first_obs)]
         self.segments: list[dict[str, Any]] = []
+        self.messages: list[dict[str, str]] = []  # the conversation (for `strip`)
+        self.turns: list[tuple[list[int], Any]] = []  # (request tokens, completion) per turn
 
     def add(self, ids: list[int], logprobs: list[float] | None, turn: int, text: str) -> None:
         policy = logprobs is not None
@@ -104,9 +121,10 @@ class _Episode:
 
 async def run_episode(job: AgentJob, env_seed: int, sample_seed: int, group_id: int,
                       stats: AgentStats, on_request: Callable[[str], None] | None = None
-                      ) -> Trajectory:
+                      ) -> list[Trajectory]:
     """One episode of a fresh env reset with `env_seed`; turn k samples with a seed derived
-    from `sample_seed`. Failures of the env are recorded in the trajectory, never raised."""
+    from `sample_seed`. Failures of the env are recorded in the trajectory, never raised.
+    One trajectory (`keep`) or one per turn (`strip`)."""
     env = job.make_env()
     tok, fmt = job.tokenizer, job.format
     finish, info, error = "truncated", {}, None
@@ -115,19 +133,23 @@ async def run_episode(job: AgentJob, env_seed: int, sample_seed: int, group_id: 
     except EnvError as e:
         obs, error = "", str(e)
     episode = _Episode(fmt.prompt_ids(obs), obs)
+    episode.messages = fmt.first_messages(obs)
+    strip = job.history_thinking == "strip"
     for turn in range(job.max_turns if error is None else 0):
-        room = job.max_context_tokens - len(episode.context())
+        context = fmt.messages_ids(episode.messages) if strip and turn else episode.context()
+        room = job.max_context_tokens - len(context)
         if room < 1:
             finish = "length"
             break
         params = dataclasses.replace(job.params, max_new_tokens=min(job.params.max_new_tokens, room))
-        request = Request(episode.context(), params, seed=(sample_seed + 7_919 * turn) % 2**63)
+        request = Request(context, params, seed=(sample_seed + 7_919 * turn) % 2**63)
         if on_request is not None:
             on_request(request.request_id)
         completion = await job.engine.generate(request)
         action = tok.decode(completion.token_ids, skip_special_tokens=True)
         episode.add(completion.token_ids, completion.logprobs, turn,
                     tok.decode(completion.token_ids))
+        episode.turns.append((context, completion))
         if completion.finish_reason == "abort":
             finish = "abort"
             break
@@ -148,12 +170,37 @@ async def run_episode(job: AgentJob, env_seed: int, sample_seed: int, group_id: 
         last = completion.token_ids[-1] if completion.token_ids else None
         stopped = tok.decode([last]) if completion.finish_reason == "stop" else None
         obs_ids = fmt.observation_ids(obs, stopped)
-        if len(episode.context()) + len(obs_ids) >= job.max_context_tokens:
+        content = completion.token_ids[:-1] if stopped else completion.token_ids
+        episode.messages += [{"role": "assistant", "content": tok.decode(content)},
+                             {"role": "user", "content": obs}]
+        grown = fmt.messages_ids(episode.messages) if strip else episode.context() + obs_ids
+        if len(grown) >= job.max_context_tokens:
             finish = "length"
             break
         episode.add(obs_ids, None, turn, tok.decode(obs_ids))
         episode.states.append(state_id(obs))
-    return _trajectory(job, episode, env_seed, group_id, finish, info, error, stats)
+    trajectory = _trajectory(job, episode, env_seed, group_id, finish, info, error, stats)
+    return _turn_samples(job, episode, trajectory) if strip else [trajectory]
+
+
+def _turn_samples(job: AgentJob, episode: _Episode, whole: Trajectory) -> list[Trajectory]:
+    """`strip`: one sample per turn, exactly that turn's request and completion, scored with
+    the episode's return; the episode's outcome (`reward_info`, finish) on every sample."""
+    samples = []
+    for k, (context, completion) in enumerate(episode.turns):
+        n = len(completion.token_ids)
+        policy = int(whole.finish_reason != "env_error")
+        samples.append(Trajectory(
+            prompt_ids=list(context), response_ids=list(completion.token_ids),
+            behaviour_logprobs=list(completion.logprobs), finish_reason=whole.finish_reason,
+            group_id=whole.group_id, prompt_text=job.tokenizer.decode(context),
+            response_text=job.tokenizer.decode(completion.token_ids), reward=whole.reward,
+            reward_info=whole.reward_info | {"turn": k}, policy_version=whole.policy_version,
+            policy_mask=[policy] * n, turn_ids=[k if policy else -1] * n,
+            turn_rewards=[whole.reward], turn_states=whole.turn_states[k : k + 1],
+            segments=[{"text": job.tokenizer.decode(completion.token_ids), "policy": True,
+                       "turn": k}]))
+    return samples or [whole]
 
 
 def _trajectory(job: AgentJob, episode: _Episode, env_seed: int, group_id: int, finish: str,
@@ -196,7 +243,7 @@ async def run_group(job: AgentJob, env_seed: int, group_size: int, group_id: int
     tasks = {asyncio.create_task(run_episode(job, env_seed, seed_base + k, group_id, stats,
                                              tracker(k))): k
              for k in range(group_size + redundancy)}
-    kept: list[tuple[int, Trajectory]] = []
+    kept: list[tuple[int, list[Trajectory]]] = []
     pending = set(tasks)
     while len(kept) < group_size:
         done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
@@ -207,12 +254,13 @@ async def run_group(job: AgentJob, env_seed: int, group_size: int, group_id: int
         stats.aborted += 1
     await asyncio.gather(*pending, return_exceptions=True)
     kept.sort(key=lambda item: item[0])
-    return [trajectory for _, trajectory in kept[:group_size]]
+    return [trajectory for _, episode in kept[:group_size] for trajectory in episode]
 
 
 def run_episodes(job: AgentJob, env_seeds: list[int], group_size: int, run_seed: int, step: int,
                  redundancy: int = 0) -> tuple[list[Trajectory], AgentStats]:
-    """`group_size` episodes per env seed, all concurrently; groups are contiguous."""
+    """`group_size` episodes per env seed, all concurrently; groups are contiguous (with
+    `strip`, an episode's turn samples are contiguous inside its group)."""
     stats = AgentStats()
 
     async def run() -> list[list[Trajectory]]:
