@@ -1,6 +1,6 @@
 """reroll vs TRL's GRPOTrainer: the same GRPO work on the same tiny model, on CPU.
 
-    .venv/bin/python benchmarks/vs_trl.py [--model tiny|small] [--steps 10] [--rounds 2]
+    .venv/bin/python benchmarks/vs_trl.py [--model tiny|small|smollm2] [--steps 10] [--rounds 2]
 
 Both sides start from the same warm-started model (a short reroll SFT of a freshly built model on
 the arithmetic task, so the reward has room to move) and do the same work: the same prompts
@@ -39,13 +39,17 @@ sys.path.insert(0, str(ROOT))
 PRESETS = {  # per model size: steps, SFT warm start and eval sizes that fit in ~10 min on 2 cores
     "tiny": {"steps": 10, "sft_rows": 1200, "sft_epochs": 2.0, "eval_prompts": 64},
     "small": {"steps": 4, "sft_rows": 1200, "sft_epochs": 2.0, "eval_prompts": 32},
+    # The real SmolLM2-135M-Instruct (models/smollm2, imported from its package's GGUF when
+    # missing): pretrained, so no warm start; a few steps at a real model's step cost.
+    "smollm2": {"steps": 3, "sft_rows": 0, "sft_epochs": 0.0, "eval_prompts": 16},
 }
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--model", choices=sorted(PRESETS), default="tiny",
-                   help="tiny (~1M parameters, default) or small (~30M)")
+                   help="tiny (~1M parameters, default), small (~30M) or smollm2 (the real "
+                        "SmolLM2-135M-Instruct)")
     p.add_argument("--steps", type=int, help="training steps per run (default: per model)")
     p.add_argument("--rounds", type=int, default=2, help="runs per side, alternating (default 2)")
     p.add_argument("--prompts-per-step", type=int, default=8)
@@ -160,9 +164,16 @@ def prepare(work: Path, args: argparse.Namespace, preset: dict, console) -> dict
     from reroll.models.factory import make_model
     from reroll.pipelines.sft import train_sft
 
+    data = write_arithmetic(work / "data", train_size=max(preset["sft_rows"], 200),
+                            eval_size=200, seed=args.seed, levels=(1,))
+    if args.model == "smollm2":
+        from reroll.models.gguf import import_gguf
+
+        base = ROOT / "models" / "smollm2"
+        if not (base / "model.safetensors").is_file():
+            import_gguf("smollm2-135m-instruct", base)
+        return {"model": str(base), "train": str(data["train"]), "eval": str(data["eval"])}
     base = make_model(work / "base", args.model, seed=args.seed)
-    data = write_arithmetic(work / "data", train_size=preset["sft_rows"], eval_size=200,
-                            seed=args.seed, levels=(1,))
     console.print(f"warm start: SFT of the {args.model} model on {preset['sft_rows']} rows")
     sft = validate(SFTConfig, {
         "output_dir": str(work / "sft"), "seed": args.seed, "model": {"path": str(base)},
