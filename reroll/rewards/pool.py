@@ -16,6 +16,7 @@ back as the call's error, and the worker is replaced.
 from __future__ import annotations
 
 import asyncio
+import importlib
 import pickle
 import queue
 import select
@@ -67,20 +68,34 @@ class Worker:
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
         write_frame(self.process.stdin, pickle.dumps(list(sys.path)))
         self.warming_up = warm_up is not None
+        self.fresh = True
         if warm_up is not None:
             write_frame(self.process.stdin, pickle.dumps(warm_up))
 
     def call(self, fn: Callable[..., Any], args: tuple, timeout: float) -> Any:
+        """`fn(*args)` within `timeout` seconds. A new worker's start-up and the import of `fn`'s
+        module are not the call's: they are waited for first (`WARM_UP_TIMEOUT_S`)."""
         if self.warming_up:
             self.warming_up = False
-            try:
-                self._reply(WARM_UP_TIMEOUT_S)
-            except (CallTimeout, WorkerCrashed):
-                raise  # the worker is gone: this call fails, and the pool replaces it
-            except Exception:  # noqa: BLE001 - the warm-up's own error; the call will tell
-                pass
+            self._settle()
+        if self.fresh:
+            self.fresh = False
+            module = getattr(fn, "__module__", None)
+            if module:
+                write_frame(self.process.stdin,
+                            pickle.dumps((importlib.import_module, (module,))))
+                self._settle()
         write_frame(self.process.stdin, pickle.dumps((fn, args)))
         return self._reply(timeout)
+
+    def _settle(self) -> None:
+        """Wait for a preparatory call's reply; its own error is not the call's."""
+        try:
+            self._reply(WARM_UP_TIMEOUT_S)
+        except (CallTimeout, WorkerCrashed):
+            raise  # the worker is gone: this call fails, and the pool replaces it
+        except Exception:  # noqa: BLE001 - the call itself will tell
+            pass
 
     def _reply(self, timeout: float) -> Any:
         ready, _, _ = select.select([self.process.stdout], [], [], timeout)

@@ -20,6 +20,8 @@ from reroll.rewards.pool import CallTimeout
 
 log = logging.getLogger(__name__)
 
+FLOAT32_MAX = 3.4028234663852886e38
+"""Rewards are float32 in the batch: a larger score would become inf there."""
 BACKSTOP_S = 2.0
 """Extra seconds the runner's own limit gives a reward that does not bound its calls itself."""
 
@@ -81,9 +83,10 @@ class RewardRunner:
             return RewardResult(self.failure_score, {"error": f"{type(e).__name__}: {e}"})
 
     def _finite(self, result: RewardResult) -> RewardResult:
-        """A NaN or infinite score is a failed call (counted, scored `failure_score`)."""
+        """A NaN or infinite score (or one past float32's range) is a failed call (counted,
+        scored `failure_score`)."""
         try:
-            finite = math.isfinite(result.score)
+            finite = math.isfinite(result.score) and abs(result.score) <= FLOAT32_MAX
         except TypeError:
             finite = False
         if finite:
