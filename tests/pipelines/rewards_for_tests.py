@@ -4,8 +4,9 @@ import time
 
 
 def hangs_or_crashes(sample) -> float:
-    """Sample-dependent: some calls hang past the limit, some raise, the rest score."""
-    marker = len(sample.response) % 5
+    """Sample-dependent: some calls hang past the limit, some raise, the rest score. (By the
+    response's characters, not its length: responses cut at max_new_tokens share one length.)"""
+    marker = sum(map(ord, sample.response)) % 5
     if marker == 0:
         time.sleep(60)
     if marker == 1:
