@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import hashlib
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -141,6 +142,9 @@ async def run_episode(job: AgentJob, env_seed: int, sample_seed: int, group_id: 
         finally:
             stats.env_seconds += time.perf_counter() - t0
             stats.turns += 1
+        if not finite_number(reward):  # it would make the loss, then every weight, NaN
+            error = f"env.step returned a non-finite reward ({reward!r})"
+            break
         episode.rewards.append(reward)
         if terminated or truncated:
             finish = "stop" if terminated else "truncated"
@@ -154,6 +158,13 @@ async def run_episode(job: AgentJob, env_seed: int, sample_seed: int, group_id: 
         episode.add(obs_ids, None, turn, tok.decode(obs_ids))
         episode.states.append(state_id(obs))
     return _trajectory(job, episode, env_seed, group_id, finish, info, error, stats)
+
+
+def finite_number(value) -> bool:
+    try:
+        return math.isfinite(float(value))
+    except (TypeError, ValueError):
+        return False
 
 
 def _trajectory(job: AgentJob, episode: _Episode, env_seed: int, group_id: int, finish: str,
