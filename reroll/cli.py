@@ -1,7 +1,8 @@
 """`reroll`: the command line. Every subcommand is listed by `reroll --help`.
 
 User mistakes (a bad config field, a malformed dataset row, a missing model) print one message
-and exit 2; a run that detects a broken invariant (weights out of sync) exits 1 with its reason.
+and exit 2; a run that detects a broken invariant or cannot learn (weights out of sync, updates that keep
+coming out non-finite, a reward that keeps failing: `RunStopped`) exits 1 with its reason.
 Neither prints a traceback.
 """
 
@@ -128,11 +129,13 @@ def cmd_make_data(args: argparse.Namespace) -> None:
 
 
 def show_summary(title: str, summary: dict) -> None:
+    from reroll.tracking.jsonsafe import dumps
+
     table = Table(title=title, show_header=False)
     for key, value in summary.items():
         table.add_row(key, f"{value:.4f}" if isinstance(value, float) else str(value))
     Console().print(table)
-    print(json.dumps(summary))
+    print(dumps(summary))
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -215,7 +218,7 @@ def quiet_libraries() -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from reroll.engines.base import WeightSyncError
+    from reroll.config.errors import RunStopped
 
     args = build_parser().parse_args(argv)
     quiet_libraries()
@@ -224,7 +227,7 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as e:
         console.print(f"[bold red]error:[/] {e}", highlight=False)
         return 2
-    except WeightSyncError as e:
+    except RunStopped as e:  # WeightSyncError, non-finite updates, a failing reward
         console.print(f"[bold red]run stopped:[/] {e}", highlight=False)
         return 1
     except KeyboardInterrupt:

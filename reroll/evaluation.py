@@ -149,19 +149,20 @@ def evaluate(spec: EvalSpec) -> tuple[dict[str, Any], list[dict[str, Any]]]:
 
 
 def _sample_task(spec: EvalSpec, engine, tokenizer, params) -> tuple[list, dict[str, float]]:
-    from reroll.rewards import RewardRunner, build_reward
+    from reroll.rewards import build_runner
     from reroll.rollout.sampling import RolloutJob, rollout
 
     rows = load_task(spec)
-    reward_config = _reward_config(spec)
-    rewards = RewardRunner(build_reward(reward_config), reward_config.timeout_s)
+    rewards = build_runner(_reward_config(spec))
     try:
         trajectories = rollout(RolloutJob(engine, rewards, tokenizer, params,
                                           spec.max_prompt_tokens), rows, spec.n, spec.seed, step=0)
     finally:
         rewards.close()
+    # A failed call (crash, time-out, NaN/inf score) scores 0 and is counted here.
     return trajectories, {"reward_errors": float(rewards.counters.errors),
-                          "reward_timeouts": float(rewards.counters.timeouts)}
+                          "reward_timeouts": float(rewards.counters.timeouts),
+                          "reward_nonfinite": float(rewards.counters.nonfinite)}
 
 
 def _play_env(spec: EvalSpec, env_id: str, engine, tokenizer, params) -> tuple[list, dict]:
@@ -308,14 +309,16 @@ def cmd_eval(args: argparse.Namespace) -> None:
     from rich.console import Console
     from rich.table import Table
 
+    from reroll.tracking.jsonsafe import dumps
+
     spec = spec_from_args(args)
     results, samples = evaluate(spec)
     out = Path(args.out) if args.out else Path("runs") / "eval" / (
         f"{Path(spec.model).name or 'model'}-{Path(spec.task or spec.env).stem}.json")
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(results, indent=2) + "\n")
+    out.write_text(dumps(results, indent=2) + "\n")
     samples_path = out.with_suffix(".samples.jsonl")
-    samples_path.write_text("".join(json.dumps(s) + "\n" for s in samples))
+    samples_path.write_text("".join(dumps(s) + "\n" for s in samples))
     table = Table(title=f"{spec.model} on {spec.task or spec.env} ({results['prompts']} "
                         f"{'episodes' if spec.env else 'prompts'}, n={spec.n})")
     table.add_column("metric")
@@ -327,4 +330,4 @@ def cmd_eval(args: argparse.Namespace) -> None:
     console = Console()
     console.print(table)
     console.print(f"results: {out}  samples: {samples_path}")
-    print(json.dumps(results | {"out": str(out)}))
+    print(dumps(results | {"out": str(out)}))

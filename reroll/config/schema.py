@@ -89,6 +89,9 @@ class TrainConfig(Section):
     num_threads: int | None = Field(None, ge=1)
     """torch intra-op threads for this process (None: all cores). Set it when several processes
     share a machine: oversubscribed threads slow each other down several-fold."""
+    max_skipped_updates: int = Field(3, ge=1)
+    """An optimizer update whose loss or gradient norm is NaN/inf is skipped (weights untouched,
+    counted in `train/skipped_updates`); this many skipped in a row stop the run (exit 1)."""
 
 
 class CheckpointConfig(Section):
@@ -169,7 +172,17 @@ class RolloutConfig(Section):
         return self
 
 
-class MathReward(Section):
+class RewardSection(Section):
+    """What every reward type has: when failing calls stop the run."""
+
+    max_failure_rate_step: float = Field(1.0, gt=0, le=1)
+    """Stop the run (exit 1) when this share of one step's reward calls failed (errors, time-outs,
+    non-finite scores; the step's evaluation included). 1.0: a step where every call failed."""
+    max_failure_rate_run: float = Field(0.5, gt=0, le=1)
+    """Stop the run (exit 1) when this share of all reward calls since the start failed."""
+
+
+class MathReward(RewardSection):
     """Correctness checked with math-verify against the row's `answer` (the response's last
     `\\boxed{...}`), plus an optional format bonus."""
 
@@ -177,12 +190,17 @@ class MathReward(Section):
     format_weight: float = Field(0.0, ge=0, le=1)
     """Weight of the format reward (a `\\boxed{}` answer present); score = (1-w)*correct + w*format."""
     timeout_s: float = Field(5.0, gt=0)
-    """Per-call time limit; a call past it scores 0 and counts in `reward/timeouts`."""
+    """Per-call time limit (the call itself, not the wait for a free worker); a call past it
+    scores 0 and counts in `reward/timeouts`."""
     num_workers: int = Field(1, ge=1, le=64)
     """Processes in the reward pool (math-verify uses signals, which fail in threads)."""
+    memory_mb: int | None = Field(2048, ge=64)
+    """Memory cap of each reward worker process (heap and anonymous mappings, RLIMIT_DATA); an
+    allocation past it is a `MemoryError`, counted in `reward/errors` and `reward/memory_errors`.
+    None: no cap."""
 
 
-class CodeReward(Section):
+class CodeReward(RewardSection):
     """Run the response's program against the row's test cases (its `answer`, as JSON) in the
     sandbox; see reroll/rewards/code.py for the accepted test formats."""
 
@@ -197,17 +215,23 @@ class CodeReward(Section):
     """Limit for the whole call (all tests of one sample)."""
 
 
-class CustomReward(Section):
+class CustomReward(RewardSection):
     """Your own function, `function(sample) -> float | RewardResult`, given as `module:name`
-    (importable from the working directory). Sync functions run in worker processes."""
+    (importable from the working directory). Sync functions run in worker processes; `async def`
+    ones on an event loop of their own (a thread), so one that blocks cannot stall the run."""
 
     type: Literal["custom"] = "custom"
     function: str = Field(..., pattern=r"^[\w.]+:[\w.]+$")
     """Import path `package.module:function`."""
     timeout_s: float = Field(10.0, gt=0)
-    """Per-call limit; a call past it scores 0 and counts in `reward/timeouts`."""
+    """Per-call limit, for sync and async functions alike (the call itself, not the wait for a
+    free worker); a call past it scores 0 and counts in `reward/timeouts`."""
     num_workers: int = Field(1, ge=1, le=64)
     """Worker processes for a synchronous function."""
+    memory_mb: int | None = Field(2048, ge=64)
+    """Memory cap of each worker process of a synchronous function (heap and anonymous mappings,
+    RLIMIT_DATA); an allocation past it is a `MemoryError`, counted in `reward/errors` and
+    `reward/memory_errors`. None: no cap. (An async function runs in this process: no cap.)"""
 
 
 RewardConfig = choice("type", "math", MathReward, CodeReward, CustomReward)

@@ -16,6 +16,8 @@ from typing import Literal, Protocol, runtime_checkable
 
 import torch
 
+from reroll.config.errors import RunStopped
+
 FinishReason = Literal["stop", "length", "abort"]
 
 
@@ -99,7 +101,7 @@ def fingerprint(named_tensors: Iterable[tuple[str, torch.Tensor]]) -> str:
     return digest.hexdigest()
 
 
-class WeightSyncError(RuntimeError):
+class WeightSyncError(RunStopped):
     """The engine's weights do not match the policy's after a sync."""
 
 

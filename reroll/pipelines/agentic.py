@@ -12,7 +12,6 @@ rate on held-out env seeds.
 
 from __future__ import annotations
 
-import json
 import random
 import time
 from types import SimpleNamespace
@@ -27,6 +26,7 @@ from reroll.engines.base import Engine, SamplingParams
 from reroll.envs import ChatFormat, make_env
 from reroll.pipelines.rlvr import RLVRPipeline
 from reroll.rollout.agent_loop import AgentJob, AgentStats, run_episodes
+from reroll.tracking.jsonsafe import dumps
 
 EVAL_SEED_BASE = 10**9
 
@@ -83,6 +83,9 @@ class EpisodeSource:
 
     def metrics(self) -> dict[str, float]:
         return dict(self._metrics)
+
+    def load_counters(self, state: dict[str, int]) -> None:
+        vars(self.counters).update(state)
 
     def close(self) -> None:
         pass
@@ -147,7 +150,7 @@ class AgenticPipeline(RLVRPipeline):
         picked = random.Random(step).sample(trajectories, min(count, len(trajectories)))
         with (folder / f"step_{step}.jsonl").open("w") as f:
             for t in picked:
-                f.write(json.dumps({"prompt": t.prompt_text, "response": t.response_text,
+                f.write(dumps({"prompt": t.prompt_text, "response": t.response_text,
                                     "answer": t.answer, "reward": t.reward,
                                     "reward_info": t.reward_info,
                                     "finish_reason": t.finish_reason, "group_id": t.group_id,

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import json
+import logging
 import random
 import re
 import shutil
@@ -14,9 +14,11 @@ import torch
 import yaml
 from pydantic import BaseModel
 
-from reroll.config.errors import ConfigError
+from reroll.config.errors import ConfigError, RunStopped
+from reroll.tracking.jsonsafe import dumps
 
 CHECKPOINTS = "checkpoints"
+log = logging.getLogger(__name__)
 
 
 def seed_everything(seed: int) -> None:
@@ -74,7 +76,7 @@ class RunDir:
 
     def write_summary(self, summary: dict[str, Any]) -> Path:
         path = self.path / "summary.json"
-        path.write_text(json.dumps(summary, indent=2) + "\n")
+        path.write_text(dumps(summary, indent=2) + "\n")
         return path
 
 
@@ -84,3 +86,32 @@ class Stopwatch:
 
     def seconds(self) -> float:
         return time.perf_counter() - self.start
+
+
+class UpdateGuard:
+    """Optimizer updates skipped because the loss or the gradient norm came out non-finite
+    (`training.local.optimizer_step` leaves the weights untouched then): counted, and `limit`
+    in a row stop the run, so a run that cannot learn neither pretends to nor saves NaN weights."""
+
+    def __init__(self, limit: int):
+        self.limit, self.in_a_row, self.total = limit, 0, 0
+
+    def check(self, step: int, metrics: dict[str, float]) -> None:
+        """`metrics` of one `train_step`; raises RunStopped at the limit."""
+        if not metrics.get("train/update_skipped"):
+            self.in_a_row = 0
+            return
+        self.in_a_row += 1
+        self.total += 1
+        source = "loss" if metrics.get("train/nonfinite_loss") else "gradient norm"
+        log.warning("step %d: optimizer update skipped, non-finite %s", step, source)
+        if self.in_a_row >= self.limit:
+            raise RunStopped(
+                f"step {step}: {self.in_a_row} optimizer updates in a row skipped, the last for a "
+                f"non-finite {source} (train/loss {metrics.get('train/loss')}, train/grad_norm "
+                f"{metrics.get('train/grad_norm')}); train.max_skipped_updates is {self.limit}. "
+                f"The weights are those of the last finite update; no checkpoint was written "
+                f"for this step.")
+
+    def metrics(self) -> dict[str, float]:
+        return {"train/skipped_updates": float(self.total)}

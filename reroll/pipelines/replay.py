@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from reroll.config.errors import ConfigError
+from reroll.tracking.jsonsafe import dumps
 
 IGNORED_PREFIXES = ("time/",)  # wall-clock figures never reproduce
 
@@ -167,7 +168,7 @@ def cmd_replay(args: argparse.Namespace) -> None:
     weights = {True: "; weights equal checkpoints/step_N", False: "; weights differ from "
                "checkpoints/step_N", None: ""}[result["weights_match_checkpoint"]]
     console.print(f"step {args.step} {verdict} (max |diff| {result['max_abs_diff']:.3g}){weights}")
-    print(json.dumps(result))
+    print(dumps(result))
 
 
 def _fmt(value: Any) -> str:

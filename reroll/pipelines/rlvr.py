@@ -11,7 +11,6 @@ and corrections in `rl_batch.py`, the critic in `reroll/training/critic.py`.
 
 from __future__ import annotations
 
-import json
 import time
 from pathlib import Path
 
@@ -29,14 +28,21 @@ from reroll.distributed.weight_sync import make_weight_sync
 from reroll.engines.base import SamplingParams
 from reroll.models.loading import load_tokenizer
 from reroll.pipelines import objective, rl_batch
-from reroll.pipelines.common import RunDir, Stopwatch, seed_everything, set_threads
-from reroll.rewards import RewardRunner, build_reward
+from reroll.pipelines.common import (
+    RunDir,
+    Stopwatch,
+    UpdateGuard,
+    seed_everything,
+    set_threads,
+)
+from reroll.rewards import RewardRunner, build_runner
 from reroll.rollout.metrics import rollout_metrics
 from reroll.rollout.recording import batch_path, save_batch
 from reroll.rollout.sampling import RolloutJob, rollout
 from reroll.rollout.sources import build_source
 from reroll.rollout.stream import PromptStream
 from reroll.tracking import ProgressBar, Tracker
+from reroll.tracking.jsonsafe import dumps
 
 
 class RLVRPipeline:
@@ -57,6 +63,7 @@ class RLVRPipeline:
         self.restarts = 0  # set by the supervisor when this pipeline resumes after a failure
         self.kl = objective.kl_controller(c.algorithm.kl)
         rl_batch.announce_correction(c.algorithm, c.off_policy_reasons())
+        self.update_guard = UpdateGuard(c.train.max_skipped_updates)
         self.setup_task()
         self.weight_sync = make_weight_sync(self.policy, self.engine, c.distributed)
         # Rollout colocated with the policy: they take turns on the devices at phase boundaries.
@@ -73,7 +80,7 @@ class RLVRPipeline:
     def start_rewards(self) -> RewardRunner | None:
         """The reward, started before the models load: its workers import their verifier
         meanwhile (math-verify: ~0.5 s), not during the first step."""
-        return RewardRunner(build_reward(self.config.reward), self.config.reward.timeout_s)
+        return build_runner(self.config.reward)
 
     def setup_task(self) -> None:
         """The task: train/eval prompts and the rollout source that turns prompts into scored
@@ -126,6 +133,7 @@ class RLVRPipeline:
                                 c.rollout.top_k, self.stop_ids)
         trajectories = self.source.next_batch(step, step - 1, params)
         self._rollout_s = time.perf_counter() - t0
+        self.rewards.check_failure_rate(step)  # a reward that keeps failing stops the run here
         return trajectories
 
     def make_batch(self, trajectories: list[Trajectory]) -> tuple[TensorDict, dict[str, float]]:
@@ -210,13 +218,15 @@ class RLVRPipeline:
             metrics |= self.critic.update(batch, c.algorithm.updates_per_batch)
         warmup = c.algorithm.critic.warmup_steps if c.algorithm.critic else 0
         if step > warmup and batch.batch_size[0] and float(batch["loss_mask"].sum()) > 0:
-            metrics |= self.update_policy(batch)
+            metrics |= self.update_policy(batch, step)
         else:
             metrics["train/policy_skipped"] = 1.0
         metrics |= self.update_kl_coef(metrics, batch)
         return metrics | {"time/train_s": time.perf_counter() - t0, "time/rollout_s": self._rollout_s}
 
-    def update_policy(self, batch: TensorDict) -> dict[str, float]:
+    def update_policy(self, batch: TensorDict, step: int) -> dict[str, float]:
+        """One optimizer step per mini-batch; one skipped for a non-finite loss or gradient norm
+        is counted, and too many in a row stop the run (`UpdateGuard`)."""
         c = self.config
         minis = rl_batch.split_mini_batches(batch, c.algorithm.updates_per_batch)
         metrics: dict[str, float] = {}
@@ -227,9 +237,11 @@ class RLVRPipeline:
             trained = objective.samples_with_gradient(c.algorithm, mini, self.kl.value,
                                                       self.policy.data_parallel_size)
             skipped = {"train/zero_advantage_skipped": 1 - len(trained) / mini.batch_size[0]}
-            for key, value in (self.policy.train_step(mini[trained], loss_fn) | skipped).items():
+            result = self.policy.train_step(mini[trained], loss_fn)
+            self.update_guard.check(step, result)
+            for key, value in (result | skipped).items():
                 metrics[key] = metrics.get(key, 0.0) + value / len(minis)
-        return metrics
+        return metrics | self.update_guard.metrics()
 
     def update_kl_coef(self, metrics: dict[str, float], batch: TensorDict) -> dict[str, float]:
         """Feed the measured per-token KL to the controller (a no-op for a fixed coefficient):
@@ -291,7 +303,7 @@ class RLVRPipeline:
         folder.mkdir(exist_ok=True)
         with (folder / f"step_{step}.jsonl").open("w") as f:
             for t in trajectories[:count]:
-                f.write(json.dumps({"prompt": t.prompt_text, "response": t.response_text,
+                f.write(dumps({"prompt": t.prompt_text, "response": t.response_text,
                                     "answer": t.answer, "reward": t.reward,
                                     "reward_info": t.reward_info, "finish_reason": t.finish_reason,
                                     "group_id": t.group_id}) + "\n")
@@ -316,7 +328,7 @@ class RLVRPipeline:
         extra = self.policy.load(directory)  # last: its RNG state is the one to continue from
         self.kl.value = extra.get("kl_coef", self.kl.value)
         self.sampler.load_state_dict(extra["sampler"])
-        vars(self.rewards.counters).update(extra["reward_counters"])
+        self.rewards.load_counters(extra["reward_counters"])
         self.start_step, self.eval_reward_start = step, extra["eval_reward_start"]
         self.weight_sync(step)
 

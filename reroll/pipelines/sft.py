@@ -18,7 +18,13 @@ from reroll.data.datasets import PromptRow, load_prompts
 from reroll.models.loading import load_model, load_tokenizer
 from reroll.models.logprobs import batched_logprobs
 from reroll.pipelines import objective
-from reroll.pipelines.common import RunDir, Stopwatch, seed_everything, set_threads
+from reroll.pipelines.common import (
+    RunDir,
+    Stopwatch,
+    UpdateGuard,
+    seed_everything,
+    set_threads,
+)
 from reroll.rollout.sampling import encode_prompt
 from reroll.tracking import ProgressBar, Tracker
 from reroll.training.local import LocalStrategy
@@ -67,6 +73,7 @@ class SFTPipeline:
         order, rng = [], random.Random(c.seed)
         eval_start = self.eval_nll()
         bar = ProgressBar(self.steps, "SFT", enabled=c.tracking.progress)
+        guard = UpdateGuard(c.train.max_skipped_updates)
         for step in range(1, self.steps + 1):
             timer = Stopwatch()
             while len(order) < c.batch_size:  # reshuffle at each epoch boundary
@@ -76,6 +83,8 @@ class SFTPipeline:
             examples, order = [self.train_set[i] for i in order[: c.batch_size]], order[c.batch_size:]
             batch, _ = collate(examples, self.tokenizer.pad_token_id)
             metrics = self.policy.train_step(batch, objective.sft_loss(batch))
+            guard.check(step, metrics)
+            metrics |= guard.metrics()
             metrics["time/step_s"] = timer.seconds()
             self.tracker.log(step, metrics)
             bar.update(step, f"nll {metrics['sft/nll']:.3f}")

@@ -1,9 +1,14 @@
 """Reward functions (RewardFn) and the runner that isolates every call."""
 
 from reroll.rewards.base import RewardFn, RewardResult, RewardSample
-from reroll.rewards.runner import RewardRunner
+from reroll.rewards.runner import FailureBounds, RewardRunner
 
-__all__ = ["RewardFn", "RewardResult", "RewardRunner", "RewardSample", "build_reward"]
+__all__ = ["RewardFn", "RewardResult", "RewardRunner", "RewardSample", "build_reward",
+           "build_runner"]
+
+
+def _bytes(megabytes: int | None) -> int | None:
+    return megabytes << 20 if megabytes else None
 
 
 def build_reward(config) -> RewardFn:
@@ -11,7 +16,8 @@ def build_reward(config) -> RewardFn:
     if config.type == "math":
         from reroll.rewards.math import MathRewardFn
 
-        return MathRewardFn(config.format_weight, config.timeout_s, config.num_workers)
+        return MathRewardFn(config.format_weight, config.timeout_s, config.num_workers,
+                            _bytes(config.memory_mb))
     if config.type == "code":
         from reroll.rewards.code import CodeReward, CodeRewardConfig
 
@@ -20,5 +26,14 @@ def build_reward(config) -> RewardFn:
     if config.type == "custom":
         from reroll.rewards.custom import CustomRewardFn
 
-        return CustomRewardFn(config.function, config.timeout_s, config.num_workers)
+        return CustomRewardFn(config.function, config.timeout_s, config.num_workers,
+                              _bytes(config.memory_mb))
     raise ValueError(f"reward.type {config.type!r} has no implementation")
+
+
+def build_runner(config) -> RewardRunner:
+    """The reward of a `reward:` config section behind its RewardRunner (time limit, failures
+    counted, failure-rate bounds)."""
+    return RewardRunner(build_reward(config), config.timeout_s,
+                        bounds=FailureBounds(config.max_failure_rate_step,
+                                             config.max_failure_rate_run))

@@ -1,7 +1,10 @@
 """The reward contract: a RewardFn scores one finished sample.
 
-Every call is isolated by the caller (`rewards.runner.RewardRunner`): it has a timeout, and a crash
-or time-out becomes a recorded failure (`reward/errors`, `reward/timeouts`), never a hung run.
+Every call is isolated by the caller (`rewards.runner.RewardRunner`): it has a timeout, and a crash,
+a time-out or a NaN/inf score becomes a recorded failure (`reward/errors`, `reward/timeouts`), never
+a hung run or a NaN loss. A RewardFn that bounds each call itself (a process pool that kills its
+worker) says so with `times_itself = True`; the runner then adds no limit of its own, which would
+also count the wait for a free worker. It may offer `queue_metrics()` (that wait, per step).
 """
 
 from __future__ import annotations

@@ -13,8 +13,16 @@ Test cases travel in ``RewardSample.answer`` as JSON, in any of these shapes:
 - MBPP: ``{"asserts": ["assert f(1) == 2", ...], "setup": "import math"}`` (one test per assert).
 
 Every test runs in its own fresh sandbox with a wall-clock and CPU limit of ``time_limit_s``
-(``metadata["time_limit_s"]`` overrides it per sample). Expected outputs never enter the sandbox:
-results are compared on the host. Credit is all-or-nothing (1.0 only if every test passes; stops
+(``metadata["time_limit_s"]`` overrides it per sample). Expected outputs of stdio and call tests
+never enter the sandbox: results are compared on the host.
+
+A pass is never read from the exit code alone, which the program controls (``sys.exit(0)``,
+``os._exit(0)``, an ``atexit`` hook): the harness reads a fresh random nonce from stdin before the
+program runs, and writes it only after the test code (HumanEval/MBPP) or the call returned. Test
+code arrives on stdin too, never as a file the program could read or rewrite, and runs with the
+builtins and common stdlib modules as they were before the program. What is left: code in the
+same interpreter can in principle dig the nonce out of the harness's frames, and a returned object
+whose ``__eq__`` always says yes passes an ``==`` assert; neither is a mere exit. Credit is all-or-nothing (1.0 only if every test passes; stops
 at the first failure) or fractional (passed / total).
 """
 
@@ -38,26 +46,114 @@ _FENCE = re.compile(r"```[ \t]*([\w+#.-]*)[^\n]*\n(.*?)(?:^[ \t]*```|\Z)", re.DO
 _PYTHON_TAGS = {"python", "py", "python3", "py3"}
 _DETAIL_CHARS = 300
 
-# Runs inside the sandbox for function-call tests: the candidate is ``solution.py``, the call is
-# ``call.json``; the result is printed after a random marker so that prints of the candidate
-# cannot be taken for it.
-_CALL_HARNESS = """\
-import contextlib, io, json, sys
-spec = json.load(open("call.json"))
-namespace = {"__name__": "solution", "__file__": "solution.py"}
-with contextlib.redirect_stdout(io.StringIO()):
-    exec(compile(open("solution.py").read(), "solution.py", "exec"), namespace)
-    fn = namespace.get(spec["fn"])
-    if fn is None and isinstance(namespace.get("Solution"), type):
-        fn = getattr(namespace["Solution"](), spec["fn"], None)
-    if fn is None:
-        raise NameError("function %r is not defined" % spec["fn"])
-    result = fn(*spec["args"])
-def encode(value):
+# Runs inside the sandbox before any code of the candidate. `_take_stdin` reads what the host sent
+# (a fresh random nonce per test, then the test's payload) and leaves stdin empty, so the program
+# can read neither; the verdict goes to a private duplicate of stdout; the builtins and common
+# stdlib modules are restored after the program's top level, so what it patched does not reach
+# the tests. Everything lives in function locals: `import __main__` shows the program nothing.
+_PRELUDE = """\
+import builtins, os, sys
+import bisect, cmath, collections, functools, heapq, itertools, math, operator, re, string
+
+
+def _take_stdin():
+    data = b""
+    while True:
+        chunk = os.read(0, 1 << 16)
+        if not chunk:
+            break
+        data += chunk
+    r, w = os.pipe()
+    os.close(w)
+    os.dup2(r, 0)
+    os.close(r)
+    nonce, _, payload = data.decode().partition("\\n")
+    return nonce, payload, os.dup(1)
+
+
+def _snapshot():
+    modules = (builtins, bisect, cmath, collections, functools, heapq, itertools, math, operator,
+               re, string)
+    return dict(vars(builtins)), dict(sys.modules), [(m, dict(vars(m))) for m in modules]
+
+
+def _run_program(namespace, snapshot, exec=exec, compile=compile, open=open, exit=os._exit):
+    \"\"\"Run solution.py in `namespace`; an exit there fails the test. Then undo what it did to
+    the interpreter's modules.\"\"\"
+    try:
+        exec(compile(open("solution.py").read(), "solution.py", "exec"), namespace)
+    except SystemExit as e:
+        sys.stderr.write("the program exited (SystemExit %r) before its tests ran\\n" % (e.code,))
+        exit(1)
+    sys.settrace(None)
+    sys.setprofile(None)
+    _, modules, saved = snapshot
+    sys.modules.update(modules)
+    for module, state in saved:
+        vars(module).update(state)
+
+
+def _exited(e, exit=os._exit):
+    sys.stderr.write("the program exited (SystemExit %r) during its tests\\n" % (e.code,))
+    exit(1)
+"""
+
+# HumanEval / MBPP tests: the test code (stdin's payload, never a file the program could read or
+# change) runs after the program, with the builtins of before the program; the nonce is written
+# only once it returned — an exit, os._exit or atexit hook of the program leaves no verdict.
+_PROGRAM_HARNESS = _PRELUDE + """\
+
+
+def _main(exec=exec, compile=compile, write=os.write, exit=os._exit):
+    nonce, tests, verdict = _take_stdin()
+    snapshot = _snapshot()
+    scope = {"__name__": "__main__", "__file__": "solution.py", "__builtins__": builtins}
+    _run_program(scope, snapshot)
+    scope = dict(scope, __builtins__=dict(snapshot[0]))
+    try:
+        exec(compile(tests, "test.py", "exec"), scope)
+    except SystemExit as e:
+        _exited(e)
+    write(verdict, ("\\n" + nonce + "\\n").encode())
+    exit(0)
+
+
+_main()
+"""
+
+# Function-call tests: the call (function name and arguments) is stdin's payload; the result is
+# written after the nonce, so that prints of the candidate cannot be taken for it.
+_CALL_HARNESS = _PRELUDE + """\
+import contextlib, io, json
+
+
+def _encode(value):
     if isinstance(value, (set, frozenset)):
         return sorted(value, key=repr)
     return repr(value)
-sys.stdout.write("\\n" + spec["marker"] + json.dumps(result, default=encode) + "\\n")
+
+
+def _main(dumps=json.dumps, write=os.write, exit=os._exit):
+    nonce, call, verdict = _take_stdin()
+    spec = json.loads(call)
+    snapshot = _snapshot()
+    namespace = {"__name__": "solution", "__file__": "solution.py"}
+    with contextlib.redirect_stdout(io.StringIO()):
+        _run_program(namespace, snapshot)
+        fn = namespace.get(spec["fn"])
+        if fn is None and isinstance(namespace.get("Solution"), type):
+            fn = getattr(namespace["Solution"](), spec["fn"], None)
+        if fn is None:
+            raise NameError("function %r is not defined" % spec["fn"])
+        try:
+            result = fn(*spec["args"])
+        except SystemExit as e:
+            _exited(e)
+    write(verdict, ("\\n" + nonce + dumps(result, default=_encode) + "\\n").encode())
+    exit(0)
+
+
+_main()
 """
 
 
@@ -104,7 +200,8 @@ class CodeRewardConfig(BaseModel):
 class TestCase:
     kind: Literal["stdio", "call", "program"]
     input: Any = None
-    """stdio: the stdin text; call: the argument list; program: code appended to the candidate."""
+    """stdio: the stdin text; call: the argument list; program: test code run after the candidate
+    (in its namespace)."""
     expected: Any = None
 
 
@@ -152,11 +249,11 @@ def parse_tests(
             return [TestCase("call", a if isinstance(a, list) else [a], b) for a, b in pairs], fn
         return [TestCase("stdio", _text(a), _text(b)) for a, b in pairs], None
     if isinstance(spec, Mapping) and "test" in spec:
-        check = f"\n\n{spec['test']}\n\ncheck({spec['entry_point']})\n"
+        check = f"{spec['test']}\n\ncheck({spec['entry_point']})\n"
         return [TestCase("program", check)], None
     if isinstance(spec, Mapping) and "asserts" in spec:
         setup = spec.get("setup", "")
-        return [TestCase("program", f"\n\n{setup}\n{line}\n") for line in spec["asserts"]], None
+        return [TestCase("program", f"{setup}\n{line}\n") for line in spec["asserts"]], None
     items = spec.get("tests") if isinstance(spec, Mapping) else spec
     if not isinstance(items, list) or not all(isinstance(t, Mapping) for t in items):
         raise ValueError("unrecognised test-case format; see reroll.rewards.code for the shapes")
@@ -352,8 +449,7 @@ class CodeReward:
                 )
                 return _failure(result) or self._compare_stdout(result, expected)
             if case.kind == "program":
-                result = await self.sandbox.run(code + case.input, limits=limits)
-                return _failure(result) or CaseOutcome(True, "passed", "", result.wall_s)
+                return await self._run_program(code, case, limits)
             return await self._run_call(code, case, fn or "", limits)
         except SandboxError as exc:
             return CaseOutcome(False, "sandbox_error", str(exc)[:_DETAIL_CHARS])
@@ -364,11 +460,26 @@ class CodeReward:
         detail = f"expected {_short(expected)!r}, got {_short(result.stdout)!r}"
         return CaseOutcome(False, "wrong_answer", detail, result.wall_s)
 
-    async def _run_call(self, code: str, case: TestCase, fn: str, limits: Limits) -> CaseOutcome:
-        marker = f"@@reroll-result-{secrets.token_hex(8)}@@"
-        call = json.dumps({"fn": fn, "args": case.input, "marker": marker})
+    async def _run_program(self, code: str, case: TestCase, limits: Limits) -> CaseOutcome:
+        """A pass is the harness's nonce on stdout, written only after the test code returned;
+        the exit code alone proves nothing (the program may exit 0 before the tests)."""
+        nonce = secrets.token_hex(16)
         result = await self.sandbox.run(
-            _CALL_HARNESS, files={"solution.py": code, "call.json": call}, limits=limits
+            _PROGRAM_HARNESS, files={"solution.py": code}, stdin=f"{nonce}\n{case.input}",
+            limits=limits)
+        failure = _failure(result)
+        if failure is not None:
+            return failure
+        if f"\n{nonce}\n" not in result.stdout:
+            return CaseOutcome(False, "runtime_error", "the tests did not run to completion "
+                               "(the program ended the process first)", result.wall_s)
+        return CaseOutcome(True, "passed", "", result.wall_s)
+
+    async def _run_call(self, code: str, case: TestCase, fn: str, limits: Limits) -> CaseOutcome:
+        marker = secrets.token_hex(16)
+        call = json.dumps({"fn": fn, "args": case.input})
+        result = await self.sandbox.run(
+            _CALL_HARNESS, files={"solution.py": code}, stdin=f"{marker}\n{call}", limits=limits
         )
         failure = _failure(result)
         if failure is not None:

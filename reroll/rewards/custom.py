@@ -2,15 +2,20 @@
 
 from __future__ import annotations
 
+import asyncio
 import importlib
 import inspect
 import sys
+import threading
 from collections.abc import Callable
 from pathlib import Path
 
 from reroll.config.errors import ConfigError
 from reroll.rewards.base import RewardResult, RewardSample
-from reroll.rewards.pool import ProcessPool
+from reroll.rewards.pool import CallTimeout, ProcessPool
+
+BLOCKED_GRACE_S = 0.5
+"""How long past its limit an async call may go before its loop is taken for blocked."""
 
 
 def resolve(path: str) -> Callable:
@@ -36,20 +41,72 @@ def as_result(value: float | RewardResult) -> RewardResult:
     raise TypeError(f"a reward function must return a number or RewardResult, got {type(value).__name__}")
 
 
-class CustomRewardFn:
-    """Async functions run on the event loop; sync ones in worker processes (isolated, killable)."""
+class LoopThread:
+    """An event loop in a daemon thread for async reward functions.
 
-    def __init__(self, function: str, timeout_s: float, num_workers: int = 1):
+    An `async def` that blocks (time.sleep, CPU work) blocks the loop it runs on; on the run's own
+    loop that would stall generation and every other call, past any `asyncio.wait_for`. Here the
+    caller's loop only waits on a future, so it can give up at the limit. A loop still blocked
+    `BLOCKED_GRACE_S` after a call's limit is abandoned (it stops once the blocking call returns)
+    and a fresh one takes the next calls."""
+
+    def __init__(self) -> None:
+        self.loop = self._start()
+
+    @staticmethod
+    def _start() -> asyncio.AbstractEventLoop:
+        loop = asyncio.new_event_loop()
+
+        def run() -> None:
+            loop.run_forever()
+            loop.close()
+
+        threading.Thread(target=run, name="reroll-async-reward", daemon=True).start()
+        return loop
+
+    async def run(self, fn: Callable, sample: RewardSample, timeout: float):
+        loop = self.loop
+        inner = asyncio.run_coroutine_threadsafe(asyncio.wait_for(fn(sample), timeout), loop)
+        result = asyncio.wrap_future(inner)
+        done, _ = await asyncio.wait({result}, timeout=timeout + BLOCKED_GRACE_S)
+        if done:
+            return result.result()  # a time-out the loop itself noticed raises TimeoutError
+        inner.cancel()
+        result.cancel()
+        if loop is self.loop:  # the loop did not even get to time the call out: it is blocked
+            self.loop = self._start()
+            loop.call_soon_threadsafe(loop.stop)
+        raise CallTimeout(f"no result within {timeout:g}s (the reward blocked its event loop)")
+
+    def close(self) -> None:
+        self.loop.call_soon_threadsafe(self.loop.stop)
+
+
+class CustomRewardFn:
+    """Async functions run on an event loop of their own (in a thread); sync ones in worker
+    processes (isolated, killable, memory-capped). Both are held to `timeout_s` per call."""
+
+    times_itself = True
+    """Every call is bounded here (the pool's limit counts the call, not the wait for a worker)."""
+
+    def __init__(self, function: str, timeout_s: float, num_workers: int = 1,
+                 memory_bytes: int | None = None):
         self.name = function
         self.fn = resolve(function)
         self.timeout_s = timeout_s
-        self.pool = None if inspect.iscoroutinefunction(self.fn) else ProcessPool(num_workers)
+        if inspect.iscoroutinefunction(self.fn):
+            self.pool, self.loop = None, LoopThread()
+        else:
+            self.pool, self.loop = ProcessPool(num_workers, memory_bytes=memory_bytes), None
+            self.queue_metrics = self.pool.queue_metrics
 
     async def __call__(self, sample: RewardSample) -> RewardResult:
         if self.pool is None:
-            return as_result(await self.fn(sample))
+            return as_result(await self.loop.run(self.fn, sample, self.timeout_s))
         return as_result(await self.pool.run(self.fn, sample, timeout=self.timeout_s))
 
     def close(self) -> None:
         if self.pool is not None:
             self.pool.close()
+        if self.loop is not None:
+            self.loop.close()

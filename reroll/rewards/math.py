@@ -57,12 +57,17 @@ class MathRewardFn:
     """score = (1 - format_weight) * correct + format_weight * (a boxed answer and a clean stop)."""
 
     name = "math"
+    times_itself = True
+    """The pool bounds each call (counting the call, not the wait for a worker)."""
 
-    def __init__(self, format_weight: float = 0.0, timeout_s: float = 5.0, num_workers: int = 1):
+    def __init__(self, format_weight: float = 0.0, timeout_s: float = 5.0, num_workers: int = 1,
+                 memory_bytes: int | None = None):
         self.format_weight = format_weight
         self.timeout_s = timeout_s
         # Warm up: math-verify's imports (sympy, latex2sympy) take ~0.4 s per worker.
-        self.pool = ProcessPool(num_workers, warm_up=(warm_up_verifier, ()))
+        self.pool = ProcessPool(num_workers, warm_up=(warm_up_verifier, ()),
+                                memory_bytes=memory_bytes)
+        self.queue_metrics = self.pool.queue_metrics
 
     async def __call__(self, sample: RewardSample) -> RewardResult:
         if sample.answer is None:

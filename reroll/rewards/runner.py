@@ -1,52 +1,132 @@
 """Isolate every reward call: a time limit, crashes contained, failures counted.
 
 A failing call scores `failure_score` (0 by default) and is recorded in the sample's info and in
-the metrics `reward/errors` and `reward/timeouts`; training goes on.
+the metrics `reward/errors` and `reward/timeouts`; training goes on. A score that is not a finite
+number (NaN, +-inf) is a failure too: it would otherwise turn the loss, and then every weight,
+into NaN. A run whose calls keep failing is stopped (`check_failure_rate`) rather than trained
+on failure scores.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import math
 from dataclasses import dataclass
 
+from reroll.config.errors import RunStopped
 from reroll.rewards.base import RewardFn, RewardResult, RewardSample
 from reroll.rewards.pool import CallTimeout
 
 log = logging.getLogger(__name__)
+
+FLOAT32_MAX = 3.4028234663852886e38
+"""Rewards are float32 in the batch: a larger score would become inf there."""
+BACKSTOP_S = 2.0
+"""Extra seconds the runner's own limit gives a reward that does not bound its calls itself."""
 
 
 @dataclass
 class RewardCounters:
     calls: int = 0
     errors: int = 0
+    """Failed calls other than time-outs (exceptions, crashed workers, non-finite scores)."""
     timeouts: int = 0
+    nonfinite: int = 0
+    """Calls whose score was NaN or infinite (also counted in `errors`)."""
+    memory_errors: int = 0
+    """Calls that ran out of the reward worker's memory cap (also counted in `errors`)."""
+
+    def failed(self) -> int:
+        return self.errors + self.timeouts
+
+
+@dataclass(frozen=True)
+class FailureBounds:
+    """When a failing reward stops the run: the share of failed calls (errors + time-outs) at
+    which the run stops, over one step and over the whole run."""
+
+    step: float = 1.0
+    run: float = 0.5
+    min_calls: int = 1
+    """Fewer calls than this (a step with almost no samples) are not judged."""
 
 
 class RewardRunner:
-    def __init__(self, reward_fn: RewardFn, timeout_s: float, failure_score: float = 0.0):
+    def __init__(self, reward_fn: RewardFn, timeout_s: float, failure_score: float = 0.0,
+                 bounds: FailureBounds | None = None):
         self.reward_fn = reward_fn
-        # The reward may enforce its own limit (killing its worker); this outer one is the backstop.
-        self.timeout_s = timeout_s + 2.0
+        # A reward that bounds each call itself (a process pool that kills its worker, counting
+        # only the call, not the wait for a free worker) needs no second limit; for others this
+        # one is the backstop.
+        self.backstop_s = None if getattr(reward_fn, "times_itself", False) \
+            else timeout_s + BACKSTOP_S
         self.failure_score = failure_score
+        self.bounds = bounds or FailureBounds()
         self.counters = RewardCounters()
+        self._checked = RewardCounters()  # the counters at the last check: the step's window
 
     async def score(self, sample: RewardSample) -> RewardResult:
         self.counters.calls += 1
         try:
-            return await asyncio.wait_for(self.reward_fn(sample), self.timeout_s)
+            call = self.reward_fn(sample)
+            result = await (call if self.backstop_s is None
+                            else asyncio.wait_for(call, self.backstop_s))
+            return self._finite(result)
         except (TimeoutError, CallTimeout) as e:
             self.counters.timeouts += 1
             return RewardResult(self.failure_score, {"error": f"timeout: {e or 'no result'}"})
         except Exception as e:  # noqa: BLE001 - a broken reward must not stop training
             self.counters.errors += 1
+            self.counters.memory_errors += isinstance(e, MemoryError)
             log.warning("reward %s failed: %s: %s", self.reward_fn.name, type(e).__name__, e)
             return RewardResult(self.failure_score, {"error": f"{type(e).__name__}: {e}"})
 
+    def _finite(self, result: RewardResult) -> RewardResult:
+        """A NaN or infinite score (or one past float32's range) is a failed call (counted,
+        scored `failure_score`)."""
+        try:
+            finite = math.isfinite(result.score) and abs(result.score) <= FLOAT32_MAX
+        except TypeError:
+            finite = False
+        if finite:
+            return result
+        self.counters.errors += 1
+        self.counters.nonfinite += 1
+        log.warning("reward %s returned a non-finite score (%r)", self.reward_fn.name,
+                    result.score)
+        return RewardResult(self.failure_score,
+                            {**result.info, "error": f"non-finite score: {result.score!r}"})
+
     def metrics(self) -> dict[str, float]:
-        """Cumulative counts since the start of the run."""
-        return {"reward/errors": float(self.counters.errors),
-                "reward/timeouts": float(self.counters.timeouts)}
+        """Cumulative counts since the start of the run, and the reward workers' queueing."""
+        c = self.counters
+        metrics = {"reward/errors": float(c.errors), "reward/timeouts": float(c.timeouts),
+                   "reward/nonfinite": float(c.nonfinite),
+                   "reward/memory_errors": float(c.memory_errors)}
+        queue = getattr(self.reward_fn, "queue_metrics", None)
+        return metrics | (queue() if queue is not None else {})
+
+    def check_failure_rate(self, step: int) -> None:
+        """Stop the run (RunStopped) when the share of failed reward calls since the last check
+        (one step, with its evaluation) or since the start reaches its bound."""
+        c, last, b = self.counters, self._checked, self.bounds
+        self._checked = RewardCounters(**vars(c))
+        windows = (("step", c.calls - last.calls, c.failed() - last.failed(), b.step),
+                   ("run so far", c.calls, c.failed(), b.run))
+        for name, calls, failed, bound in windows:
+            if calls >= b.min_calls and failed / calls >= bound:
+                raise RunStopped(
+                    f"step {step}: reward {self.reward_fn.name!r} failed on {failed} of {calls} "
+                    f"calls this {name} ({failed / calls:.0%}; {c.errors} errors, {c.timeouts} "
+                    f"time-outs, {c.nonfinite} non-finite scores since the start), at or past "
+                    f"the bound of {bound:.0%} (reward.max_failure_rate_"
+                    f"{'step' if name == 'step' else 'run'}); see the run's log for the errors")
+
+    def load_counters(self, state: dict[str, int]) -> None:
+        """Continue the counts of a resumed run (the next step's window starts here)."""
+        vars(self.counters).update(state)
+        self._checked = RewardCounters(**vars(self.counters))
 
     def close(self) -> None:
         close = getattr(self.reward_fn, "close", None)

@@ -6,12 +6,24 @@ Started by `reroll.rewards.pool.ProcessPool`; not meant to be run by hand.
 from __future__ import annotations
 
 import pickle
+import resource
 import sys
 
 from reroll.rewards.pool import read_frame, write_frame
 
 
+def cap_memory(memory_bytes: int) -> None:
+    """Cap this process's writable private memory (0: no cap): past it, allocations raise
+    MemoryError. RLIMIT_DATA (heap and anonymous mappings, Linux 4.7+) rather than RLIMIT_AS,
+    which would also count the shared libraries mapped by an import (CUDA torch maps GBs)."""
+    if memory_bytes > 0:
+        _, hard = resource.getrlimit(resource.RLIMIT_DATA)
+        limit = memory_bytes if hard == resource.RLIM_INFINITY else min(memory_bytes, hard)
+        resource.setrlimit(resource.RLIMIT_DATA, (limit, hard))
+
+
 def serve() -> None:
+    cap_memory(int(sys.argv[1]) if len(sys.argv) > 1 else 0)
     stdin, stdout = sys.stdin.buffer, sys.stdout.buffer
     sys.stdout = sys.stderr  # stray prints from reward code must not corrupt the frames
     # The first frame is the parent's import path, so functions from its modules unpickle here.

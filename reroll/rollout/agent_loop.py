@@ -29,6 +29,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import hashlib
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -163,6 +164,9 @@ async def run_episode(job: AgentJob, env_seed: int, sample_seed: int, group_id: 
         finally:
             stats.env_seconds += time.perf_counter() - t0
             stats.turns += 1
+        if not finite_number(reward):  # it would make the loss, then every weight, NaN
+            error = f"env.step returned a non-finite reward ({reward!r})"
+            break
         episode.rewards.append(reward)
         if terminated or truncated:
             finish = "stop" if terminated else "truncated"
@@ -201,6 +205,13 @@ def _turn_samples(job: AgentJob, episode: _Episode, whole: Trajectory) -> list[T
             segments=[{"text": job.tokenizer.decode(completion.token_ids), "policy": True,
                        "turn": k}]))
     return samples or [whole]
+
+
+def finite_number(value) -> bool:
+    try:
+        return math.isfinite(float(value))
+    except (TypeError, ValueError):
+        return False
 
 
 def _trajectory(job: AgentJob, episode: _Episode, env_seed: int, group_id: int, finish: str,

@@ -20,6 +20,7 @@ from rich.progress import (
 )
 
 from reroll.config.schema import TrackingConfig
+from reroll.tracking.jsonsafe import dumps
 from reroll.tracking.remote import TrackioSink, WandbSink
 
 
@@ -38,8 +39,7 @@ class JsonlSink:
         self.file = path.open("a")
 
     def log(self, step: int, metrics: dict[str, float]) -> None:
-        row = {"step": step, **{k: _jsonable(v) for k, v in metrics.items()}}
-        self.file.write(json.dumps(row) + "\n")
+        self.file.write(dumps({"step": step, **metrics}) + "\n")
         self.file.flush()
 
     def close(self) -> None:
@@ -122,14 +122,6 @@ def _optional_sinks(run_dir: Path, tracking: TrackingConfig, run_config: dict[st
         sinks.append(TrackioSink(tracking.project, name, tracking.trackio_space_id, run_config))
     return sinks
 
-
-
-def _jsonable(value: Any) -> Any:
-    if hasattr(value, "item"):
-        value = value.item()
-    if isinstance(value, float) and not math.isfinite(value):
-        return str(value)
-    return value
 
 
 def read_metrics(run_dir: str | Path) -> list[dict[str, Any]]:

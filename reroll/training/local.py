@@ -18,6 +18,7 @@ from typing import Any
 import torch
 from tensordict import TensorDict
 
+from reroll.config.errors import RunStopped
 from reroll.config.schema import OptimizerConfig, TrainConfig
 from reroll.data.batch import split_micro_batches
 from reroll.models.logprobs import batched_logprobs, load_weights
@@ -61,7 +62,11 @@ def optimizer_step(strategy: Any, batch: TensorDict, loss_fn: LossFn, loss_scale
                    device: torch.device | None = None) -> dict[str, float]:
     """One optimizer step of `strategy` (its model, optimizer, scheduler, grad_clip, train
     config, autocast) over `batch`, accumulated over micro-batches and clipped by the global
-    gradient norm (a sharded model's norm is gathered over its shards)."""
+    gradient norm (a sharded model's norm is gathered over its shards).
+
+    A non-finite loss or gradient norm skips the step: the gradients are dropped and the weights,
+    optimizer and schedule stay as they were; `train/update_skipped` says so (the pipeline counts
+    skips in a row and stops the run, `train.max_skipped_updates`)."""
     strategy.model.train()
     strategy.optimizer.zero_grad(set_to_none=True)
     loss_sum, totals = accumulate_gradients(
@@ -70,11 +75,29 @@ def optimizer_step(strategy: Any, batch: TensorDict, loss_fn: LossFn, loss_scale
     params = [p for p in strategy.model.parameters() if p.grad is not None]
     max_norm = strategy.grad_clip if strategy.grad_clip is not None else float("inf")
     norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
-    strategy.optimizer.step()
-    strategy.scheduler.step()
     grad_norm = float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
+    bad_loss, bad_norm = nonfinite_flags(loss_sum, grad_norm, device)
+    if bad_loss or bad_norm:
+        # One NaN step would make every weight (and the optimizer's moments) NaN for good.
+        strategy.optimizer.zero_grad(set_to_none=True)
+    else:
+        strategy.optimizer.step()
+        strategy.scheduler.step()
     return {**totals, "train/loss": loss_sum, "train/grad_norm": grad_norm,
-            "train/lr": strategy.scheduler.get_last_lr()[0]}
+            "train/lr": strategy.scheduler.get_last_lr()[0],
+            "train/update_skipped": float(bad_loss or bad_norm),
+            "train/nonfinite_loss": float(bad_loss), "train/nonfinite_grad_norm": float(bad_norm)}
+
+
+def nonfinite_flags(loss: float, grad_norm: float, device: torch.device | None
+                    ) -> tuple[bool, bool]:
+    """(loss non-finite, gradient norm non-finite). Data-parallel ranks agree (any rank's flag
+    counts), so that they all skip or all step together and stay identical."""
+    flags = torch.tensor([not math.isfinite(loss), not math.isfinite(grad_norm)],
+                         dtype=torch.float32, device=device)
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        torch.distributed.all_reduce(flags, op=torch.distributed.ReduceOp.MAX)
+    return bool(flags[0]), bool(flags[1])
 
 
 class LocalStrategy:
@@ -115,7 +138,12 @@ class LocalStrategy:
     # -- checkpoints -----------------------------------------------------------------------------
 
     def save(self, directory: Path, extra: dict[str, Any]) -> None:
-        """HF-format weights plus optimizer, scheduler, RNG states and `extra` (data position, ...)."""
+        """HF-format weights plus optimizer, scheduler, RNG states and `extra` (data position, ...).
+        Weights that are not all finite are never written (RunStopped)."""
+        bad = next((name for name, p in self.model.named_parameters()
+                    if not bool(torch.isfinite(p).all())), None)
+        if bad is not None:
+            raise RunStopped(f"checkpoint {directory} not written: parameter {bad} holds NaN/inf")
         directory.mkdir(parents=True, exist_ok=True)
         self.model.save_pretrained(directory)
         torch.save({

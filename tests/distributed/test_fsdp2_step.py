@@ -79,3 +79,32 @@ def test_rank_metrics_sum_the_loss_and_average_the_rest():
     combined = combine_rank_metrics([{"train/loss": 0.25, "train/grad_norm": 2.0, "actor/x": 1.0},
                                      {"train/loss": 0.5, "train/grad_norm": 2.0, "actor/x": 3.0}])
     assert combined == {"train/loss": 0.75, "train/grad_norm": 2.0, "actor/x": 2.0}
+
+
+def test_a_non_finite_loss_on_one_rank_skips_the_update_on_every_rank(ray_session, tiny_model):
+    """Rank 1's loss is NaN while every gradient stays finite: both ranks skip (they agree on the
+    flag), so the sharded weights stay whole and unchanged."""
+    optimizer, train = OptimizerConfig(lr=1e-2), TrainConfig(micro_batch_size=2)
+    batch = rl_batch(load_model(tiny_model))
+    batch["poison"] = torch.tensor([0.0] * 4 + [1.0] * 4)  # the second half: rank 1's shard
+    rl_loss = make_rl_loss(AlgorithmConfig(), batch, 1.0, 6)
+
+    def loss_fn(model, micro):
+        loss, metrics = rl_loss(model, micro)
+        return loss + (float("nan") if float(micro["poison"].sum()) else 0.0), metrics
+
+    from reroll.distributed.cluster import WorkerSpec
+
+    spec_kwargs = dict(model_path=tiny_model, dtype="float32", optimizer=optimizer, train=train,
+                       total_steps=1)
+    cluster = Cluster(WorkerSpec(PolicyWorker, spec_kwargs, role="policy"), 2,
+                      RayExecutor([{"num_cpus": 1}] * 2))
+    try:
+        group = PolicyGroup(cluster)
+        metrics = group.train_step(batch, loss_fn)
+        weights = dict(group.state_dict_for_sync())
+    finally:
+        cluster.shutdown()
+    assert metrics["train/update_skipped"] == 1.0 and metrics["train/nonfinite_loss"] == 1.0
+    initial = load_model(tiny_model).state_dict()
+    assert all(torch.equal(weights[n], initial[n]) for n in weights if n in initial)

@@ -114,7 +114,7 @@ def test_hanging_and_crashing_rewards_are_counted_and_the_run_finishes(tmp_path,
     sys.path.insert(0, str(HERE))
     data = rl_config(tmp_path, warm_model, steps=2, eval={"every_steps": 0},
                      reward={"type": "custom", "function": "rewards_for_tests:hangs_or_crashes",
-                             "timeout_s": 0.5, "num_workers": 2},
+                             "timeout_s": 0.5, "num_workers": 2, "max_failure_rate_run": 1.0},
                      rollout={"prompts_per_step": 2, "group_size": 4}, train={"micro_batch_size": 8})
     data["data"]["eval"] = None
     try:

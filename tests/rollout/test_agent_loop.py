@@ -129,6 +129,8 @@ class BrokenEnv:
             raise RuntimeError("env bug")
         if self.mode == "hang":
             time.sleep(5)
+        if self.mode == "nan":
+            return "again", float("nan"), False, False, {}
         return "again", 0.0, False, False, {}
 
 
@@ -145,6 +147,15 @@ def test_env_that_raises_or_hangs_fails_only_its_episode(hf_engine, tokenizer):
     healthy = [t for t in trajectories if t.finish_reason != "env_error"]
     assert all(t.reward_info["turns"] == 2 and sum(t.policy_mask) > 0 for t in healthy)
 
+
+
+def test_env_with_a_non_finite_reward_fails_only_its_episode(hf_engine, tokenizer):
+    modes = iter(["nan", "ok"])
+    job = _job(hf_engine, tokenizer, make=lambda: BrokenEnv(next(modes)), max_turns=2)
+    trajectories, stats = run_episodes(job, [0], 2, run_seed=0, step=1)
+    assert [t.finish_reason == "env_error" for t in trajectories].count(True) == 1
+    assert stats.env_errors == 1 and "non-finite reward" in stats.errors[0]
+    assert all(t.reward == 0.0 for t in trajectories)
 
 def test_context_limit_ends_the_episode_cleanly(hf_engine, tokenizer):
     job = _job(hf_engine, tokenizer, max_new=8, max_context_tokens=70, max_turns=10)
