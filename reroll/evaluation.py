@@ -294,11 +294,16 @@ def cmd_eval(args: argparse.Namespace) -> None:
     from rich.console import Console
     from rich.table import Table
 
+    from reroll.pipelines.common import writable_dir
+
     spec = spec_from_args(args)
-    results, samples = evaluate(spec)
     out = Path(args.out) if args.out else Path("runs") / "eval" / (
         f"{Path(spec.model).name or 'model'}-{Path(spec.task or spec.env).stem}.json")
-    out.parent.mkdir(parents=True, exist_ok=True)
+    # Checked before the evaluation, which would otherwise be lost at the end.
+    writable_dir(out.parent, "--out: the folder")
+    if out.is_dir():
+        raise ConfigError(f"--out {out}: is a directory (give a .json file name)")
+    results, samples = evaluate(spec)
     out.write_text(json.dumps(results, indent=2) + "\n")
     samples_path = out.with_suffix(".samples.jsonl")
     samples_path.write_text("".join(json.dumps(s) + "\n" for s in samples))

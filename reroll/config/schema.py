@@ -235,7 +235,12 @@ class RLRunConfig(Section):
     steps: int = Field(..., ge=1)
     """Training steps (one rollout batch each)."""
     resume: bool | str = False
-    """true: continue from the latest checkpoint of the run directory; a path: from that checkpoint."""
+    """true: continue from the newest complete checkpoint of the run directory (incomplete ones
+    are skipped with a message); a path: from that checkpoint. A run whose checkpoint is already
+    at `steps` is reported as finished and left unchanged; fewer `steps` than done is an error."""
+    overwrite: bool = False
+    """A run directory that already holds files is refused unless `resume` is set or this is
+    true, which deletes the old run's files first (only in a reroll run directory)."""
     model: ModelConfig
     rollout: RolloutConfig = Field(default_factory=RolloutConfig)
     """How responses are sampled. Agentic runs: `prompts_per_step` env resets (groups) per step,
@@ -317,6 +322,9 @@ class SFTConfig(Section):
     """Run name; the run directory is `runs/<name>/` unless `output_dir` is set."""
     output_dir: str | None = None
     """Run directory (default `runs/<name>/`); the model is saved to its `final/`."""
+    overwrite: bool = False
+    """A run directory that already holds files is refused unless this is true, which deletes
+    the old run's files first (only in a reroll run directory)."""
     seed: int = 0
     """Seeds data order and initialisation."""
     model: ModelConfig

@@ -24,6 +24,7 @@ from reroll.data.batch import Trajectory
 from reroll.data.datasets import PromptSampler
 from reroll.engines.base import Engine, SamplingParams
 from reroll.envs import make_env
+from reroll.pipelines.common import RunDir
 from reroll.pipelines.rlvr import RLVRPipeline
 from reroll.rollout.agent_loop import AgentJob, AgentStats, run_episodes
 
@@ -136,4 +137,5 @@ class AgenticPipeline(RLVRPipeline):
 
 
 def train_agentic(config: AgenticConfig) -> dict:
-    return AgenticPipeline(config).run()
+    done = RunDir(config.run_dir()).finished_summary(config.resume, config.steps)
+    return done if done is not None else AgenticPipeline(config).run()

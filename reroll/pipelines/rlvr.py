@@ -44,7 +44,7 @@ class RLVRPipeline:
         self.config = c = config
         set_threads(c.train.num_threads)
         seed_everything(c.seed)
-        self.run_dir = RunDir(c.run_dir())
+        self.run_dir = RunDir.for_run(c.run_dir(), c.resume, c.overwrite)
         self.tokenizer = load_tokenizer(c.model.path)
         self.stop_ids = (self.tokenizer.eos_token_id,)
         self.rewards = self.start_rewards()
@@ -299,7 +299,7 @@ class RLVRPipeline:
         c = self.config
         if step != c.steps and not (c.checkpoint.every_steps and step % c.checkpoint.every_steps == 0):
             return
-        directory = self.run_dir.checkpoint_dir(step)
+        directory = self.run_dir.staging_dir(step)  # renamed to step_N/ once complete
         if self.critic is not None:
             self.critic.save(directory)
         self.policy.save(directory, {"step": step, "sampler": self.sampler.state_dict(),
@@ -307,6 +307,7 @@ class RLVRPipeline:
                                      "reward_counters": dict(vars(self.rewards.counters)),
                                      "kl_coef": self.kl.value})
         self.tokenizer.save_pretrained(directory)
+        self.run_dir.commit(step)
         self.run_dir.prune_checkpoints(c.checkpoint.keep_last)
 
     def restore(self, step: int, directory: Path) -> None:
@@ -345,5 +346,6 @@ class RLVRPipeline:
 
 def train(config: RLConfig) -> dict:
     """Run the pipeline; when a worker process dies, restart the roles and resume from the last
-    checkpoint, up to `distributed.max_restarts` times."""
-    return supervise(RLVRPipeline, config)
+    checkpoint, up to `distributed.max_restarts` times. Resuming a finished run changes nothing."""
+    done = RunDir(config.run_dir()).finished_summary(config.resume, config.steps)
+    return done if done is not None else supervise(RLVRPipeline, config)
