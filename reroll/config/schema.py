@@ -33,7 +33,8 @@ class ModelConfig(Section):
 
     path: str
     """A local folder in Hugging Face format (as written by `reroll make-model` or `save_pretrained`),
-    or a hub id when the machine has network access."""
+    or a hub id when the machine has network access and `REROLL_ALLOW_HUB=1` is set (otherwise a
+    path that is not a local folder is an error at once)."""
     dtype: Literal["float32", "bfloat16"] = "float32"
     """Dtype of the trained weights. Keep float32 on CPU and use `train.bf16_autocast` for speed."""
 
@@ -48,7 +49,10 @@ class DataConfig(Section):
     system_prompt: str | None = None
     """Prepended as a system message when a row has only `prompt`."""
     max_prompt_tokens: int = Field(256, ge=8)
-    """Rows whose templated prompt is longer are reported as an error (never silently cut)."""
+    """Rows whose templated prompt is longer are refused at start-up, naming the longest row's
+    file and line (never silently cut). Every train and eval row is checked when loaded, also
+    against the model's context (`max_position_embeddings`) with `rollout.max_new_tokens`; a
+    `math` or `code` reward also needs every row's `answer`."""
 
 
 class OptimizerConfig(Section):

@@ -75,6 +75,9 @@ class AgenticPipeline(RLVRPipeline):
         """None: the environment is the reward (set up with the task)."""
         return None
 
+    def load_task_data(self) -> None:
+        """No prompt files: the episodes come from the environment."""
+
     def setup_task(self) -> None:
         """The task is an environment: env seeds instead of prompts, and the env is the reward."""
         c = self.config

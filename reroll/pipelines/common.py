@@ -8,7 +8,6 @@ import os
 import random
 import re
 import shutil
-import struct
 import tempfile
 import time
 import zipfile
@@ -20,6 +19,7 @@ import yaml
 from pydantic import BaseModel
 
 from reroll.config.errors import ConfigError
+from reroll.models.files import safetensors_problem
 
 CHECKPOINTS = "checkpoints"
 PARTIAL = ".partial"
@@ -49,7 +49,8 @@ def writable_dir(path: Path, what: str) -> Path:
         with tempfile.TemporaryFile(dir=path):
             pass
     except OSError as e:
-        raise ConfigError(f"{what} {path}: not writable ({e.strerror or e})") from None
+        raise ConfigError(f"{what} {path}: cannot be created or written ({e.strerror or e})"
+                          ) from None
     return path
 
 
@@ -62,26 +63,11 @@ def checkpoint_problem(directory: Path) -> str | None:
     if not shards:
         return "no *.safetensors weights"
     for path in [*shards, *sorted(directory.rglob("*.pt"))]:
-        problem = _safetensors_problem(path) if path.suffix == ".safetensors" else (
+        problem = safetensors_problem(path) if path.suffix == ".safetensors" else (
             None if zipfile.is_zipfile(path) else "is truncated or not a torch file")
         if problem:
             return f"{path.relative_to(directory)} {problem}"
     return None
-
-
-def _safetensors_problem(path: Path) -> str | None:
-    size = path.stat().st_size
-    try:
-        with path.open("rb") as f:
-            (length,) = struct.unpack("<Q", f.read(8))
-            if length > size - 8:
-                return "is truncated (header past the end of the file)"
-            header = json.loads(f.read(length))
-        end = max((v["data_offsets"][1] for k, v in header.items() if k != "__metadata__"),
-                  default=0)
-    except (struct.error, ValueError, KeyError, TypeError, IndexError):
-        return "is not a readable safetensors file"
-    return None if 8 + length + end == size else f"is truncated ({size} of {8 + length + end} bytes)"
 
 
 class RunDir:

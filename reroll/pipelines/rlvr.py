@@ -30,6 +30,7 @@ from reroll.engines.base import SamplingParams
 from reroll.models.loading import load_tokenizer
 from reroll.pipelines import objective, rl_batch
 from reroll.pipelines.common import RunDir, Stopwatch, seed_everything, set_threads
+from reroll.pipelines.validation import check_prompts
 from reroll.rewards import RewardRunner, build_reward
 from reroll.rollout.metrics import rollout_metrics
 from reroll.rollout.recording import batch_path, save_batch
@@ -47,6 +48,7 @@ class RLVRPipeline:
         self.run_dir = RunDir.for_run(c.run_dir(), c.resume, c.overwrite)
         self.tokenizer = load_tokenizer(c.model.path)
         self.stop_ids = (self.tokenizer.eos_token_id,)
+        self.load_task_data()
         self.rewards = self.start_rewards()
         # Policy, reference (when a KL term needs it), critic (for gae) and engine: in this
         # process or as Ray actors placed by `distributed:`, behind the same interfaces.
@@ -74,13 +76,21 @@ class RLVRPipeline:
         meanwhile (math-verify: ~0.5 s), not during the first step."""
         return RewardRunner(build_reward(self.config.reward), self.config.reward.timeout_s)
 
-    def setup_task(self) -> None:
-        """The task: train/eval prompts and the rollout source that turns prompts into scored
-        trajectories (sync, or async where `engine` becomes the producer's facade)."""
+    def load_task_data(self) -> None:
+        """Train and eval prompts, read and checked whole (templated lengths against
+        `data.max_prompt_tokens` and the model's context, the reward's `answer` column) before
+        any model is built: a bad row is refused at start, never at step N."""
         c = self.config
         self.train_rows = load_prompts(c.data.train, c.data.system_prompt)
         self.eval_rows = load_prompts(c.data.eval, c.data.system_prompt)[: c.eval.max_prompts] \
             if c.data.eval else []
+        check_prompts(c, self.tokenizer, {"data.train": self.train_rows,
+                                          "data.eval": self.eval_rows})
+
+    def setup_task(self) -> None:
+        """The task: the rollout source that turns the prompts into scored trajectories (sync,
+        or async where `engine` becomes the producer's facade)."""
+        c = self.config
         self.sampler = PromptStream(PromptSampler(self.train_rows, c.seed))
         self.source = build_source(c, self.engine, self.rewards, self.tokenizer, self.sampler)
         self.engine = self.source.engine

@@ -100,7 +100,7 @@ def test_output_dir_that_is_a_file_or_not_writable(tmp_path):
     (tmp_path / "f").write_text("x")
     with pytest.raises(ConfigError, match="not a directory"):
         RunDir(tmp_path / "f")
-    with pytest.raises(ConfigError, match="not writable"):
+    with pytest.raises(ConfigError, match="cannot be created or written"):
         RunDir(Path("/proc/self/reroll-run"))
 
 
@@ -213,3 +213,14 @@ def test_run_directory_rules_through_the_cli(tmp_path, tiny_model, arithmetic, c
     assert main(["train", config, "overwrite=true", "steps=1"]) == 0
     assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["step_1"]
     assert os.path.getsize(run / "metrics.jsonl") > 0
+
+
+def test_resume_drops_a_metrics_line_cut_short_by_a_kill(tmp_path):
+    """kill -9 while a metrics line was written: resume keeps the steps up to its checkpoint
+    (it used to end in a JSONDecodeError traceback)."""
+    from reroll.tracking.tracker import JsonlSink
+
+    path = tmp_path / "metrics.jsonl"
+    path.write_text('{"step": 1, "a": 1}\n{"step": 2, "a": 2}\n{"step": 3, "a"')
+    JsonlSink(path, resume_step=2).close()
+    assert [json.loads(line)["step"] for line in path.read_text().splitlines()] == [1, 2]
