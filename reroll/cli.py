@@ -225,7 +225,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         args.fn(args)
     except ConfigError as e:
-        console.print(f"[bold red]error:[/] {e}", highlight=False)
+        console.print(f"[bold red]error:[/] {e}", highlight=False, soft_wrap=True)  # whole paths
         return 2
     except RunStopped as e:  # WeightSyncError, non-finite updates, a failing reward
         console.print(f"[bold red]run stopped:[/] {e}", highlight=False)

@@ -305,6 +305,22 @@ def spec_from_args(args: argparse.Namespace) -> EvalSpec:
                     batch_size=args.batch_size, threads=args.threads)
 
 
+def check_out(out: Path) -> None:
+    """The results file can be written: checked before the evaluation, which would otherwise
+    run to the end and be lost."""
+    import tempfile
+
+    if out.is_dir():
+        raise ConfigError(f"--out {out}: is a directory (give a .json file name)")
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=out.parent):
+            pass
+    except OSError as e:
+        raise ConfigError(f"--out {out}: its folder {out.parent} cannot be created or written "
+                          f"({e.strerror or e})") from None
+
+
 def cmd_eval(args: argparse.Namespace) -> None:
     from rich.console import Console
     from rich.table import Table
@@ -312,10 +328,10 @@ def cmd_eval(args: argparse.Namespace) -> None:
     from reroll.tracking.jsonsafe import dumps
 
     spec = spec_from_args(args)
-    results, samples = evaluate(spec)
     out = Path(args.out) if args.out else Path("runs") / "eval" / (
         f"{Path(spec.model).name or 'model'}-{Path(spec.task or spec.env).stem}.json")
-    out.parent.mkdir(parents=True, exist_ok=True)
+    check_out(out)
+    results, samples = evaluate(spec)
     out.write_text(dumps(results, indent=2) + "\n")
     samples_path = out.with_suffix(".samples.jsonl")
     samples_path.write_text("".join(dumps(s) + "\n" for s in samples))

@@ -26,3 +26,13 @@ def defaults(values: Mapping[str, str]) -> None:
 def export(values: Mapping[str, str]) -> None:
     """Set each variable, replacing any value (for per-process facts such as a worker's rank)."""
     os.environ.update(values)
+
+
+ALLOW_HUB = "REROLL_ALLOW_HUB"
+
+
+def allow_hub() -> bool:
+    """Whether a `model.path` that is not a local folder may be fetched as a Hugging Face hub id
+    (`REROLL_ALLOW_HUB=1`). Off by default: a mistyped local path is then an error at once, not
+    a minute of download retries."""
+    return (read(ALLOW_HUB) or "").strip().lower() in ("1", "true", "yes")

@@ -33,7 +33,8 @@ class ModelConfig(Section):
 
     path: str
     """A local folder in Hugging Face format (as written by `reroll make-model` or `save_pretrained`),
-    or a hub id when the machine has network access."""
+    or a hub id when the machine has network access and `REROLL_ALLOW_HUB=1` is set (otherwise a
+    path that is not a local folder is an error at once)."""
     dtype: Literal["float32", "bfloat16"] = "float32"
     """Dtype of the trained weights. Keep float32 on CPU and use `train.bf16_autocast` for speed."""
     attn_implementation: Literal["auto", "sdpa", "eager", "flex_attention", "flash_attention_2",
@@ -56,7 +57,10 @@ class DataConfig(Section):
     system_prompt: str | None = None
     """Prepended as a system message when a row has only `prompt`."""
     max_prompt_tokens: int = Field(256, ge=8)
-    """Rows whose templated prompt is longer are reported as an error (never silently cut)."""
+    """Rows whose templated prompt is longer are refused at start-up, naming the longest row's
+    file and line (never silently cut). Every train and eval row is checked when loaded, also
+    against the model's context (`max_position_embeddings`) with `rollout.max_new_tokens`; a
+    `math` or `code` reward also needs every row's `answer`."""
 
 
 class OptimizerConfig(Section):
@@ -267,7 +271,12 @@ class RLRunConfig(Section):
     steps: int = Field(..., ge=1)
     """Training steps (one rollout batch each)."""
     resume: bool | str = False
-    """true: continue from the latest checkpoint of the run directory; a path: from that checkpoint."""
+    """true: continue from the newest complete checkpoint of the run directory (incomplete ones
+    are skipped with a message); a path: from that checkpoint. A run whose checkpoint is already
+    at `steps` is reported as finished and left unchanged; fewer `steps` than done is an error."""
+    overwrite: bool = False
+    """A run directory that already holds files is refused unless `resume` is set or this is
+    true, which deletes the old run's files first (only in a reroll run directory)."""
     model: ModelConfig
     rollout: RolloutConfig = Field(default_factory=RolloutConfig)
     """How responses are sampled. Agentic runs: `prompts_per_step` env resets (groups) per step,
@@ -367,6 +376,9 @@ class SFTConfig(Section):
     """Run name; the run directory is `runs/<name>/` unless `output_dir` is set."""
     output_dir: str | None = None
     """Run directory (default `runs/<name>/`); the model is saved to its `final/`."""
+    overwrite: bool = False
+    """A run directory that already holds files is refused unless this is true, which deletes
+    the old run's files first (only in a reroll run directory)."""
     seed: int = 0
     """Seeds data order and initialisation."""
     model: ModelConfig

@@ -29,22 +29,43 @@ class PromptRow:
 
 
 def _read_records(path: Path) -> list[tuple[int, Any]]:
-    if path.suffix == ".jsonl":
-        records = []
-        with path.open() as f:
-            for lineno, line in enumerate(f, start=1):
-                if not line.strip():
-                    continue
-                try:
-                    records.append((lineno, json.loads(line)))
-                except json.JSONDecodeError as e:
-                    raise ConfigError(f"{path}:{lineno}: not valid JSON ({e.msg})") from None
-        return records
-    if path.suffix == ".parquet":
-        import pyarrow.parquet as pq
-
-        return list(enumerate(pq.read_table(path).to_pylist(), start=1))
+    try:
+        if path.suffix == ".jsonl":
+            return _read_jsonl(path)
+        if path.suffix == ".parquet":
+            return _read_parquet(path)
+    except OSError as e:
+        raise ConfigError(f"dataset {path}: cannot be read ({e.strerror or e})") from None
     raise ConfigError(f"{path}: unsupported dataset format {path.suffix!r} (use .jsonl or .parquet)")
+
+
+def _read_jsonl(path: Path) -> list[tuple[int, Any]]:
+    records = []
+    with path.open("rb") as f:
+        for lineno, raw in enumerate(f, start=1):
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as e:
+                raise ConfigError(f"{path}:{lineno}: not UTF-8 text (byte 0x{raw[e.start]:02x} "
+                                  f"at column {e.start + 1})") from None
+            if not line.strip():
+                continue
+            try:
+                records.append((lineno, json.loads(line)))
+            except json.JSONDecodeError as e:
+                raise ConfigError(f"{path}:{lineno}: not valid JSON ({e.msg})") from None
+    return records
+
+
+def _read_parquet(path: Path) -> list[tuple[int, Any]]:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    try:
+        table = pq.read_table(path)
+    except (pa.ArrowException, ValueError) as e:
+        raise ConfigError(f"{path}: not a readable parquet file ({e})") from None
+    return list(enumerate(table.to_pylist(), start=1))
 
 
 def _parse_row(raw: Any, where: str, system_prompt: str | None) -> PromptRow:

@@ -42,7 +42,8 @@ def supervise(make_pipeline: Callable[[Any], Any], config: Any) -> dict:
             log.warning("a worker died (%s); restart %d of %d, %s", error, restarts,
                         config.distributed.max_restarts,
                         "resuming from the last checkpoint" if resume else "from the start")
-            config = config.model_copy(update={"resume": resume})
+            # without a checkpoint, the failed attempt's files are cleared and it starts over
+            config = config.model_copy(update={"resume": resume, "overwrite": not resume})
 
 
 def _stop(pipeline: Any) -> None:

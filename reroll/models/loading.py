@@ -10,11 +10,15 @@ Every role loads its model through `load_model`, which makes two choices the sam
 
 from __future__ import annotations
 
+import contextlib
+import functools
 from pathlib import Path
 
 import torch
 
+from reroll import settings
 from reroll.config.errors import ConfigError
+from reroll.models.files import model_dir_problem, shape_mismatch
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
@@ -27,6 +31,35 @@ FEATURE_IMPLEMENTATIONS = {
 }
 
 
+def _clear_load_errors(what: str):
+    """A load from a broken folder (bad config.json, torn weights, weights of another shape, a
+    corrupt tokenizer) becomes one ConfigError naming the folder or the file, not a traceback."""
+    def wrap(load):
+        @functools.wraps(load)
+        def checked(path: str, *args, **kwargs):
+            _check_path(path)
+            problem = model_dir_problem(Path(path).expanduser()) if Path(path).is_dir() else None
+            if problem:
+                raise ConfigError(f"model.path {path}: {problem}")
+            try:
+                return load(path, *args, **kwargs)
+            except ConfigError:
+                raise
+            except Exception as e:  # noqa: BLE001 - anything from reading the user's files
+                raise ConfigError(f"model.path {path}: {_load_failure(path, what, e)}") from None
+        return checked
+    return wrap
+
+
+def _load_failure(path: str, what: str, error: Exception) -> str:
+    if "mismatch" in str(error):
+        with contextlib.suppress(Exception):
+            return shape_mismatch(Path(path)) or str(error)
+    detail = (str(error).strip().splitlines() or [""])[0][:300]
+    return f"cannot load the {what} ({type(error).__name__}: {detail})"
+
+
+@_clear_load_errors("tokenizer")
 def load_tokenizer(path: str):
     from transformers import AutoTokenizer
 
@@ -99,6 +132,7 @@ def refuse_unservable(config, path: str) -> None:
                           f"{config.model_type!r}, so reroll cannot generate from or train it")
 
 
+@_clear_load_errors("model")
 def load_model(path: str, dtype: str = "float32", attn_implementation: str = "auto",
                dropout: bool = False) -> torch.nn.Module:
     """The causal LM at `path` in `dtype`, dropout off unless `dropout`, with an attention
@@ -120,7 +154,12 @@ def load_model(path: str, dtype: str = "float32", attn_implementation: str = "au
 
 
 def _check_path(path: str) -> None:
-    looks_local = path.startswith((".", "/", "~")) or Path(path).exists() or path.count("/") != 1
-    if looks_local and not (Path(path).expanduser() / "config.json").is_file():
+    local = Path(path).expanduser()
+    if not local.exists() and path.count("/") == 1 and not path.startswith((".", "/", "~")) \
+            and settings.allow_hub():
+        return  # a hub id, fetched by transformers (opted in with REROLL_ALLOW_HUB=1)
+    if not (local / "config.json").is_file():
+        hub = (f"; to download the hub model {path!r}, set {settings.ALLOW_HUB}=1"
+               if path.count("/") == 1 and not local.exists() else "")
         raise ConfigError(f"model.path {path}: no Hugging Face model there (config.json missing); "
-                          f"build one with `reroll make-model --out {path}`")
+                          f"build one with `reroll make-model --out {path}`{hub}")

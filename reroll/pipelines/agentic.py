@@ -24,6 +24,7 @@ from reroll.data.batch import Trajectory
 from reroll.data.datasets import PromptSampler
 from reroll.engines.base import Engine, SamplingParams
 from reroll.envs import ChatFormat, make_env
+from reroll.pipelines.common import RunDir
 from reroll.pipelines.rlvr import RLVRPipeline
 from reroll.rollout.agent_loop import AgentJob, AgentStats, run_episodes
 from reroll.tracking.jsonsafe import dumps
@@ -96,6 +97,9 @@ class AgenticPipeline(RLVRPipeline):
         """None: the environment is the reward (set up with the task)."""
         return None
 
+    def load_task_data(self) -> None:
+        """No prompt files: the episodes come from the environment."""
+
     def setup_task(self) -> None:
         """The task is an environment: env seeds instead of prompts, and the env is the reward."""
         c = self.config
@@ -158,4 +162,5 @@ class AgenticPipeline(RLVRPipeline):
 
 
 def train_agentic(config: AgenticConfig) -> dict:
-    return AgenticPipeline(config).run()
+    done = RunDir(config.run_dir()).finished_summary(config.resume, config.steps)
+    return done if done is not None else AgenticPipeline(config).run()

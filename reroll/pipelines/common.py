@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import json
 import logging
+import os
 import random
 import re
 import shutil
+import tempfile
 import time
+import zipfile
 from pathlib import Path
 from typing import Any
 
@@ -15,9 +19,14 @@ import yaml
 from pydantic import BaseModel
 
 from reroll.config.errors import ConfigError, RunStopped
+from reroll.models.files import safetensors_problem
 from reroll.tracking.jsonsafe import dumps
 
 CHECKPOINTS = "checkpoints"
+PARTIAL = ".partial"
+RUN_FILES = ("config.yaml", "metrics.jsonl", "summary.json", CHECKPOINTS)
+"""What marks a directory as a reroll run directory (which `overwrite: true` may clear)."""
+
 log = logging.getLogger(__name__)
 
 
@@ -31,12 +40,70 @@ def set_threads(num_threads: int | None) -> None:
         torch.set_num_threads(num_threads)
 
 
+def writable_dir(path: Path, what: str) -> Path:
+    """Create `path` and prove it writable (a probe file), so a bad output location is one
+    message at start-up, not a traceback after the work is done."""
+    if path.exists() and not path.is_dir():
+        raise ConfigError(f"{what} {path}: exists and is not a directory")
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=path):
+            pass
+    except OSError as e:
+        raise ConfigError(f"{what} {path}: cannot be created or written ({e.strerror or e})"
+                          ) from None
+    return path
+
+
+def checkpoint_problem(directory: Path) -> str | None:
+    """Why `directory` cannot be resumed from (a file missing or cut short), or None. Cheap: it
+    reads only file headers (safetensors header vs file size, the zip directory of .pt files)."""
+    if not (directory / "config.json").is_file():
+        return "config.json is missing"
+    shards = sorted(directory.rglob("*.safetensors"))
+    if not shards:
+        return "no *.safetensors weights"
+    for path in [*shards, *sorted(directory.rglob("*.pt"))]:
+        problem = safetensors_problem(path) if path.suffix == ".safetensors" else (
+            None if zipfile.is_zipfile(path) else "is truncated or not a torch file")
+        if problem:
+            return f"{path.relative_to(directory)} {problem}"
+    return None
+
+
 class RunDir:
     """`runs/<name>/`: config.yaml, metrics.jsonl, checkpoints/step_N/, summary.json."""
 
     def __init__(self, path: Path):
-        self.path = path
-        self.path.mkdir(parents=True, exist_ok=True)
+        self.path = writable_dir(Path(path), "output_dir")
+
+    @classmethod
+    def for_run(cls, path: Path, resume: bool | str, overwrite: bool) -> RunDir:
+        """The run directory of a new run (refused when it already holds another run, unless
+        `overwrite` clears it) or of a resumed one. Leftover partial checkpoints are removed."""
+        run_dir = cls(path)
+        existing = sorted(p.name for p in run_dir.path.iterdir())
+        if existing and resume is False:
+            if not overwrite:
+                raise ConfigError(
+                    f"output_dir {run_dir.path} already holds files ({', '.join(existing[:4])}"
+                    f"{', ...' if len(existing) > 4 else ''}); set resume=true to continue that "
+                    f"run, or overwrite=true to delete it and start over")
+            run_dir.clear()
+        run_dir.remove_partial_checkpoints()
+        return run_dir
+
+    def clear(self) -> None:
+        """Delete the run's files (`overwrite: true`); a directory that is not a run directory
+        is never emptied."""
+        if not any((self.path / name).exists() for name in RUN_FILES):
+            raise ConfigError(f"overwrite=true: {self.path} is not a reroll run directory (no "
+                              f"{', '.join(RUN_FILES)}); refusing to delete its files")
+        for child in self.path.iterdir():
+            if child.is_dir() and not child.is_symlink():
+                shutil.rmtree(child)
+            else:
+                child.unlink()
 
     def write_config(self, config: BaseModel) -> None:
         data = config.model_dump(mode="json")
@@ -44,6 +111,25 @@ class RunDir:
 
     def checkpoint_dir(self, step: int) -> Path:
         return self.path / CHECKPOINTS / f"step_{step}"
+
+    def staging_dir(self, step: int) -> Path:
+        """Where step N's checkpoint is written before `commit` renames it into place, so a
+        kill during the write never leaves a `step_N/` that looks complete."""
+        staging = self.path / CHECKPOINTS / f"step_{step}{PARTIAL}"
+        if staging.exists():
+            shutil.rmtree(staging)
+        return staging
+
+    def commit(self, step: int) -> Path:
+        final = self.checkpoint_dir(step)
+        if final.exists():
+            shutil.rmtree(final)
+        os.rename(self.path / CHECKPOINTS / f"step_{step}{PARTIAL}", final)
+        return final
+
+    def remove_partial_checkpoints(self) -> None:
+        for partial in (self.path / CHECKPOINTS).glob(f"step_*{PARTIAL}"):
+            shutil.rmtree(partial, ignore_errors=True)
 
     def checkpoints(self) -> list[tuple[int, Path]]:
         root = self.path / CHECKPOINTS
@@ -55,20 +141,46 @@ class RunDir:
         return sorted(found)
 
     def resolve_resume(self, resume: bool | str) -> tuple[int, Path] | None:
-        """(step, checkpoint dir) to resume from, or None for a fresh run."""
+        """(step, checkpoint dir) to resume from, or None for a fresh run. `resume=true` takes
+        the newest checkpoint that is complete, saying which ones it skipped and why."""
         if resume is False:
             return None
         if resume is True:
-            found = self.checkpoints()
-            if not found:
-                raise ConfigError(f"resume=true: no checkpoint in {self.path / CHECKPOINTS}")
-            return found[-1]
+            for step, path in reversed(self.checkpoints()):
+                problem = checkpoint_problem(path)
+                if problem is None:
+                    return step, path
+                log.warning("resume: skipping %s, which is incomplete or unreadable (%s)",
+                            path, problem)
+            raise ConfigError(f"resume=true: no complete checkpoint in {self.path / CHECKPOINTS}")
         path = Path(resume)
         match = re.fullmatch(r"step_(\d+)", path.name)
         if not match or not (path / "trainer_state.pt").is_file():
             raise ConfigError(f"resume={resume}: not a checkpoint directory (expected "
                               f".../checkpoints/step_N with trainer_state.pt)")
+        problem = checkpoint_problem(path)
+        if problem:
+            raise ConfigError(f"resume={resume}: the checkpoint is incomplete or unreadable "
+                              f"({problem})")
         return int(match.group(1)), path
+
+    def finished_summary(self, resume: bool | str, steps: int) -> dict[str, Any] | None:
+        """For a resumed run: None when there are steps left to run; the run's summary when its
+        checkpoint is already at `steps` (nothing is changed). Fewer steps than done is an error."""
+        found = self.resolve_resume(resume)
+        if found is None or found[0] < steps:
+            return None
+        if found[0] > steps:
+            raise ConfigError(f"steps={steps}: the run already has {found[0]} steps "
+                              f"({found[1]}); resume with steps >= {found[0]}")
+        log.warning("run %s already finished at step %d; nothing changed (raise `steps` to "
+                    "train further)", self.path, steps)
+        summary = self.path / "summary.json"
+        try:
+            done = json.loads(summary.read_text())
+        except (OSError, ValueError):
+            done = {"run_dir": str(self.path), "steps": steps, "final_checkpoint": str(found[1])}
+        return done | {"already_finished": True}
 
     def prune_checkpoints(self, keep_last: int) -> None:
         for _, path in self.checkpoints()[:-keep_last]:

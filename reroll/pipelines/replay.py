@@ -91,11 +91,19 @@ def _pipeline_class(name: str):
 
 def _recorded_metrics(run: Path, step: int) -> dict[str, Any]:
     path = run / "metrics.jsonl"
-    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()] \
-        if path.is_file() else []
+    rows = []
+    for lineno, line in enumerate(path.read_text(errors="replace").splitlines()
+                                  if path.is_file() else [], start=1):
+        if not line.strip():
+            continue
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError as e:
+            raise ConfigError(f"{path}:{lineno}: not valid JSON ({e.msg}; a line cut short by a "
+                              f"killed run? remove it)") from None
     merged: dict[str, Any] = {}
     for row in rows:
-        if row.get("step") == step:
+        if isinstance(row, dict) and row.get("step") == step:
             merged |= row
     return merged
 

@@ -35,6 +35,7 @@ from reroll.pipelines.common import (
     seed_everything,
     set_threads,
 )
+from reroll.pipelines.validation import check_prompts
 from reroll.rewards import RewardRunner, build_runner
 from reroll.rollout.metrics import rollout_metrics
 from reroll.rollout.recording import batch_path, save_batch
@@ -50,9 +51,10 @@ class RLVRPipeline:
         self.config = c = config
         set_threads(c.train.num_threads)
         seed_everything(c.seed)
-        self.run_dir = RunDir(c.run_dir())
+        self.run_dir = RunDir.for_run(c.run_dir(), c.resume, c.overwrite)
         self.tokenizer = load_tokenizer(c.model.path)
         self.stop_ids = (self.tokenizer.eos_token_id,)
+        self.load_task_data()
         self.rewards = self.start_rewards()
         # Policy, reference (when a KL term needs it), critic (for gae) and engine: in this
         # process or as Ray actors placed by `distributed:`, behind the same interfaces.
@@ -82,13 +84,21 @@ class RLVRPipeline:
         meanwhile (math-verify: ~0.5 s), not during the first step."""
         return build_runner(self.config.reward)
 
-    def setup_task(self) -> None:
-        """The task: train/eval prompts and the rollout source that turns prompts into scored
-        trajectories (sync, or async where `engine` becomes the producer's facade)."""
+    def load_task_data(self) -> None:
+        """Train and eval prompts, read and checked whole (templated lengths against
+        `data.max_prompt_tokens` and the model's context, the reward's `answer` column) before
+        any model is built: a bad row is refused at start, never at step N."""
         c = self.config
         self.train_rows = load_prompts(c.data.train, c.data.system_prompt)
         self.eval_rows = load_prompts(c.data.eval, c.data.system_prompt)[: c.eval.max_prompts] \
             if c.data.eval else []
+        check_prompts(c, self.tokenizer, {"data.train": self.train_rows,
+                                          "data.eval": self.eval_rows})
+
+    def setup_task(self) -> None:
+        """The task: the rollout source that turns the prompts into scored trajectories (sync,
+        or async where `engine` becomes the producer's facade)."""
+        c = self.config
         self.sampler = PromptStream(PromptSampler(self.train_rows, c.seed))
         self.source = build_source(c, self.engine, self.rewards, self.tokenizer, self.sampler)
         self.engine = self.source.engine
@@ -312,7 +322,7 @@ class RLVRPipeline:
         c = self.config
         if step != c.steps and not (c.checkpoint.every_steps and step % c.checkpoint.every_steps == 0):
             return
-        directory = self.run_dir.checkpoint_dir(step)
+        directory = self.run_dir.staging_dir(step)  # renamed to step_N/ once complete
         if self.critic is not None:
             self.critic.save(directory)
         self.policy.save(directory, {"step": step, "sampler": self.sampler.state_dict(),
@@ -320,6 +330,7 @@ class RLVRPipeline:
                                      "reward_counters": dict(vars(self.rewards.counters)),
                                      "kl_coef": self.kl.value})
         self.tokenizer.save_pretrained(directory)
+        self.run_dir.commit(step)
         self.run_dir.prune_checkpoints(c.checkpoint.keep_last)
 
     def restore(self, step: int, directory: Path) -> None:
@@ -358,5 +369,6 @@ class RLVRPipeline:
 
 def train(config: RLConfig) -> dict:
     """Run the pipeline; when a worker process dies, restart the roles and resume from the last
-    checkpoint, up to `distributed.max_restarts` times."""
-    return supervise(RLVRPipeline, config)
+    checkpoint, up to `distributed.max_restarts` times. Resuming a finished run changes nothing."""
+    done = RunDir(config.run_dir()).finished_summary(config.resume, config.steps)
+    return done if done is not None else supervise(RLVRPipeline, config)

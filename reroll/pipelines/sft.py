@@ -52,7 +52,7 @@ class SFTPipeline:
         self.config = c = config
         set_threads(c.train.num_threads)
         seed_everything(c.seed)
-        self.run_dir = RunDir(c.run_dir())
+        self.run_dir = RunDir.for_run(c.run_dir(), False, c.overwrite)
         self.run_dir.write_config(c)
         self.tokenizer = load_tokenizer(c.model.path)
         self.train_set = self.load(c.data.train)

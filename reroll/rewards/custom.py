@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import importlib
+import importlib.util
 import inspect
 import sys
 import threading
@@ -28,9 +29,23 @@ def resolve(path: str) -> Callable:
             target = getattr(target, part)
     except (ImportError, AttributeError) as e:
         raise ConfigError(f"reward.function {path!r} cannot be imported: {e}") from None
+    except Exception as e:  # noqa: BLE001 - the module itself is broken: a syntax error, a raise
+        raise ConfigError(f"reward.function {path!r}: importing {_where(module_name, e)} failed "
+                          f"({type(e).__name__}: {e})") from None
     if not callable(target):
         raise ConfigError(f"reward.function {path!r} is not callable")
     return target
+
+
+def _where(module_name: str, error: Exception) -> str:
+    """`file:line` of a syntax error, else the module's file."""
+    if isinstance(error, SyntaxError) and error.filename:
+        return f"{error.filename}:{error.lineno}"
+    try:
+        spec = importlib.util.find_spec(module_name)
+    except (ImportError, ValueError):
+        spec = None
+    return spec.origin if spec is not None and spec.origin else module_name
 
 
 def as_result(value: float | RewardResult) -> RewardResult:

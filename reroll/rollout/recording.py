@@ -47,7 +47,14 @@ def load_batch(path: Path) -> list[Trajectory]:
     if not path.is_file():
         raise ConfigError(f"{path}: no recorded batch. Batches are stored every "
                           f"tracking.record_batch_every steps; pick a step that has one")
-    data = torch.load(path, weights_only=True)
+    try:
+        data = torch.load(path, weights_only=True)
+    except Exception as e:  # noqa: BLE001 - a torn or foreign file, whatever torch says
+        detail = (str(e).strip().splitlines() or [""])[0].split(". ")[0][:200]
+        raise ConfigError(f"{path}: not a readable recorded batch, truncated or corrupt "
+                          f"({type(e).__name__}: {detail})") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: not a recorded batch")
     if data.get("format") != FORMAT:
         raise ConfigError(f"{path}: batch format {data.get('format')!r}, this reroll reads {FORMAT}")
     known = {f.name for f in fields(Trajectory)}

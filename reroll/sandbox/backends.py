@@ -17,6 +17,7 @@ from pathlib import Path
 
 from reroll.sandbox.limits import SandboxConfig
 from reroll.sandbox.result import SandboxUnavailable
+from reroll.sandbox.seccomp import filter_program
 
 logger = logging.getLogger(__name__)
 
@@ -50,6 +51,11 @@ class LaunchSpec:
     process_group: bool = False
     """rlimit mode: the launcher leads its own session; the whole group is killed at the end."""
     sandbox_env: dict[str, str] = field(default_factory=dict)
+    seccomp: bytes | None = None
+    """bubblewrap: the BPF filter passed with ``--seccomp FD`` (see ``seccomp.py``)."""
+    tmpfs_mounts: tuple[str, ...] = ()
+    """bubblewrap: the private tmpfs mounts whose inode count the host caps before the job."""
+    tmpfs_inodes: int | None = None
 
 
 def _run_as(config: SandboxConfig) -> tuple[int | None, int | None]:
@@ -116,7 +122,8 @@ class BwrapBackend:
     """bubblewrap: every namespace unshared (user, pid, net, ipc, uts, cgroup, mount), nested user
     namespaces disabled, a read-only view of /usr (and /bin, /lib... as on the host), a few /etc
     files the dynamic loader wants, a fresh /proc and /dev, size-capped private tmpfs for the
-    workdir, /tmp and /dev/shm, and nothing else. The sandbox dies with its host process."""
+    workdir, /tmp and /dev/shm (their inode count capped too), a seccomp filter denying
+    memfd_create, and nothing else. The sandbox dies with its host process."""
 
     name = "bwrap"
 
@@ -132,6 +139,13 @@ class BwrapBackend:
             )
         self.uid, self.gid = _run_as(config)
         self.python, self.python_tree = resolve_python(config)
+        self.seccomp = filter_program()
+        if self.seccomp is None:
+            logger.warning("sandbox: no seccomp filter for this architecture; memory held in "
+                           "memfd_create files is not bounded")
+        if os.geteuid() != 0:
+            logger.warning("sandbox: the host process is not root, so the private tmpfs mounts "
+                           "keep the kernel's default inode count (tmpfs_inodes is not applied)")
         for path in [self.python, *config.extra_ro_paths]:
             if not _readable_by(path, self.uid, self.gid):
                 raise SandboxUnavailable(
@@ -181,6 +195,9 @@ class BwrapBackend:
             group=self.gid,
             info_fd=True,
             sandbox_env=_sandbox_env(self.config),
+            seccomp=self.seccomp,
+            tmpfs_mounts=("/dev/shm", "/tmp", self.config.workdir) if os.geteuid() == 0 else (),
+            tmpfs_inodes=self.config.tmpfs_inodes,
         )
 
 

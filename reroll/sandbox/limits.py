@@ -29,6 +29,19 @@ def parse_size(value: int | str) -> int:
     return int(float(match.group(1)) * _SIZE_UNITS[match.group(2).lower()])
 
 
+def check_env(env: dict[str, str]) -> None:
+    """Environment names are non-empty and hold no ``=`` or NUL; values hold no NUL. Checked on
+    the host so a bad name is the caller's clear error, not a crash of the in-sandbox launcher."""
+    for name, value in env.items():
+        if not isinstance(name, str) or not isinstance(value, str):
+            raise ValueError(f"env {name!r}: names and values must be strings")
+        if not name or "=" in name or "\0" in name:
+            raise ValueError(f"env name {name!r} is not valid (it must be non-empty, without "
+                             f"'=' or NUL)")
+        if "\0" in value:
+            raise ValueError(f"env {name!r}: the value contains a NUL byte")
+
+
 class Limits(BaseModel):
     """Resource limits of one execution. Every limit is enforced by the kernel (rlimits set inside
     the sandbox before the program starts, a size-capped tmpfs) or by the host (wall clock, output)."""
@@ -103,8 +116,18 @@ class SandboxConfig(BaseModel):
     """More host paths to expose read-only at the same place (a toolchain, a dataset)."""
     env: dict[str, str] = Field(default_factory=dict)
     """Extra environment variables of the sandboxed program (its environment starts empty)."""
+    tmpfs_inodes: int = Field(16384, ge=64, le=1 << 24)
+    """Files, directories and links each private tmpfs (workdir, /tmp, /dev/shm) may hold
+    (tmpfs ``nr_inodes``): a tmpfs's size does not bound how many empty files it holds. bwrap
+    backend, host process root only (the host remounts the sandbox's tmpfs before the job)."""
     spawn_timeout_s: float = Field(20.0, gt=0)
     """How long a new sandbox may take to become ready before it counts as failed."""
+
+    @field_validator("env")
+    @classmethod
+    def _env(cls, value: dict[str, str]) -> dict[str, str]:
+        check_env(value)
+        return value
 
     @field_validator("workdir")
     @classmethod

@@ -22,10 +22,12 @@ from dataclasses import dataclass
 
 from reroll.sandbox.backends import LaunchSpec
 from reroll.sandbox.result import SandboxError, SandboxLost
+from reroll.sandbox.seccomp import filter_fd
 
 _STDERR_ON_FAILURE = 4096
 _KILL_GRACE_S = 2.0
 _SETPRIV_PATH = "/usr/bin:/bin:/usr/sbin:/sbin"
+_MOUNT = shutil.which("mount", path=_SETPRIV_PATH) or "mount"
 
 
 @dataclass
@@ -112,6 +114,18 @@ def _popen(spec: LaunchSpec, channel_fd: int, info_fd: int | None) -> subprocess
     if info_fd is not None:
         fds.append(info_fd)
         cmd += ["--info-fd", str(info_fd)]
+    seccomp_fd = filter_fd(spec.seccomp) if spec.seccomp is not None else None
+    if seccomp_fd is not None:
+        fds.append(seccomp_fd)
+        cmd += ["--seccomp", str(seccomp_fd)]
+    try:
+        return _spawn(spec, cmd, fds, channel_fd)
+    finally:
+        if seccomp_fd is not None:
+            os.close(seccomp_fd)
+
+
+def _spawn(spec: LaunchSpec, cmd: list[str], fds: list[int], channel_fd: int) -> subprocess.Popen:
     cmd += [*spec.tail, str(channel_fd)]
     kwargs = {}
     if spec.user is not None:
@@ -134,6 +148,18 @@ def _popen(spec: LaunchSpec, channel_fd: int, info_fd: int | None) -> subprocess
     )
 
 
+def _remount_inodes(init_pid: int, spec: LaunchSpec) -> str | None:
+    """Cap each tmpfs's inodes; an error message, or None."""
+    namespace = f"/proc/{init_pid}/ns/mnt"
+    for target in spec.tmpfs_mounts:
+        done = subprocess.run([_MOUNT, "-N", namespace, "-o", f"remount,nr_inodes="
+                               f"{spec.tmpfs_inodes}", target], capture_output=True, text=True,
+                              check=False)
+        if done.returncode:
+            return f"cannot cap the inodes of the sandbox's {target}: {done.stderr.strip()}"
+    return None
+
+
 class SandboxProcess:
     """A started sandbox waiting for its one job. Create with ``await SandboxProcess.start(...)``."""
 
@@ -150,6 +176,7 @@ class SandboxProcess:
         self._exited: asyncio.Future[tuple[int, object]] = self.loop.create_future()
         self._pidfd = os.pidfd_open(popen.pid)
         self._init_pidfd: int | None = None
+        self._init_pid: int | None = None
         self.loop.add_reader(self._pidfd, self._on_exit)
 
     @classmethod
@@ -191,6 +218,7 @@ class SandboxProcess:
         if self._init_pidfd is None:
             data = json.loads(await asyncio.shield(info))
             self._init_pidfd = os.pidfd_open(int(data["child-pid"]))
+            self._init_pid = int(data["child-pid"])
 
     async def _handshake(self, info: asyncio.Task | None) -> None:
         if info is not None:
@@ -203,6 +231,15 @@ class SandboxProcess:
             await self._exited
             err = os.read(self.popen.stderr.fileno(), _STDERR_ON_FAILURE).decode(errors="replace")
             raise SandboxError(f"the sandbox failed to start: {err.strip() or 'no message'}")
+        if self.spec.tmpfs_mounts and self._init_pid is not None:
+            await self._cap_inodes()
+
+    async def _cap_inodes(self) -> None:
+        """Remount the sandbox's tmpfs mounts with ``nr_inodes`` (bubblewrap cannot pass that
+        option), from the host, in the sandbox's mount namespace, before any job arrives."""
+        error = await self.loop.run_in_executor(None, _remount_inodes, self._init_pid, self.spec)
+        if error:
+            raise SandboxError(error)
 
     async def _abort_start(self, info: asyncio.Task | None) -> None:
         """Tear down a sandbox whose start failed or was cancelled. Killing bubblewrap before it

@@ -19,7 +19,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from reroll.sandbox.backends import make_backend
-from reroll.sandbox.limits import Limits, SandboxConfig
+from reroll.sandbox.limits import Limits, SandboxConfig, check_env
 from reroll.sandbox.process import Outcome, SandboxProcess
 from reroll.sandbox.result import ExecResult, classify_limit
 
@@ -58,6 +58,8 @@ def _as_bytes(data: str | bytes) -> bytes:
 
 
 def _check_path(name: str) -> str:
+    if not isinstance(name, str) or "\0" in name:
+        raise ValueError(f"file name {name!r} must be a string without NUL bytes")
     norm = posixpath.normpath(name)
     if not name or name.startswith("/") or norm == "." or norm.split("/")[0] == "..":
         raise ValueError(f"file name {name!r} must be a relative path inside the workdir")
@@ -78,18 +80,22 @@ def make_job(
         raise ValueError("give exactly one of `code` (Python source) or `argv` (a command)")
     if argv is not None and (isinstance(argv, str) or not argv):
         raise ValueError("`argv` must be a non-empty list of strings")
+    if argv is not None and any("\0" in str(arg) for arg in argv):
+        raise ValueError("`argv` arguments may not contain NUL bytes")
     checked = {_check_path(name): _as_bytes(data) for name, data in (files or {}).items()}
     if code is not None:
         if MAIN_FILE in checked:
             raise ValueError(f"`files` may not contain {MAIN_FILE!r} when `code` is given")
         checked[MAIN_FILE] = code.encode()
+    env = dict(env or {})
+    check_env(env)
     return Job(
         code=code,
         argv=[str(arg) for arg in argv] if argv is not None else None,
         files=checked,
         stdin=_as_bytes(stdin) if stdin is not None else None,
         limits=limits,
-        env=dict(env or {}),
+        env=env,
     )
 
 

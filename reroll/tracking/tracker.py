@@ -31,8 +31,8 @@ class JsonlSink:
     def __init__(self, path: Path, resume_step: int | None = None):
         self.path = path
         if resume_step is not None and path.exists():
-            kept = [line for line in path.read_text().splitlines()
-                    if line.strip() and json.loads(line)["step"] <= resume_step]
+            kept = [line for line in path.read_text(errors="replace").splitlines()
+                    if _step_of(line) is not None and _step_of(line) <= resume_step]
             path.write_text("".join(line + "\n" for line in kept))
         elif path.exists():
             path.unlink()
@@ -44,6 +44,16 @@ class JsonlSink:
 
     def close(self) -> None:
         self.file.close()
+
+
+def _step_of(line: str) -> int | None:
+    """The step of a metrics line; None for a blank line or one cut short by a killed run (it
+    was written after the checkpoint being resumed from, so dropping it loses nothing)."""
+    try:
+        row = json.loads(line)
+    except ValueError:
+        return None
+    return row.get("step") if isinstance(row, dict) else None
 
 
 class TensorboardSink:

@@ -1,0 +1,72 @@
+"""Checks of a task's prompts before any model is built: every row, not the ones a step happens
+to sample (one long row used to end a run at step 4).
+
+Policy for long prompts: refuse, never truncate. A prompt over `data.max_prompt_tokens`, or one
+that with `rollout.max_new_tokens` does not fit the model's context, is a ConfigError naming the
+longest such row's file and line, and how many rows are over.
+"""
+
+from __future__ import annotations
+
+from reroll.config.errors import ConfigError
+from reroll.data.datasets import PromptRow
+from reroll.models.files import model_context
+from reroll.rollout.sampling import encode_prompt
+
+NEEDS_ANSWER = {"math": "the reference answer", "code": "the test cases"}
+CHUNK = 256
+
+
+def check_prompts(config, tokenizer, splits: dict[str, list[PromptRow]]) -> None:
+    """`splits` maps a config field (`data.train`) to its rows."""
+    context = model_context(config.model.path)
+    max_new = config.rollout.max_new_tokens
+    if context is not None and max_new >= context:
+        raise ConfigError(f"rollout.max_new_tokens={max_new} is past the model's context of "
+                          f"{context} tokens ({config.model.path}/config.json)")
+    for field, rows in splits.items():
+        check_answers(config.reward.type, field, rows)
+        lengths = prompt_lengths(tokenizer, rows)
+        check_lengths(field, rows, lengths, config.data.max_prompt_tokens, max_new, context)
+
+
+def check_answers(reward_type: str, field: str, rows: list[PromptRow]) -> None:
+    if reward_type not in NEEDS_ANSWER:
+        return
+    missing = [row for row in rows if row.answer is None or not str(row.answer).strip()]
+    if missing:
+        raise ConfigError(f"{field}: reward.type={reward_type} needs an `answer` column "
+                          f"({NEEDS_ANSWER[reward_type]}) in every row; {missing[0].source} has "
+                          f"none ({len(missing)} of {len(rows)} rows lack it)")
+
+
+def check_lengths(field: str, rows: list[PromptRow], lengths: list[int], max_prompt: int,
+                  max_new: int, context: int | None) -> None:
+    if not rows:
+        return
+    longest = max(range(len(rows)), key=lengths.__getitem__)
+    source, length = rows[longest].source, lengths[longest]
+    over = sum(n > max_prompt for n in lengths)
+    if over:
+        raise ConfigError(f"{field}: {over} prompt(s) are longer than data.max_prompt_tokens="
+                          f"{max_prompt} after the chat template; the longest, {source}, has "
+                          f"{length} tokens (raise the limit or drop those rows)")
+    if context is not None and length + max_new > context:
+        over = sum(n + max_new > context for n in lengths)
+        raise ConfigError(f"{field}: {over} prompt(s) with rollout.max_new_tokens={max_new} do "
+                          f"not fit the model's context of {context} tokens; the longest, "
+                          f"{source}, has {length} prompt tokens")
+
+
+def prompt_lengths(tokenizer, rows: list[PromptRow]) -> list[int]:
+    """Templated prompt lengths, as the rollout encodes them (batched: ~10x faster)."""
+    lengths: list[int] = []
+    for start in range(0, len(rows), CHUNK):
+        chunk = rows[start:start + CHUNK]
+        encoded = tokenizer.apply_chat_template([row.messages for row in chunk],
+                                                add_generation_prompt=True, tokenize=True)
+        ids = encoded["input_ids"] if hasattr(encoded, "keys") else encoded
+        if len(ids) != len(chunk) or not all(isinstance(x, list) for x in ids):
+            ids = [encode_prompt(tokenizer, row, 1 << 62) for row in chunk]
+        lengths += [len(x) for x in ids]
+    return lengths
