@@ -52,8 +52,8 @@ data/arithmetic/train.jsonl: | $(STAMP)
 # Tiny model -> SFT warm start -> GRPO with held-out evaluation; prints the summary and writes
 # an HTML report of the run.
 demo: $(STAMP) models/tiny/config.json data/arithmetic/train.jsonl
-	$(REROLL) sft examples/arithmetic/sft.yaml
-	$(REROLL) train examples/arithmetic/grpo.yaml
+	$(REROLL) sft examples/arithmetic/sft.yaml overwrite=true
+	$(REROLL) train examples/arithmetic/grpo.yaml overwrite=true
 	$(REROLL) view runs/arithmetic-grpo
 
 # The agentic demo (docs/agentic.md): a careless expert's guess-the-number episodes (it scans in
@@ -68,8 +68,8 @@ models/guess_number/config.json: | $(GUESS_EPISODES)
 	$(REROLL) make-model --out models/guess_number --preset tiny --corpus $(GUESS_EPISODES)
 
 demo-agentic: $(STAMP) models/guess_number/config.json
-	$(REROLL) sft examples/agentic/guess_number_sft.yaml
-	$(REROLL) train examples/agentic/demo.yaml
+	$(REROLL) sft examples/agentic/guess_number_sft.yaml overwrite=true
+	$(REROLL) train examples/agentic/demo.yaml overwrite=true
 	$(REROLL) view runs/guess-number-grpo
 
 # The real-model demo (docs/models.md): SmolLM2-135M-Instruct imported from its package's GGUF,
@@ -82,9 +82,9 @@ data/real/train.jsonl: | $(STAMP)
 REAL_EVAL = $(REROLL) eval --task data/real/eval.jsonl --max-new-tokens 48 --threads 2
 demo-real: $(STAMP) models/smollm2/config.json data/real/train.jsonl
 	$(REAL_EVAL) --model models/smollm2 --out runs/real-eval/base.json
-	$(REROLL) sft examples/real/sft.yaml
+	$(REROLL) sft examples/real/sft.yaml overwrite=true
 	$(REAL_EVAL) --model runs/real-sft/final --out runs/real-eval/sft.json
-	$(REROLL) train examples/real/grpo.yaml
+	$(REROLL) train examples/real/grpo.yaml overwrite=true
 	$(REAL_EVAL) --model runs/real-grpo/checkpoints/step_30 --out runs/real-eval/grpo.json
 	$(PY) examples/real/score.py runs/real-eval/base.samples.jsonl runs/real-eval/sft.samples.jsonl \
 	  runs/real-eval/grpo.samples.jsonl
