@@ -8,7 +8,7 @@ and unlike fork they do not inherit torch's threads. A call that overruns its li
 worker, which is replaced; the other workers keep going.
 
 The limit counts the call alone: the time a call waits for a free worker is measured apart
-(`queue_metrics`, `reward/queue_s_mean`). With `memory_bytes`, each worker's memory is capped
+(`queue_metrics`, `time/reward_queue_s_mean`). With `memory_bytes`, each worker's memory is capped
 (RLIMIT_DATA, see `worker.cap_memory`): an allocation past it raises `MemoryError` in the reward code, which comes
 back as the call's error, and the worker is replaced.
 """
@@ -186,7 +186,7 @@ class ProcessPool:
         with self._lock:
             mean = self.queue_s / self.calls if self.calls else 0.0
             self.queue_s, self.calls = 0.0, 0
-        return {"reward/queue_s_mean": mean}
+        return {"time/reward_queue_s_mean": mean}
 
     def close(self) -> None:
         while not self._idle.empty():

@@ -113,7 +113,7 @@ def test_an_async_reward_that_blocks_its_event_loop_still_times_out(helpers):
 
 def test_the_time_limit_counts_the_call_not_the_wait_for_a_worker(helpers):
     """Six 0.7 s calls on one worker with a 1 s limit: the last waits 3.5 s for the worker, yet
-    none times out; the wait shows as `reward/queue_s_mean`."""
+    none times out; the wait shows as `time/reward_queue_s_mean`."""
     runner = build_runner(CustomReward(function="rewards_for_tests:slow_reward", timeout_s=1.0,
                                        num_workers=1))
     try:
@@ -123,7 +123,7 @@ def test_the_time_limit_counts_the_call_not_the_wait_for_a_worker(helpers):
         runner.close()
     assert [r.score for r in results] == [1.0] * 6, [r.info for r in results]
     assert runner.counters.timeouts == 0
-    assert metrics["reward/queue_s_mean"] > 1.0
+    assert metrics["time/reward_queue_s_mean"] > 1.0
 
 
 def test_reward_workers_have_a_memory_cap(helpers):
