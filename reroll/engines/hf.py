@@ -83,9 +83,19 @@ class _Batch:
 class HFEngine:
     """Engine over a transformers causal LM that it owns (its weights arrive via `load_weights`)."""
 
-    def __init__(self, model: torch.nn.Module, max_batch_size: int = 256, pad_token_id: int = 0):
+    def __init__(self, model: torch.nn.Module, max_batch_size: int = 256, pad_token_id: int = 0,
+                 dtype: torch.dtype | None = None):
+        """`dtype`: hold the weights in this dtype (None: as `model` has them). Weights loaded
+        later are cast to it; `weights_fingerprint` is then of the weights as received (before
+        the cast), so it still matches the trainer's, as vLLM's does."""
         self.model = model.eval()
         self.model.requires_grad_(False)
+        self._received_fingerprint: str | None = None
+        self._cast_to = dtype if dtype is not None and dtype != next(model.parameters()).dtype \
+            else None
+        if self._cast_to is not None:
+            self._received_fingerprint = fingerprint(model.state_dict().items())
+            self.model.to(self._cast_to)
         self.max_batch_size = max_batch_size
         self.pad_token_id = pad_token_id
         self.version = 0
@@ -127,10 +137,16 @@ class HFEngine:
     decoding steps, since the steps run on that thread too): they go on under the new weights."""
 
     def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
-        load_weights(self.model, dict(named_tensors), "the weights sent to the engine")
+        state = dict(named_tensors)
+        if self._cast_to is not None:  # load_state_dict casts into the engine's dtype
+            self._received_fingerprint = fingerprint(state.items())
+        load_weights(self.model, state, "the weights sent to the engine")
         self.version = version
 
     def weights_fingerprint(self) -> str:
+        """Of the weights held; with a `dtype` cast, of the weights as last received."""
+        if self._received_fingerprint is not None:
+            return self._received_fingerprint
         return fingerprint(self.model.state_dict().items())
 
     # -- colocation, load, shutdown ---------------------------------------------------------------

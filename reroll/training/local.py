@@ -18,6 +18,7 @@ from typing import Any
 import torch
 from tensordict import TensorDict
 
+from reroll.config.errors import ConfigError
 from reroll.config.schema import OptimizerConfig, TrainConfig
 from reroll.data.batch import split_micro_batches
 from reroll.models.logprobs import batched_logprobs, load_weights
@@ -77,6 +78,20 @@ def optimizer_step(strategy: Any, batch: TensorDict, loss_fn: LossFn, loss_scale
             "train/lr": strategy.scheduler.get_last_lr()[0]}
 
 
+def enable_gradient_checkpointing(model: torch.nn.Module, train: TrainConfig) -> None:
+    """`train.gradient_checkpointing`: transformers' activation checkpointing, non-reentrant
+    (the reentrant variant needs inputs that require grad and breaks with frozen embeddings).
+    transformers checkpoints a layer only while the model is in train mode and gradients are
+    on, so scoring under no_grad runs as before."""
+    if not train.gradient_checkpointing:
+        return
+    enable = getattr(model, "gradient_checkpointing_enable", None)
+    if enable is None or not getattr(model, "supports_gradient_checkpointing", False):
+        raise ConfigError(f"train.gradient_checkpointing: {type(model).__name__} does not "
+                          f"support activation checkpointing; set it to false")
+    enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+
+
 class LocalStrategy:
     data_parallel_size = 1
     """One process holds the whole batch (see PolicyGroup.data_parallel_size)."""
@@ -84,6 +99,7 @@ class LocalStrategy:
     def __init__(self, model: torch.nn.Module, optimizer: OptimizerConfig, train: TrainConfig,
                  total_steps: int):
         self.model = model.train()
+        enable_gradient_checkpointing(model, train)
         self.train_config = train
         self.optimizer = torch.optim.AdamW(model.parameters(), lr=optimizer.lr, betas=optimizer.betas,
                                            weight_decay=optimizer.weight_decay)
