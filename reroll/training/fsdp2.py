@@ -34,6 +34,7 @@ from reroll.training.local import (
     lr_lambda,
     optimizer_step,
 )
+from reroll.training.memory import limit_heap_fragmentation
 
 OPTIMIZER_DIR = "optimizer"
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
@@ -72,6 +73,7 @@ class FSDP2Strategy:
         self.device = init_process_group()
         self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
         enable_gradient_checkpointing(model, train)
+        limit_heap_fragmentation()
         self.model = shard_model(model.to(self.device).train(), param_dtype)
         self.train_config = train
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=optimizer.lr,

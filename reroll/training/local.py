@@ -22,6 +22,7 @@ from reroll.config.errors import ConfigError
 from reroll.config.schema import OptimizerConfig, TrainConfig
 from reroll.data.batch import split_micro_batches
 from reroll.models.logprobs import batched_logprobs, load_weights
+from reroll.training.memory import limit_heap_fragmentation
 
 LossFn = Callable[[torch.nn.Module, TensorDict], tuple[torch.Tensor, dict[str, float]]]
 TRAINER_STATE = "trainer_state.pt"
@@ -100,6 +101,7 @@ class LocalStrategy:
                  total_steps: int):
         self.model = model.train()
         enable_gradient_checkpointing(model, train)
+        limit_heap_fragmentation()
         self.train_config = train
         self.optimizer = torch.optim.AdamW(model.parameters(), lr=optimizer.lr, betas=optimizer.betas,
                                            weight_decay=optimizer.weight_decay)
