@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import resource
 import subprocess
 import sys
 import time
@@ -238,7 +237,10 @@ def train_worker(spec: dict) -> dict:
 
 
 def rss_gb() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB on Linux
+    """This process's peak RSS in GiB: VmHWM, which starts afresh at exec (`ru_maxrss` keeps
+    the parent's RSS at the fork)."""
+    with open("/proc/self/status") as status:
+        return next(int(line.split()[1]) for line in status if line.startswith("VmHWM")) / 2**20
 
 
 def run_config(name: str, path: str) -> dict:
