@@ -90,6 +90,12 @@ class TrainConfig(Section):
     the full-batch update whatever this is (it trades memory for speed only)."""
     bf16_autocast: bool = False
     """Run forward passes under bfloat16 autocast (weights and optimizer stay float32)."""
+    gradient_checkpointing: bool = False
+    """Activation checkpointing of the policy's decoder layers in its training forward
+    (transformers' `gradient_checkpointing_enable`, non-reentrant): keeps each layer's input
+    instead of all its activations and recomputes them in the backward, ~1/3 more compute for
+    several times less memory (16x256 tokens of SmolLM2-135M: see docs/benchmarks.md). Scoring
+    without gradients, the reference model and the engines are unaffected."""
     num_threads: int | None = Field(None, ge=1)
     """torch intra-op threads for this process (None: all cores). Set it when several processes
     share a machine: oversubscribed threads slow each other down several-fold."""
@@ -166,6 +172,12 @@ class RolloutConfig(Section):
     """Keep the k most likely tokens (0: no limit)."""
     max_batch_size: int = Field(256, ge=1)
     """Most sequences the engine decodes together."""
+    dtype: Literal["auto", "float32", "bfloat16"] = "auto"
+    """Dtype the `hf` and `vllm` engines hold their weights in (auto: `model.dtype`). bfloat16
+    halves the bytes read per decoding step (on CPU, decoding is bound by reading the weights)
+    while training stays in `model.dtype`; weights synced from the trainer are cast on load.
+    Behaviour logprobs then differ from the trainer's by bf16 rounding (see docs/engines.md);
+    decoupled_ppo or `algorithm.correction` account for it."""
 
     @model_validator(mode="after")
     def _remote_needs_endpoints(self) -> RolloutConfig:

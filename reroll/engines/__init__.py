@@ -12,16 +12,18 @@ from reroll.config.errors import ConfigError
 
 def build_engine(rollout, model_path: str, dtype: str = "float32", pad_token_id: int = 0,
                  seed: int = 0, attn_implementation: str = "auto"):
-    """The engine named by `rollout.engine` (a RolloutConfig) over the model at `model_path`
+    """The engine named by `rollout.engine` (a RolloutConfig) over the model at `model_path`,
+    whose trained weights are in `dtype`; the engine holds them in `rollout.dtype`
     (`attn_implementation` as in `model.attn_implementation`, for the HF engine)."""
+    engine_dtype = dtype if getattr(rollout, "dtype", "auto") == "auto" else rollout.dtype
     if rollout.engine == "hf":
         from reroll.engines.hf import HFEngine
-        from reroll.models.loading import load_model
+        from reroll.models.loading import DTYPES, load_model
 
         return HFEngine(load_model(model_path, dtype, attn_implementation),
-                        rollout.max_batch_size, pad_token_id)
+                        rollout.max_batch_size, pad_token_id, DTYPES[engine_dtype])
     if rollout.engine == "vllm":
-        return _build_vllm(rollout, model_path, dtype, seed)
+        return _build_vllm(rollout, model_path, engine_dtype, seed)
     if rollout.engine == "remote":
         return _build_remote(rollout)
     raise ConfigError(f"rollout.engine: unknown engine {rollout.engine!r}; choose hf, vllm or remote")

@@ -12,6 +12,7 @@ import contextlib
 import torch
 
 from reroll.algorithms import entropy_from_logits
+from reroll.models.lm_head import OutputHead, chunked_scores
 from reroll.models.packing import (
     MASKED_ATTENTION,
     PackedBatch,
@@ -61,23 +62,38 @@ def load_weights(model: torch.nn.Module, state: dict[str, torch.Tensor], source:
 
 def forward_logprobs(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                      temperature: float = 1.0, with_entropy: bool = False,
-                     response_mask: torch.Tensor | None = None, entropy_grad: bool = True
-                     ) -> tuple[torch.Tensor, torch.Tensor | None]:
+                     response_mask: torch.Tensor | None = None, entropy_grad: bool = True,
+                     chunked: bool = True) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Run the model on a right-padded batch; returns (logprobs [B, L], entropy [B, L] or None).
 
-    With `response_mask`, only the positions a trainer reads are scored: from each row's first
+    With `response_mask`, only the positions a trainer reads are scored: from the batch's first
     response token on (earlier ones are 0), so the LM head and softmax skip the prompts, which
     for a large vocabulary is much of the memory; and rows that share their prompt (a GRPO
     group) are forwarded as one packed row (`reroll.models.packing`), the prompt once.
-    `entropy_grad=False` computes the entropy as a metric only, outside the autograd graph."""
+    `entropy_grad=False` computes the entropy as a metric only, outside the autograd graph.
+
+    `chunked` (the default) scores from the final hidden states a chunk of positions at a time
+    (`reroll.models.lm_head`), never holding the full-vocabulary logits, for the architectures
+    whose head it knows; there padding positions (attention 0) are 0. `chunked=False`, or an
+    unknown architecture, takes the model's own forward and its logits: the reference path."""
+    head = OutputHead.of(model) if chunked else None
     if response_mask is not None and supports_packing(model):
         packed = pack_shared_prefixes(input_ids, attention_mask, response_mask,
                                       getattr(model.config, "hidden_size", 0))
         if packed is not None:
-            return _packed_forward(model, packed, input_ids.shape, temperature, with_entropy,
-                                   entropy_grad)
+            forward = _packed_forward if head is None else _chunked_packed_forward
+            return forward(model, head, packed, input_ids.shape, temperature, with_entropy,
+                           entropy_grad)
     first_position = 1 if response_mask is None else first_response_position(response_mask)
     position_ids = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
+    if head is not None:
+        scored = attention_mask.bool().clone()
+        scored[:, :first_position] = False
+        rows, cols = scored.nonzero(as_tuple=True)
+        hidden = head.hidden_states(input_ids, attention_mask, position_ids)
+        return _scattered_scores(head, hidden[rows, cols - 1], input_ids[rows, cols],
+                                 (rows, cols), input_ids.shape, temperature, with_entropy,
+                                 entropy_grad)
     keep = {} if first_position <= 1 else {"logits_to_keep": input_ids.shape[1] - first_position + 1}
     logits = model(input_ids=input_ids, attention_mask=attention_mask,
                    position_ids=position_ids, use_cache=False, **keep).logits
@@ -91,16 +107,14 @@ def forward_logprobs(model: torch.nn.Module, input_ids: torch.Tensor, attention_
     return logprobs, entropy
 
 
-def _packed_forward(model: torch.nn.Module, packed: PackedBatch, shape: torch.Size,
+def _packed_forward(model: torch.nn.Module, head: None, packed: PackedBatch, shape: torch.Size,
                     temperature: float, with_entropy: bool, entropy_grad: bool
                     ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """`forward_logprobs` through a packing: logits of the packed positions that predict a
     scored token, scattered back to [B, L]."""
-    mask_dtype = MASKED_ATTENTION[model.config._attn_implementation]
-    mask = packed_masks(model.config, packed, mask_dtype or next(model.parameters()).dtype)
     width = packed.input_ids.shape[1]
     keep = width - int(packed.source_col.min())
-    logits = model(input_ids=packed.input_ids, attention_mask=mask,
+    logits = model(input_ids=packed.input_ids, attention_mask=_packed_mask(model, packed),
                    position_ids=packed.position_ids, use_cache=False, logits_to_keep=keep).logits
     logits = logits[packed.source_row, packed.source_col - (width - keep)].float()  # [N, V]
     if temperature != 1.0:
@@ -116,6 +130,36 @@ def _packed_forward(model: torch.nn.Module, packed: PackedBatch, shape: torch.Si
         with _entropy_grad(entropy_grad):
             entropy = scattered(entropy_from_logits(logits))
     return logprobs, entropy
+
+
+def _chunked_packed_forward(model: torch.nn.Module, head: OutputHead, packed: PackedBatch,
+                            shape: torch.Size, temperature: float, with_entropy: bool,
+                            entropy_grad: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """`_packed_forward` from hidden states, the head run in chunks (`reroll.models.lm_head`)."""
+    hidden = head.hidden_states(packed.input_ids, _packed_mask(model, packed), packed.position_ids)
+    return _scattered_scores(head, hidden[packed.source_row, packed.source_col], packed.target_ids,
+                             (packed.target_row, packed.target_col), shape, temperature,
+                             with_entropy, entropy_grad)
+
+
+def _packed_mask(model: torch.nn.Module, packed: PackedBatch) -> torch.Tensor:
+    mask_dtype = MASKED_ATTENTION[model.config._attn_implementation]
+    return packed_masks(model.config, packed, mask_dtype or next(model.parameters()).dtype)
+
+
+def _scattered_scores(head: OutputHead, hidden: torch.Tensor, targets: torch.Tensor,
+                      where: tuple[torch.Tensor, torch.Tensor], shape: torch.Size,
+                      temperature: float, with_entropy: bool, entropy_grad: bool
+                      ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Chunked scores of `hidden` [N, H] predicting `targets` [N], scattered to [B, L] at
+    `where` (rows, cols), 0 elsewhere."""
+    logprobs, entropy = chunked_scores(head, hidden, targets, temperature, with_entropy,
+                                       entropy_grad)
+
+    def scattered(values: torch.Tensor) -> torch.Tensor:
+        return torch.zeros(shape, dtype=torch.float32, device=hidden.device).index_put(where, values)
+
+    return scattered(logprobs), (scattered(entropy) if entropy is not None else None)
 
 
 def first_response_position(response_mask: torch.Tensor) -> int:

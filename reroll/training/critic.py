@@ -96,6 +96,7 @@ class Critic:
         settings = optimizer.model_copy(update={
             "lr": config.lr or optimizer.lr, "weight_decay": config.weight_decay,
             "grad_clip": config.grad_clip})
+        train = train.model_copy(update={"gradient_checkpointing": False})  # the policy's only
         self.members = [LocalStrategy(load_value_model(path, dtype), settings, train, total_steps)
                         for _ in range(config.num_critics)]
         self.micro_batch_size = train.micro_batch_size

@@ -27,7 +27,14 @@ from tensordict import TensorDict
 from reroll.config.schema import OptimizerConfig, TrainConfig
 from reroll.distributed.colocation import OptimizerOffload
 from reroll.models.logprobs import batched_logprobs
-from reroll.training.local import TRAINER_STATE, LossFn, lr_lambda, optimizer_step
+from reroll.training.local import (
+    TRAINER_STATE,
+    LossFn,
+    enable_gradient_checkpointing,
+    lr_lambda,
+    optimizer_step,
+)
+from reroll.training.memory import limit_heap_fragmentation
 
 OPTIMIZER_DIR = "optimizer"
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
@@ -65,6 +72,8 @@ class FSDP2Strategy:
                  total_steps: int, param_dtype: str = "float32"):
         self.device = init_process_group()
         self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
+        enable_gradient_checkpointing(model, train)
+        limit_heap_fragmentation()
         self.model = shard_model(model.to(self.device).train(), param_dtype)
         self.train_config = train
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=optimizer.lr,

@@ -18,10 +18,11 @@ from typing import Any
 import torch
 from tensordict import TensorDict
 
-from reroll.config.errors import RunStopped
+from reroll.config.errors import ConfigError, RunStopped
 from reroll.config.schema import OptimizerConfig, TrainConfig
 from reroll.data.batch import split_micro_batches
 from reroll.models.logprobs import batched_logprobs, load_weights
+from reroll.training.memory import limit_heap_fragmentation
 
 LossFn = Callable[[torch.nn.Module, TensorDict], tuple[torch.Tensor, dict[str, float]]]
 TRAINER_STATE = "trainer_state.pt"
@@ -100,6 +101,20 @@ def nonfinite_flags(loss: float, grad_norm: float, device: torch.device | None
     return bool(flags[0]), bool(flags[1])
 
 
+def enable_gradient_checkpointing(model: torch.nn.Module, train: TrainConfig) -> None:
+    """`train.gradient_checkpointing`: transformers' activation checkpointing, non-reentrant
+    (the reentrant variant needs inputs that require grad and breaks with frozen embeddings).
+    transformers checkpoints a layer only while the model is in train mode and gradients are
+    on, so scoring under no_grad runs as before."""
+    if not train.gradient_checkpointing:
+        return
+    enable = getattr(model, "gradient_checkpointing_enable", None)
+    if enable is None or not getattr(model, "supports_gradient_checkpointing", False):
+        raise ConfigError(f"train.gradient_checkpointing: {type(model).__name__} does not "
+                          f"support activation checkpointing; set it to false")
+    enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+
+
 class LocalStrategy:
     data_parallel_size = 1
     """One process holds the whole batch (see PolicyGroup.data_parallel_size)."""
@@ -107,6 +122,8 @@ class LocalStrategy:
     def __init__(self, model: torch.nn.Module, optimizer: OptimizerConfig, train: TrainConfig,
                  total_steps: int):
         self.model = model.train()
+        enable_gradient_checkpointing(model, train)
+        limit_heap_fragmentation()
         self.train_config = train
         self.optimizer = torch.optim.AdamW(model.parameters(), lr=optimizer.lr, betas=optimizer.betas,
                                            weight_decay=optimizer.weight_decay)

@@ -120,3 +120,26 @@ def test_batches_group_similar_prompt_lengths_and_keep_the_oldest():
     pending = [_Row(Request([0] * n, SamplingParams())) for n in (9, 2, 30, 8, 31, 10)]
     batch = _similar_lengths(pending, anchor=9, size=3)
     assert [len(row.request.prompt_ids) for row in batch] == [9, 8, 10]
+
+
+def test_bf16_engine_keeps_the_trainers_fingerprint_and_close_logprobs(tiny_model, tokenizer):
+    """rollout.dtype bfloat16: bf16 weights, fingerprints of the float32 weights it received,
+    behaviour logprobs within bf16 rounding of the float32 trainer's."""
+    from reroll.config.schema import RolloutConfig
+    from reroll.engines import build_engine
+
+    trainer = load_model(tiny_model)
+    engine = build_engine(RolloutConfig(dtype="bfloat16"), tiny_model,
+                          pad_token_id=tokenizer.pad_token_id)
+    assert {p.dtype for p in engine.model.parameters()} == {torch.bfloat16}
+    assert engine.weights_fingerprint() == fingerprint(trainer.state_dict().items())
+    with torch.no_grad():
+        trainer.lm_head.weight.mul_(1.5) if not trainer.config.tie_word_embeddings \
+            else trainer.model.embed_tokens.weight.mul_(1.5)
+    engine.load_weights(trainer.state_dict().items(), version=1)
+    assert engine.weights_fingerprint() == fingerprint(trainer.state_dict().items())
+    for name, value in trainer.state_dict().items():
+        assert torch.equal(engine.model.state_dict()[name], value.to(torch.bfloat16)), name
+    params = SamplingParams(max_new_tokens=12, temperature=0.7)
+    outs = generate_all(engine, [Request(p, params, seed=i) for i, p in enumerate(prompts(tokenizer, 6))])
+    assert_trainer_logprobs(outs, trainer, temperature=0.7, atol=0.03)  # ~0.01 seen

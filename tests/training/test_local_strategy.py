@@ -155,3 +155,25 @@ def test_skipped_samples_top_up_to_the_data_parallel_size_and_respect_exactness(
     in_loss = AlgorithmConfig(kl={"coef": 0.1, "mode": "loss"})
     assert len(objective.samples_with_gradient(in_loss, batch, 0.1)) == 8
     assert len(objective.samples_with_gradient(in_loss, batch, 0.0)) == 4
+
+
+def test_gradient_checkpointing_gives_the_same_update_and_only_in_the_policy(tiny_model):
+    batch = random_batch(seed=2)
+    weights = []
+    for checkpointing in (False, True):
+        torch.manual_seed(0)
+        train = TrainConfig(micro_batch_size=4, gradient_checkpointing=checkpointing)
+        strategy = LocalStrategy(load_model(tiny_model), OptimizerConfig(lr=1e-3), train, 1)
+        assert strategy.model.is_gradient_checkpointing == checkpointing
+        strategy.train_step(batch, objective.make_rl_loss(AlgorithmConfig(), batch, 1.0, 16))
+        weights.append({n: p.detach().clone() for n, p in strategy.model.named_parameters()})
+    for name, value in weights[0].items():
+        assert torch.allclose(weights[1][name], value, atol=1e-6), name
+    # The critic (a value head on a backbone) trains as before: the option is the policy's.
+    from reroll.config.algorithm import CriticConfig
+    from reroll.training.critic import Critic
+
+    critic = Critic(CriticConfig(), tiny_model, "float32", OptimizerConfig(),
+                    TrainConfig(gradient_checkpointing=True), 1)
+    assert not any(getattr(m, "gradient_checkpointing", False)
+                   for m in critic.members[0].model.modules())
