@@ -43,7 +43,9 @@ def test_partial_rollout_on_the_hf_engine_keeps_every_token(tiny_model, tokenize
         if len(forwards) == 5:
             decoding.set()
 
-    engine.model.register_forward_hook(count_forward)
+    # The engine runs the backbone and the LM head itself (not the model's own forward), once
+    # per decoding step: count the head's calls.
+    engine.model.get_output_embeddings().register_forward_hook(count_forward)
 
     async def scenario():
         groups = [scheduler.new_group(i, row, encode_prompt(tokenizer, row, 256), 4, lambda k: k)
