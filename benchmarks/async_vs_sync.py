@@ -70,7 +70,7 @@ MODES = {"sync": None, "async": {"max_staleness": STALENESS},
 def train(workload: dict, steps: int, asynchronous: dict | None) -> dict:
     name = "async" if asynchronous else "sync"
     config = RLConfig.model_validate({
-        "name": f"bench-{name}", "output_dir": str(workload_dir() / f"run_{name}"), "seed": 0,
+        "name": f"bench-{name}", "output_dir": str(workload_dir() / f"run_{name}"), "seed": 0, "overwrite": True,
         "steps": steps, "model": {"path": workload["model"]},
         "data": {"train": workload["train"], "eval": workload["eval"]},
         "rollout": {"prompts_per_step": PROMPTS, "group_size": GROUP, "max_new_tokens": MAX_NEW},

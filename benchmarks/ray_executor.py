@@ -34,7 +34,8 @@ STEPS = 8
 
 def step_seconds(root: Path, model: str, data: dict, executor: str) -> float:
     config = RLConfig.model_validate({
-        "name": f"bench-{executor}", "output_dir": str(root / executor), "seed": 0, "steps": STEPS,
+        "name": f"bench-{executor}", "output_dir": str(root / executor), "seed": 0, "overwrite": True,
+        "steps": STEPS,
         "model": {"path": model}, "data": {"train": str(data["train"])},
         "rollout": {"prompts_per_step": 8, "group_size": 8, "max_new_tokens": 32},
         "train": {"micro_batch_size": 32, "num_threads": 1},

@@ -69,7 +69,7 @@ MODES = {"plain sync rounds": None, "tail, all responses": 1.0,
 def rollout_time(workload: dict, rounds: int, response_oversample: float | None) -> dict:
     tail = response_oversample is not None
     config = RLConfig.model_validate({
-        "seed": 0, "steps": rounds, "model": {"path": workload["model"]},
+        "seed": 0, "overwrite": True, "steps": rounds, "model": {"path": workload["model"]},
         "data": {"train": workload["train"]},
         "rollout": {"prompts_per_step": PROMPTS, "group_size": GROUP, "max_new_tokens": MAX_NEW},
         "train": {"micro_batch_size": GROUP},
