@@ -37,23 +37,25 @@ def changed(before: str, after: Path) -> bool:
         return not torch.equal(a.get_tensor(name), b.get_tensor(name))
 
 
-def run_two_grpo_steps(tmp_path: Path, model: str, data: str, engine: str, kl_bound: float):
+def run_two_grpo_steps(tmp_path: Path, model: str, data: str, engine: str) -> tuple[list, float]:
+    """(the steps run, the largest |actor/behaviour_kl_k3|) of 2 GRPO steps; weights changed."""
     train(load_config(grpo_config(tmp_path, model, data, engine)))
     rows = read_metrics(tmp_path / "run")
-    assert [r["step"] for r in rows] == [1, 2]
-    assert all(abs(r["actor/behaviour_kl_k3"]) < kl_bound for r in rows)
     assert changed(model, tmp_path / "run" / "checkpoints" / "step_2")
+    return [r["step"] for r in rows], max(abs(r["actor/behaviour_kl_k3"]) for r in rows)
 
 
 @pytest.mark.e2e
 def test_grpo_on_smollm2_hf_engine(tmp_path, smollm2, arithmetic):
-    run_two_grpo_steps(tmp_path, smollm2, arithmetic["eval"], "hf", 1e-3)
+    steps, kl = run_two_grpo_steps(tmp_path, smollm2, arithmetic["eval"], "hf")
+    assert steps == [1, 2] and kl < 1e-3
 
 
 @pytest.mark.vllm
 def test_grpo_on_smollm2_vllm_engine(tmp_path, smollm2, arithmetic):
     # vLLM's CPU kernels round differently from the trainer's: close, not identical.
-    run_two_grpo_steps(tmp_path, smollm2, arithmetic["eval"], "vllm", 1e-2)
+    steps, kl = run_two_grpo_steps(tmp_path, smollm2, arithmetic["eval"], "vllm")
+    assert steps == [1, 2] and kl < 1e-2
 
 
 @pytest.mark.e2e

@@ -92,7 +92,8 @@ def test_counters_restored_on_resume_start_a_fresh_step_window():
     runner = RewardRunner(Fixed(1.0), timeout_s=1)
     runner.load_counters({"calls": 10, "errors": 4, "timeouts": 0})
     score_all(runner, 4)
-    runner.check_failure_rate(5)  # 0 of 4 this step; 4 of 14 since the start
+    runner.check_failure_rate(5)  # 0 of 4 this step; 4 of 14 since the start: no stop
+    assert (runner.counters.calls, runner.counters.errors) == (14, 4)
 
 
 def test_an_async_reward_that_blocks_its_event_loop_still_times_out(helpers):

@@ -113,6 +113,7 @@ def test_smollm2_template_loop_tokens_equal_the_template(smollm2_tokenizer, thin
 
 def test_qwen3_template_without_thinking_loop_tokens_equal_the_template(qwen_tokenizer):
     engine, trajectories = _run(qwen_tokenizer, think=False)
+    assert trajectories and all(t.response_ids for t in trajectories)
     _check_keep(qwen_tokenizer, engine, trajectories)
 
 
