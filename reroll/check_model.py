@@ -21,6 +21,7 @@ Layer: beside `evaluation` (it uses models and engines).
 from __future__ import annotations
 
 import asyncio
+import copy
 import json
 import time
 from collections.abc import Callable
@@ -194,7 +195,7 @@ class ModelChecks:
     def _perturbed_weights(self) -> dict[str, torch.Tensor]:
         """The trainer's state dict after a small random step on every parameter (tied weights
         stay tied, as after a real optimizer step)."""
-        model = _load_weights(self.path, self.implementation)
+        model = copy.deepcopy(self.model)
         generator = torch.Generator().manual_seed(0)
         with torch.no_grad():
             for p in model.parameters():
@@ -204,9 +205,8 @@ class ModelChecks:
     def _hf_engine(self):
         from reroll.engines.hf import HFEngine
 
-        model = _load_weights(self.path, self.implementation)
-        model.load_state_dict(self.model.state_dict())
-        return HFEngine(model, max_batch_size=16, pad_token_id=self.tokenizer.pad_token_id)
+        # A copy, not a reload from disk: the engine then starts on exactly the trainer's weights.
+        return HFEngine(copy.deepcopy(self.model), max_batch_size=16, pad_token_id=self.tokenizer.pad_token_id)
 
     @torch.no_grad()
     def _generate_reference(self, prompt: list[int], tokens: int) -> list[int]:
