@@ -69,8 +69,8 @@ def show_env(env_id: str, kwargs: dict) -> None:
 
     report = env_report(env_id, kwargs)
     out = Console(emoji=False)  # `my_envs:RepeatCode[/]:` would read as an emoji code
-    out.print(f"[bold]{env_id}[/]: {report['description']}", highlight=False)
-    out.print(f"factory: {report['factory']}", highlight=False)
+    out.print(f"[bold]{env_id}[/]: {report['description']}", highlight=False, soft_wrap=True)
+    out.print(f"factory: {report['factory']}", highlight=False, soft_wrap=True)
     table = Table(title="env.kwargs")
     for column in ("name", "type", "default", "doc"):
         table.add_column(column)
@@ -80,8 +80,9 @@ def show_env(env_id: str, kwargs: dict) -> None:
     extras = [f"async {', '.join(report['async'])}" if report["async"] else "sync (runs in a "
               "thread)", "scripted expert (make-episodes)" if report["expert"] else "no expert"]
     out.print(f"check: built {report['class']}({', '.join(f'{k}={v!r}' for k, v in kwargs.items())})"
-              f", reset({report['seed']}) ok; {'; '.join(extras)}", highlight=False)
-    out.print(f"first observation:\n{report['observation']}", highlight=False, markup=False)
+              f", reset({report['seed']}) ok; {'; '.join(extras)}", highlight=False, soft_wrap=True)
+    out.print(f"first observation:\n{report['observation']}", highlight=False, markup=False,
+              soft_wrap=True)
 
 
 def json_arg(flag: str, text: str) -> dict:
