@@ -64,8 +64,9 @@ def _import(env_id: str, module_name: str):
         return importlib.import_module(module_name)
     except ModuleNotFoundError as e:
         if e.name and (module_name == e.name or module_name.startswith(e.name + ".")):
+            hint = " (a file is named path/to/file.py:Class)" if "/" in module_name else ""
             raise ConfigError(f"env.id {env_id!r}: no module named {e.name!r} in the working "
-                              f"directory ({cwd}) or the installed packages") from None
+                              f"directory ({cwd}) or the installed packages{hint}") from None
         raise ConfigError(f"env.id {env_id!r}: importing {_where(module_name, e)} failed: "
                           f"{e}") from None
     except Exception as e:  # noqa: BLE001 - the module itself is broken: a syntax error, a raise

@@ -173,6 +173,7 @@ def test_a_module_whose_own_import_fails_names_its_file_and_line(tmp_path, monke
 
 def test_missing_file_is_named(tmp_path):
     assert "no file nowhere/envs.py" in error_of("nowhere/envs.py:Env")
+    assert "a file is named path/to/file.py:Class" in error_of("nowhere/envs:Env")
 
 
 def test_missing_attribute_lists_what_the_module_defines(user_module):
@@ -263,17 +264,17 @@ def test_make_episodes_plays_a_user_envs_expert(user_module):
     assert [row["messages"][-1]["content"] for row in rows] == ["heads"] * 3
 
 
-def test_envs_lists_every_builtin_kwarg_with_its_default_and_doc(capsys):
-    assert main(["envs"]) == 0
-    out = " ".join(capsys.readouterr().out.split())
-    assert "module:Class" in out
+def test_envs_lists_every_builtin_kwarg_with_its_default_and_doc(capsys, monkeypatch):
     from reroll.envs.registry import env_specs
 
+    monkeypatch.setenv("COLUMNS", "300")  # a row per kwarg, unwrapped
+    assert main(["envs"]) == 0
+    out = capsys.readouterr().out
+    assert "module:Class" in out and "--describe" in out
     for spec in env_specs().values():
         for kwarg in kwarg_docs(spec.factory):
             assert kwarg.doc, (spec.id, kwarg.name)  # every built-in kwarg is documented
-            assert f"{kwarg.name}={kwarg.default}" in out.replace("│ ", "").replace(" │", "") \
-                or kwarg.default.endswith("...")
+            assert f"{kwarg.name}={kwarg.default}: {kwarg.doc}" in out, (spec.id, kwarg.name)
 
 
 def test_kwarg_docs_from_dataclass_and_pydantic_fields():
