@@ -37,30 +37,69 @@ def cmd_train(args: argparse.Namespace) -> None:
 
 
 def cmd_envs(args: argparse.Namespace) -> None:
+    from reroll.envs.describe import kwarg_docs
     from reroll.envs.gem_adapter import gem_env_ids
     from reroll.envs.registry import env_specs
 
+    if args.describe:
+        show_env(args.describe, json_arg("--kwargs", args.kwargs))
+        return
     table = Table(title="environments (env.id)")
-    table.add_column("id")
-    table.add_column("description")
+    for column in ("id", "description", "env.kwargs (default: doc)"):
+        table.add_column(column)
     for spec in env_specs().values():
-        table.add_row(spec.id, spec.description)
+        table.add_row(spec.id, spec.description, "\n".join(
+            f"{k.name}={k.default}: {k.doc}" for k in kwarg_docs(spec.factory)))
     gem_ids = gem_env_ids()
     table.add_row("gem:<id>", f"any gem-llm environment ({len(gem_ids)} installed"
-                  + (f", e.g. gem:{gem_ids[0]})" if gem_ids else "; pip install gem-llm)"))
-    Console().print(table)
+                  + (f", e.g. gem:{gem_ids[0]})" if gem_ids else "; pip install gem-llm)"), "")
+    table.add_row("module:Class", "your own: a class or factory importable from the working "
+                  "directory or an installed package, or path/to/file.py:Class "
+                  "(docs/agentic.md, `Write your own environment`)",
+                  "its own; `reroll envs --describe module:Class` lists them")
+    Console(emoji=False).print(table)
     if args.gem:
         for env_id in gem_ids:
             print(f"gem:{env_id}")
 
 
+def show_env(env_id: str, kwargs: dict) -> None:
+    """`reroll envs --describe ID`: where it lives, what it takes, and a real build and reset."""
+    from reroll.envs.describe import env_report
+
+    report = env_report(env_id, kwargs)
+    out = Console(emoji=False)  # `my_envs:RepeatCode[/]:` would read as an emoji code
+    out.print(f"[bold]{env_id}[/]: {report['description']}", highlight=False, soft_wrap=True)
+    out.print(f"factory: {report['factory']}", highlight=False, soft_wrap=True)
+    table = Table(title="env.kwargs")
+    for column in ("name", "type", "default", "doc"):
+        table.add_column(column)
+    for k in report["kwargs"]:
+        table.add_row(k.name, k.type, k.default, k.doc)
+    out.print(table)
+    extras = [f"async {', '.join(report['async'])}" if report["async"] else "sync (runs in a "
+              "thread)", "scripted expert (make-episodes)" if report["expert"] else "no expert"]
+    out.print(f"check: built {report['class']}({', '.join(f'{k}={v!r}' for k, v in kwargs.items())})"
+              f", reset({report['seed']}) ok; {'; '.join(extras)}", highlight=False, soft_wrap=True)
+    out.print(f"first observation:\n{report['observation']}", highlight=False, markup=False,
+              soft_wrap=True)
+
+
+def json_arg(flag: str, text: str) -> dict:
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ConfigError(f"{flag} {text!r}: not valid JSON ({e.msg})") from None
+    if not isinstance(value, dict):
+        raise ConfigError(f"{flag} {text!r}: a JSON object of keyword arguments, e.g. "
+                          '\'{"high": 8}\'')
+    return value
+
+
 def cmd_make_episodes(args: argparse.Namespace) -> None:
     from reroll.envs.episodes import expert_rows, write_expert_rows
 
-    try:
-        kwargs = json.loads(args.kwargs)
-    except json.JSONDecodeError as e:
-        raise ConfigError(f"--kwargs {args.kwargs!r}: not valid JSON ({e.msg})") from None
+    kwargs = json_arg("--kwargs", args.kwargs)
     rows = expert_rows(args.env, args.episodes, args.seed, kwargs, args.system_prompt)
     path = write_expert_rows(args.out, rows)
     console.print(f"wrote {len(rows)} expert turns of {args.episodes} episodes to {path}")
@@ -185,13 +224,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0)
     p.set_defaults(fn=cmd_make_data)
 
-    p = sub.add_parser("envs", help="list the environments `env.id` can name")
+    p = sub.add_parser("envs", help="list the environments `env.id` can name, with their kwargs")
     p.add_argument("--gem", action="store_true", help="also print every installed gem-llm id")
+    p.add_argument("--describe", metavar="ID", help="one environment (built-in, or your own "
+                   "module:Class): its kwargs and docs, built and reset for a check")
+    p.add_argument("--kwargs", default="{}", help="with --describe: env kwargs as JSON")
     p.set_defaults(fn=cmd_envs)
 
     p = sub.add_parser("make-episodes",
                        help="write SFT rows (one per turn) from an environment's scripted expert")
-    p.add_argument("--env", required=True, help="environment id (see `reroll envs`)")
+    p.add_argument("--env", required=True,
+                   help="environment id (see `reroll envs`), or your own module:Class")
     p.add_argument("--out", required=True, help="output .jsonl file")
     p.add_argument("--episodes", type=int, default=500)
     p.add_argument("--seed", type=int, default=0, help="env seeds are seed, seed+1, ...")

@@ -15,9 +15,13 @@ class EnvConfig(Section):
     """The environment episodes run in, and the limits of an episode."""
 
     id: str = Field(..., min_length=1)
-    """A built-in environment (`reroll envs` lists them) or `gem:<id>` for a gem-llm one."""
+    """A built-in environment (`reroll envs` lists them), `gem:<id>` for a gem-llm one, or your
+    own: `module:Class` (or a factory function) importable from the working directory or an
+    installed package, or `path/to/file.py:Class`; checked at start against the Env protocol
+    (docs/agentic.md, "Write your own environment")."""
     kwargs: dict[str, Any] = Field(default_factory=dict)
-    """Keyword arguments of the environment's constructor (e.g. `high: 8` for guess_number)."""
+    """Keyword arguments of the environment's constructor (e.g. `high: 8` for guess_number);
+    `reroll envs --describe ID` lists them with their defaults and docs."""
     max_turns: int = Field(8, ge=1, le=1000)
     """Most model turns per episode (the env may end it earlier)."""
     max_context_tokens: int = Field(512, ge=16)

@@ -34,13 +34,44 @@ class EnvError(RuntimeError):
 async def reset_async(env: Any, seed: int | None, timeout_s: float | None = None
                       ) -> tuple[str, dict[str, Any]]:
     call = env.areset(seed) if hasattr(env, "areset") else asyncio.to_thread(env.reset, seed)
-    return await _guard(call, "reset", timeout_s)
+    return checked_reset(await _guard(call, "reset", timeout_s))
 
 
 async def step_async(env: Any, action: str, timeout_s: float | None = None) -> StepResult:
     call = env.astep(action) if hasattr(env, "astep") else asyncio.to_thread(env.step, action)
-    obs, reward, terminated, truncated, info = await _guard(call, "step", timeout_s)
-    return str(obs), float(reward), bool(terminated), bool(truncated), dict(info or {})
+    return checked_step(await _guard(call, "step", timeout_s))
+
+
+def checked_reset(result: Any) -> tuple[str, dict[str, Any]]:
+    """`(obs, info)` as the protocol says, or an EnvError saying what came back instead (an
+    old-gym env returning just the observation fails its episodes with this message)."""
+    if not (isinstance(result, tuple) and len(result) == 2 and isinstance(result[0], str)
+            and isinstance(result[1], dict | None)):
+        raise EnvError(f"env reset must return (observation: str, info: dict), not "
+                       f"{_shape(result)}")
+    return result[0], dict(result[1] or {})
+
+
+def checked_step(result: Any) -> StepResult:
+    """`(obs, reward, terminated, truncated, info)` with those types, or an EnvError."""
+    if not (isinstance(result, tuple) and len(result) == 5):
+        raise EnvError(f"env step must return (observation, reward, terminated, truncated, "
+                       f"info), not {_shape(result)}")
+    obs, reward, terminated, truncated, info = result
+    if not isinstance(obs, str) or not isinstance(info, dict | None):
+        raise EnvError(f"env step must return a str observation and a dict info, not "
+                       f"{_shape(result)}")
+    try:
+        reward = float(reward)
+    except (TypeError, ValueError):
+        raise EnvError(f"env step returned a reward that is not a number: {reward!r}") from None
+    return obs, reward, bool(terminated), bool(truncated), dict(info or {})
+
+
+def _shape(value: Any) -> str:
+    if isinstance(value, tuple):
+        return f"a tuple of {len(value)} ({', '.join(type(v).__name__ for v in value)})"
+    return f"a {type(value).__name__}"
 
 
 async def _guard(call, what: str, timeout_s: float | None):

@@ -61,6 +61,15 @@ def solve(numbers: list[int], target: int) -> str | None:
 
 
 class CountdownEnv:
+    """Reach the target with + - * / over the given numbers; a wrong expression is answered
+    with its value.
+
+    Args:
+        count: how many numbers are given.
+        max_number: largest given number.
+        max_turns: expressions per episode.
+    """
+
     def __init__(self, count: int = 3, max_number: int = 9, max_turns: int = 3):
         self.count, self.max_number, self.max_turns = count, max_number, max_turns
 

@@ -34,7 +34,13 @@ def _bfs(start, neighbours, done) -> list[str] | None:
 
 
 class FrozenLakeEnv:
-    """Walk from S to G on a size x size lake without stepping into a hole H (not slippery)."""
+    """Walk from S to G on a size x size lake without stepping into a hole H (not slippery).
+
+    Args:
+        size: side of the square grid.
+        holes: chance that a cell is a hole (levels are regenerated until solvable).
+        max_turns: moves per episode.
+    """
 
     def __init__(self, size: int = 4, holes: float = 0.2, max_turns: int = 10):
         self.size, self.holes, self.max_turns = size, holes, max_turns
@@ -87,7 +93,14 @@ class FrozenLakeEnv:
 
 
 class SokobanEnv:
-    """Push the box B onto the target T (player P, walls #). A box on the target shows as *."""
+    """Push the box B onto the target T (player P, walls #). A box on the target shows as *.
+
+    Args:
+        size: side of the square grid, walls included.
+        max_turns: moves per episode.
+        max_solution: longest shortest solution of a generated level (levels are
+            regenerated until one fits).
+    """
 
     def __init__(self, size: int = 6, max_turns: int = 12, max_solution: int = 8):
         self.size, self.max_turns, self.max_solution = size, max_turns, max_solution

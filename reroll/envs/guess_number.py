@@ -15,6 +15,19 @@ from reroll.envs.parsing import integer
 
 
 class GuessNumberEnv:
+    """Guess a hidden integer from higher/lower feedback; reward 1 for finding it.
+
+    Args:
+        low: smallest possible number.
+        high: largest possible number.
+        max_turns: guesses per episode.
+        noise: share of the scripted expert's careless moves (or episodes).
+        careless: a careless move is `random` (anywhere in range) or `scan` (the lowest number
+            still possible).
+        noise_scope: `move` (each move careless with probability noise) or `episode` (whole
+            episodes careless).
+    """
+
     def __init__(self, low: int = 1, high: int = 16, max_turns: int = 6, noise: float = 0.0,
                  careless: str = "random", noise_scope: str = "move"):
         if not low < high:

@@ -120,7 +120,14 @@ MARK = "__REROLL_STATE__"
 class TerminalEnv:
     """Shell commands in a Sandbox; the workspace persists between steps (its files are carried
     from one single-use sandbox to the next). `submit` runs the task's test script: reward 1 if it
-    passes. Observations are the command's output and exit code."""
+    passes. Observations are the command's output and exit code.
+
+    Args:
+        max_turns: shell commands per episode (`submit` included).
+        sandbox: the Sandbox to run in (default: a new one with the default backend).
+        limits: CPU, memory, wall-clock and output limits of each command.
+        max_output_chars: a command's output is cut to this many characters.
+    """
 
     def __init__(self, max_turns: int = 4, sandbox: Sandbox | None = None,
                  limits: Limits = TOOL_LIMITS, max_output_chars: int = 400):
