@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -84,3 +85,22 @@ def test_nothing_is_said_when_everything_is_there():
         pytest.skip("a system package is missing here")
     result = _system("report", os.environ["PATH"])
     assert result.returncode == 0 and result.stderr == ""
+
+
+def test_ray_missing_says_which_extra_to_install(monkeypatch):
+    """Ray is an extra now; `executor: ray` without it is a config error naming `.[ray]`."""
+    from reroll.config.errors import ConfigError
+    from reroll.distributed.ray_runtime import ensure_ray
+
+    monkeypatch.setitem(sys.modules, "ray", None)  # what `import ray` meets where it is missing
+    with pytest.raises(ConfigError, match=r"pip install -e '\.\[ray\]'"):
+        ensure_ray()
+
+
+def test_gem_missing_says_which_extra_to_install(monkeypatch):
+    from reroll.config.errors import ConfigError
+    from reroll.envs.gem_adapter import GemEnv
+
+    monkeypatch.setitem(sys.modules, "gem", None)
+    with pytest.raises(ConfigError, match=r"pip install -e '\.\[agentic\]'.*make gem"):
+        GemEnv("game:GuessTheNumber-v0")
