@@ -110,7 +110,20 @@ class CheckpointConfig(Section):
     every_steps: int = Field(0, ge=0)
     """Save `checkpoints/step_N/` every N steps (0: only at the end)."""
     keep_last: int = Field(2, ge=1)
-    """Older checkpoints are deleted, keeping this many (the final one is always kept)."""
+    """Older checkpoints are deleted, keeping this many (the final one is always kept); those of
+    `keep_steps` are kept besides and do not count here."""
+    keep_steps: list[int] = Field(default_factory=list)
+    """Steps whose checkpoints are written (whatever `every_steps` says) and never deleted. For
+    `reroll replay RUN --step N`, which starts from the checkpoint of step N-1: the arithmetic
+    demo keeps `[10, 20]` so that its documented `--step 11` and `--step 21` work. Steps past
+    `steps` are ignored."""
+
+    @model_validator(mode="after")
+    def _positive_steps(self) -> CheckpointConfig:
+        bad = [s for s in self.keep_steps if s < 1]
+        if bad:
+            raise ValueError(f"checkpoint.keep_steps: steps count from 1 (got {bad})")
+        return self
 
 
 class TrackingConfig(Section):
