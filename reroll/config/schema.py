@@ -8,6 +8,7 @@ owns both fields.
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Literal
 
@@ -402,18 +403,28 @@ class SFTConfig(Section):
     output_dir: str | None = None
     """Run directory (default `runs/<name>/`); the model is saved to its `final/`."""
     overwrite: bool = False
-    """A run directory that already holds files is refused unless this is true, which deletes
-    the old run's files first (only in a reroll run directory)."""
+    """A run directory that already holds files is refused unless `resume` is set or this is
+    true, which deletes the old run's files first (only in a reroll run directory)."""
+    resume: bool | str = False
+    """As in RL runs: true continues from the newest complete checkpoint of the run directory
+    (data order, optimizer, schedule and RNG included, so the resumed run is the uninterrupted
+    one step for step); a path: from that checkpoint. A run whose checkpoint is already at its
+    last step is reported as finished and left unchanged; fewer steps than done is an error."""
     seed: int = 0
     """Seeds data order and initialisation."""
     model: ModelConfig
     data: SFTData
+    steps: int | None = Field(None, ge=1)
+    """Optimizer steps of the run (the data is reshuffled at each pass); when set it wins over
+    `epochs` (e.g. `reroll sft CONFIG.yaml steps=50`). None: as many as `epochs` take."""
     epochs: float = Field(1.0, gt=0)
-    """Passes over the training set (fractions allowed)."""
+    """Passes over the training set (fractions allowed); used when `steps` is not set."""
     batch_size: int = Field(32, ge=1)
     """Sequences per optimizer step."""
     optimizer: OptimizerConfig = Field(default_factory=OptimizerConfig)
     train: TrainConfig = Field(default_factory=TrainConfig)
+    checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
+    """`checkpoints/step_N/` as in RL runs (for `resume`); the final model also goes to `final/`."""
     tracking: TrackingConfig = Field(default_factory=TrackingConfig)
 
     @model_validator(mode="after")
@@ -422,6 +433,12 @@ class SFTConfig(Section):
             raise ValueError(f"train.micro_batch_size ({self.train.micro_batch_size}) must divide "
                              f"batch_size ({self.batch_size})")
         return self
+
+    def total_steps(self, train_rows: int) -> int:
+        """The run's optimizer steps: `steps`, or `epochs` passes over `train_rows` rows."""
+        if self.steps is not None:
+            return self.steps
+        return max(1, math.ceil(self.epochs * train_rows / self.batch_size))
 
     def run_dir(self) -> Path:
         return Path(self.output_dir) if self.output_dir else Path("runs") / self.name
