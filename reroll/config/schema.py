@@ -268,15 +268,18 @@ RewardConfig = choice("type", "math", MathReward, CodeReward, CustomReward)
 
 
 class EvalConfig(Section):
-    """Held-out evaluation on `data.eval` (mean reward)."""
+    """Held-out evaluation (mean reward): on `data.eval` in RLVR runs, on `env.eval_episodes`
+    episodes with held-out seeds in agentic runs."""
 
     every_steps: int = Field(10, ge=0)
-    """Evaluate on `data.eval` every N steps, and always before the first and after the last step
-    (0: only before the first and after the last)."""
+    """Evaluate every N steps, and always before the first and after the last step (0: only
+    before the first and after the last). RLVR runs without `data.eval` never evaluate."""
     max_prompts: int | None = Field(None, ge=1)
-    """Evaluate on the first N eval prompts (None: all)."""
+    """RLVR: evaluate on the first N prompts of `data.eval` (None: all). Agentic runs set the
+    number of episodes with `env.eval_episodes` instead."""
     samples_per_prompt: int = Field(1, ge=1)
-    """Responses per eval prompt; the reported reward is their mean (mean@k)."""
+    """Responses per eval prompt (agentic: per eval episode seed); the reported reward is their
+    mean (mean@k)."""
     temperature: float = Field(0.0, ge=0)
     """0 means greedy decoding."""
 
@@ -354,6 +357,9 @@ class RLConfig(RLRunConfig):
     """Which pipeline this config is for."""
     data: DataConfig
     reward: RewardConfig = Field(default_factory=MathReward)
+    """How a response is scored, chosen by `type`: `math` (default; math-verify against the
+    row's `answer`), `code` (the row's tests run in the sandbox) or `custom` (your function,
+    `module:function`; the contract is in docs/rewards.md). Each type's keys are below."""
     scheduler: SchedulerConfig = Field(default_factory=SchedulerConfig)
     async_training: AsyncTrainingConfig = Field(default_factory=AsyncTrainingConfig)
     tail_batching: TailBatchingConfig = Field(default_factory=TailBatchingConfig)

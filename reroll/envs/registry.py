@@ -61,3 +61,15 @@ def make_env(env_id: str, **kwargs: Any) -> Any:
     if max_turns is not None:
         env = MaxTurns(env, max_turns)
     return EpisodeStats(env)
+
+
+def env_arguments(env_id: str, kwargs: dict[str, Any], max_turns: int) -> dict[str, Any]:
+    """The constructor arguments of `env_id`: `kwargs` plus the run's one turn limit
+    (`env.max_turns`) for an environment that takes a `max_turns` of its own (every built-in,
+    and gem ones through the `MaxTurns` wrapper), so the env and the agent loop agree on it."""
+    import inspect
+
+    spec = env_specs().get(env_id)
+    takes = env_id.startswith(GEM_PREFIX) or (
+        spec is not None and "max_turns" in inspect.signature(spec.factory).parameters)
+    return {**kwargs, "max_turns": max_turns} if takes else dict(kwargs)

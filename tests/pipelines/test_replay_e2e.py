@@ -108,7 +108,7 @@ def test_replay_of_an_agentic_run(tmp_path, tiny_model):
     config.write_text(yaml.safe_dump({
         "pipeline": "agentic", "output_dir": str(tmp_path / "run"), "seed": 0, "steps": 2,
         "model": {"path": tiny_model},
-        "env": {"id": "countdown", "kwargs": {"count": 3, "max_number": 9, "max_turns": 3},
+        "env": {"id": "countdown", "kwargs": {"count": 3, "max_number": 9},
                 "max_turns": 3},
         "rollout": {"prompts_per_step": 2, "group_size": 4, "max_new_tokens": 16},
         "algorithm": {"advantage": {"name": "rebn", "gamma": 0.95}, "loss_agg": "token_mean"},
