@@ -147,7 +147,9 @@ class TrackingConfig(Section):
     project: str = Field("reroll", min_length=1)
     """Project name in wandb and trackio; the run's name there is the config's `name`."""
     progress: bool = True
-    """Show a rich progress bar with the live reward (off automatically when not a terminal)."""
+    """Show progress with the live reward: a rich bar on a terminal; when stderr is not a
+    terminal (a log file, a pipe), a plain line (step/total, reward, elapsed, eta) at the first
+    and last step, every tenth of the run and at least every 30 s. false: neither."""
     record_rollouts: int = Field(8, ge=0)
     """Write this many trajectories of each step, as text, to `rollouts/step_N.jsonl` for
     `reroll view` (0: none)."""

@@ -40,10 +40,13 @@ def weights(directory: str) -> dict[str, torch.Tensor]:
     return load_file(str(Path(directory) / "model.safetensors"))
 
 
-def test_steps_limits_the_run_and_wins_over_epochs(tmp_path, tiny_model, arithmetic):
+def test_steps_limits_the_run_and_wins_over_epochs(tmp_path, tiny_model, arithmetic, capsys):
     config = load_config(sft_config(tmp_path / "sft.yaml", tiny_model, arithmetic, epochs=5.0),
-                         ["steps=3"], expect="sft")
+                         ["steps=3", "tracking.progress=true"], expect="sft")
     summary = train_sft(config)
+    # stderr is not a terminal here: plain progress lines instead of a bar
+    progress = [line for line in capsys.readouterr().err.splitlines() if "SFT step" in line]
+    assert [line.split(" | ")[0] for line in progress] == [f"SFT step {i}/3" for i in (1, 2, 3)]
     assert summary["steps"] == 3
     assert [row["step"] for row in read_metrics(summary["run_dir"]) if "sft/nll" in row] == [1, 2, 3]
     kept = sorted(p.name for p in (Path(summary["run_dir"]) / "checkpoints").iterdir())
