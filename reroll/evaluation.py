@@ -336,7 +336,7 @@ def spec_from_args(args: argparse.Namespace) -> EvalSpec:
     return EvalSpec(model=args.model, n=args.n, ks=ks, engine=args.engine,
                     max_prompts=args.max_prompts, threshold=args.threshold, seed=args.seed,
                     batch_size=args.batch_size, threads=args.threads, **chosen,
-                    run_config=str(run) if run else None,
+                    run_config=str(run / "config.yaml") if run else None,
                     taken={k: source for k, (_, source) in taken.items()})
 
 
