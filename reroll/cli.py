@@ -264,7 +264,12 @@ def quiet_libraries() -> None:
 def main(argv: list[str] | None = None) -> int:
     from reroll.config.errors import RunStopped
 
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    if extra:  # dotted overrides after options (`replay RUN --step N key=value`)
+        if not hasattr(args, "overrides") or any(a.startswith("-") or "=" not in a for a in extra):
+            parser.error(f"unrecognized arguments: {' '.join(extra)}")
+        args.overrides = [*args.overrides, *extra]
     quiet_libraries()
     try:
         args.fn(args)

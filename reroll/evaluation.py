@@ -14,7 +14,7 @@ import json
 import math
 import re
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -77,6 +77,10 @@ class EvalSpec:
     batch_size: int = 256
     threads: int | None = None
     """torch threads of this process (None: torch's default, every core)."""
+    run_config: str | None = None
+    """The config.yaml of the run the model belongs to, when settings were taken from it."""
+    taken: dict[str, str] = field(default_factory=dict)
+    """Settings taken from `run_config`: spec field -> the config key it came from."""
 
     def sampling_temperature(self) -> float:
         """Greedy for a single sample (pass@1 of the deterministic answer); 1.0 for n > 1."""
@@ -121,7 +125,10 @@ def evaluate(spec: EvalSpec) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     results: dict[str, Any] = {"model": spec.model, "task": spec.task, "env": spec.env,
                                "engine": spec.engine, "n": spec.n,
                                "temperature": spec.sampling_temperature(),
+                               "max_new_tokens": spec.max_new_tokens,
                                "threshold": spec.threshold}
+    if spec.run_config:
+        results |= {"run_config": spec.run_config, "taken_from_run": dict(spec.taken)}
     per_part, samples, tokens, count = {}, [], 0, 0
     for name, (trajectories, extra) in parts.items():
         groups = len(trajectories) // spec.n
@@ -167,10 +174,13 @@ def _sample_task(spec: EvalSpec, engine, tokenizer, params) -> tuple[list, dict[
 
 def _play_env(spec: EvalSpec, env_id: str, engine, tokenizer, params) -> tuple[list, dict]:
     """`n` episodes for each of `episodes` env seeds; an episode's reward is its return."""
-    from reroll.envs.registry import make_env
+    from reroll.envs.registry import env_arguments, make_env
     from reroll.rollout.agent_loop import AgentJob, run_episodes
 
-    kwargs = dict(spec.env_kwargs or {})
+    if "max_turns" in (spec.env_kwargs or {}):
+        raise ConfigError("--env-kwargs: max_turns is set with --max-turns (the one turn limit, "
+                          "as env.max_turns in configs)")
+    kwargs = env_arguments(env_id, dict(spec.env_kwargs or {}), spec.max_turns)
     make_env(env_id, **kwargs)  # unknown ids and bad arguments fail here, as ConfigErrors
     job = AgentJob(engine, tokenizer, lambda: make_env(env_id, **kwargs), params,
                    max_turns=spec.max_turns, max_context_tokens=spec.max_prompt_tokens,
@@ -242,27 +252,45 @@ def _engine(spec: EvalSpec, tokenizer):
 
 def add_eval_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     text = "evaluate a model: pass@1, pass@k and mean@k over a dataset or environments"
-    p = subparsers.add_parser("eval", help=text, description=text + ". Writes JSON, shows a table.")
+    p = subparsers.add_parser("eval", help=text, description=text + ". Writes JSON, shows a table. "
+                              "A model inside a run directory (runs/X/checkpoints/step_N, "
+                              "runs/X/final) is evaluated on the run's task with its settings "
+                              "(eval set or environment, reward, turns, token limits, system "
+                              "prompt, eval temperature) unless a flag says otherwise; the "
+                              "settings taken are printed.")
     p.add_argument("--model", required=True, help="model folder (Hugging Face format) or checkpoint")
-    where = p.add_mutually_exclusive_group(required=True)
+    where = p.add_mutually_exclusive_group()
     where.add_argument("--task", help="prompts: a .jsonl/.parquet file with prompt and answer, or "
-                                      f"a built-in task ({', '.join(BUILTIN_TASKS)})")
+                                      f"a built-in task ({', '.join(BUILTIN_TASKS)}); default: "
+                                      "the run's data.eval")
     where.add_argument("--env", help="environment ids, comma-separated (a suite), played as "
-                                     "multi-turn episodes; `reroll envs` lists them")
-    p.add_argument("--episodes", type=int, default=32, help="env seeds per environment (default 32)")
-    p.add_argument("--env-kwargs", default="{}", help="JSON keyword arguments of the environments")
-    p.add_argument("--max-turns", type=int, default=8, help="turn cap per episode (default 8)")
+                                     "multi-turn episodes; `reroll envs` lists them; default: "
+                                     "the run's env.id")
+    p.add_argument("--ignore-run-config", action="store_true",
+                   help="use the built-in defaults below, not the settings of the model's run")
+    p.add_argument("--episodes", type=int, help="env seeds per environment (default 32, or the "
+                                                "run's env.eval_episodes)")
+    p.add_argument("--env-kwargs", help="JSON keyword arguments of the environments (default {}, "
+                                        "or the run's env.kwargs)")
+    p.add_argument("--max-turns", type=int, help="turn cap per episode (default 8, or the run's "
+                                                 "env.max_turns)")
     p.add_argument("--n", type=int, default=1, help="samples per prompt (default 1)")
     p.add_argument("--k", default="", help="extra k values for pass@k, e.g. 2,4 (1 and n always)")
-    p.add_argument("--reward", choices=["math", "code", "custom"], default="math")
+    p.add_argument("--reward", choices=["math", "code", "custom"],
+                   help="default math, or the run's reward.type")
     p.add_argument("--reward-function", help="for --reward custom: package.module:function")
     p.add_argument("--engine", default="hf", help="inference engine (default hf)")
     p.add_argument("--temperature", type=float,
-                   help="sampling temperature (default: 0, greedy, for --n 1; else 1.0)")
-    p.add_argument("--top-p", type=float, default=1.0)
-    p.add_argument("--max-new-tokens", type=int, default=256)
+                   help="sampling temperature (default: the run's eval.temperature; else 0, "
+                        "greedy, for --n 1 and 1.0 for more)")
+    p.add_argument("--top-p", type=float, help="default 1.0, or the run's rollout.top_p")
+    p.add_argument("--max-new-tokens", type=int,
+                   help="default 256, or the run's rollout.max_new_tokens (per turn for envs)")
+    p.add_argument("--max-prompt-tokens", type=int,
+                   help="longest prompt (for envs: the whole episode's context); default 1024, "
+                        "or the run's data.max_prompt_tokens / env.max_context_tokens")
     p.add_argument("--max-prompts", type=int, help="evaluate the first N prompts only")
-    p.add_argument("--system-prompt")
+    p.add_argument("--system-prompt", help="default none, or the run's system prompt")
     p.add_argument("--threshold", type=float, default=1.0,
                    help="a sample is correct when its reward is at least this (default 1.0)")
     p.add_argument("--seed", type=int, default=0)
@@ -276,33 +304,121 @@ def add_eval_parser(subparsers: argparse._SubParsersAction) -> argparse.Argument
 
 
 def spec_from_args(args: argparse.Namespace) -> EvalSpec:
-    try:
-        env_kwargs = json.loads(args.env_kwargs)
-    except json.JSONDecodeError as e:
-        raise ConfigError(f"--env-kwargs {args.env_kwargs!r}: not JSON ({e.msg})") from None
-    if not isinstance(env_kwargs, dict):
-        raise ConfigError(f"--env-kwargs {args.env_kwargs!r}: expected a JSON object")
-    for flag, value, low in (("--n", args.n, 1), ("--max-new-tokens", args.max_new_tokens, 1),
-                             ("--batch-size", args.batch_size, 1), ("--episodes", args.episodes, 1),
-                             ("--max-turns", args.max_turns, 1),
+    """The flags, checked; a setting no flag gives comes from the model's run (when it is in
+    one and `--ignore-run-config` is not set), else from EvalSpec's defaults."""
+    given = {"task": args.task, "env": args.env, "episodes": args.episodes,
+             "env_kwargs": _json_flag(args.env_kwargs), "max_turns": args.max_turns,
+             "reward": args.reward, "reward_function": args.reward_function,
+             "temperature": args.temperature, "top_p": args.top_p,
+             "max_new_tokens": args.max_new_tokens, "max_prompt_tokens": args.max_prompt_tokens,
+             "system_prompt": args.system_prompt}
+    given = {k: v for k, v in given.items() if v is not None}
+    run, taken = (None, {}) if args.ignore_run_config else run_settings(args.model, given, args.n)
+    if "task" not in given and "env" not in given and "task" not in taken and "env" not in taken:
+        raise ConfigError("--task or --env: say what to evaluate on (only a model inside a run "
+                          "directory whose config has data.eval or env.id needs neither)")
+    chosen = {k: v for k, (v, _) in taken.items()} | given
+    for flag, value, low in (("--n", args.n, 1), ("--max-new-tokens", chosen.get("max_new_tokens", 1), 1),
+                             ("--max-prompt-tokens", chosen.get("max_prompt_tokens", 8), 8),
+                             ("--batch-size", args.batch_size, 1),
+                             ("--episodes", chosen.get("episodes", 1), 1),
+                             ("--max-turns", chosen.get("max_turns", 1), 1),
                              ("--threads", 1 if args.threads is None else args.threads, 1)):
         if value < low:
             raise ConfigError(f"{flag} {value}: must be at least {low}")
     if args.max_prompts is not None and args.max_prompts < 1:
         raise ConfigError(f"--max-prompts {args.max_prompts}: must be at least 1")
-    if args.temperature is not None and args.temperature < 0:
-        raise ConfigError(f"--temperature {args.temperature}: must be >= 0")
+    if chosen.get("temperature") is not None and chosen["temperature"] < 0:
+        raise ConfigError(f"--temperature {chosen['temperature']}: must be >= 0")
     if not re.fullmatch(r"(\d+(,\d+)*)?", args.k.replace(" ", "")):
         raise ConfigError(f"--k {args.k!r}: expected comma-separated integers, e.g. 2,4")
     ks = tuple(int(k) for k in args.k.replace(" ", "").split(",") if k)
-    return EvalSpec(model=args.model, task=args.task, env=args.env, episodes=args.episodes,
-                    env_kwargs=env_kwargs, max_turns=args.max_turns, n=args.n, ks=ks,
-                    reward=args.reward,
-                    reward_function=args.reward_function, engine=args.engine,
-                    temperature=args.temperature, top_p=args.top_p,
-                    max_new_tokens=args.max_new_tokens, max_prompts=args.max_prompts,
-                    system_prompt=args.system_prompt, threshold=args.threshold, seed=args.seed,
-                    batch_size=args.batch_size, threads=args.threads)
+    return EvalSpec(model=args.model, n=args.n, ks=ks, engine=args.engine,
+                    max_prompts=args.max_prompts, threshold=args.threshold, seed=args.seed,
+                    batch_size=args.batch_size, threads=args.threads, **chosen,
+                    run_config=str(run / "config.yaml") if run else None,
+                    taken={k: source for k, (_, source) in taken.items()})
+
+
+def _json_flag(raw: str | None) -> dict[str, Any] | None:
+    if raw is None:
+        return None
+    try:
+        value = json.loads(raw)
+    except json.JSONDecodeError as e:
+        raise ConfigError(f"--env-kwargs {raw!r}: not JSON ({e.msg})") from None
+    if not isinstance(value, dict):
+        raise ConfigError(f"--env-kwargs {raw!r}: expected a JSON object")
+    return value
+
+
+# -- the settings of the model's run ---------------------------------------------------------------
+
+
+def find_run(model: str) -> Path | None:
+    """The run directory a model folder belongs to (`RUN/checkpoints/step_N`, `RUN/final`),
+    when it has a config.yaml; else None."""
+    path = Path(model)
+    for run in (path.parent.parent if path.parent.name == "checkpoints" else None,
+                path.parent if path.name == "final" else None):
+        if run is not None and (run / "config.yaml").is_file():
+            return run
+    return None
+
+
+def run_settings(model: str, given: dict[str, Any], n: int = 1
+                 ) -> tuple[Path | None, dict[str, tuple[Any, str]]]:
+    """(run directory, {spec field: (value, config key)}) for the settings the model's run
+    fixes and no flag in `given` sets: its task (eval set or environment), reward, turn and
+    token limits, system prompt and sampling. Evaluating a checkpoint under other settings than
+    it was trained with (256 new tokens for a run that trained on 16, another env size) measures
+    something else."""
+    run = find_run(model)
+    if run is None:
+        return None, {}
+    from reroll.config import load_config
+
+    try:
+        config = load_config(run / "config.yaml")
+    except ConfigError as e:
+        raise ConfigError(f"--model {model}: its run's config cannot be read to take its settings "
+                          f"({e}); pass --ignore-run-config and the flags you need") from None
+    if config.pipeline == "agentic":
+        other = "task" in given or given.get("env", config.env.id) != config.env.id
+        taken = {} if other else _env_settings(config.env)
+    elif "env" in given:
+        taken = {}
+    else:
+        taken = _prompt_settings(config, run)
+    if config.pipeline != "sft":
+        taken |= {"max_new_tokens": (config.rollout.max_new_tokens, "rollout.max_new_tokens"),
+                  "top_p": (config.rollout.top_p, "rollout.top_p"),
+                  "temperature": (config.eval.temperature, "eval.temperature") if n == 1 else
+                  (config.rollout.temperature, "rollout.temperature")}
+    return run, {k: v for k, v in taken.items() if v[0] is not None and k not in given}
+
+
+def _env_settings(env) -> dict[str, tuple[Any, str]]:
+    return {"env": (env.id, "env.id"), "env_kwargs": (env.kwargs, "env.kwargs"),
+            "max_turns": (env.max_turns, "env.max_turns"),
+            "episodes": (env.eval_episodes or None, "env.eval_episodes"),
+            "max_prompt_tokens": (env.max_context_tokens, "env.max_context_tokens"),
+            "system_prompt": (env.system_prompt, "env.system_prompt")}
+
+
+def _prompt_settings(config, run: Path) -> dict[str, tuple[Any, str]]:
+    data = config.data
+    if data.eval is not None and not Path(data.eval).is_file():
+        raise ConfigError(f"data.eval of {run / 'config.yaml'}: {data.eval} does not exist from "
+                          f"here; pass --task (or run from where the run was started)")
+    taken = {"task": (data.eval, "data.eval"), "system_prompt": (data.system_prompt,
+                                                                 "data.system_prompt")}
+    if config.pipeline == "sft":
+        return taken | {"max_prompt_tokens": (data.max_tokens, "data.max_tokens")}
+    reward = config.reward
+    return taken | {"reward": (reward.type, "reward.type"),
+                    "reward_function": (getattr(reward, "function", None), "reward.function"),
+                    "max_prompt_tokens": (data.max_prompt_tokens, "data.max_prompt_tokens")}
 
 
 def check_out(out: Path) -> None:
@@ -328,6 +444,11 @@ def cmd_eval(args: argparse.Namespace) -> None:
     from reroll.tracking.jsonsafe import dumps
 
     spec = spec_from_args(args)
+    if spec.taken:
+        Console(stderr=True).print(
+            f"settings from {spec.run_config} (a flag overrides each; --ignore-run-config drops "
+            f"them): " + ", ".join(f"{k}={getattr(spec, k)!r} ({key})"
+                                   for k, key in spec.taken.items()), highlight=False)
     out = Path(args.out) if args.out else Path("runs") / "eval" / (
         f"{Path(spec.model).name or 'model'}-{Path(spec.task or spec.env).stem}.json")
     check_out(out)

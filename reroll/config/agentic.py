@@ -20,10 +20,14 @@ class EnvConfig(Section):
     installed package, or `path/to/file.py:Class`; checked at start against the Env protocol
     (docs/agentic.md, "Write your own environment")."""
     kwargs: dict[str, Any] = Field(default_factory=dict)
-    """Keyword arguments of the environment's constructor (e.g. `high: 8` for guess_number);
-    `reroll envs --describe ID` lists them with their defaults and docs."""
+    """Keyword arguments of the environment's constructor (e.g. `high: 8` for guess_number),
+    except the turn limit, which is `max_turns`; `reroll envs --describe ID` lists them with
+    their defaults and docs."""
     max_turns: int = Field(8, ge=1, le=1000)
-    """Most model turns per episode (the env may end it earlier)."""
+    """Most model turns per episode, the one turn limit: the agent loop stops there, and an env
+    that takes a `max_turns` argument (every built-in one; gem ones through a wrapper) gets this
+    value (the env may still end an episode earlier, e.g. when solved). `kwargs.max_turns` is
+    refused."""
     max_context_tokens: int = Field(512, ge=16)
     """First prompt plus every turn's tokens; an episode that would grow past it ends cleanly
     with finish reason `length`."""
@@ -46,6 +50,15 @@ class EnvConfig(Section):
     redundancy: int = Field(0, ge=0)
     """Extra episodes started per group; the first `rollout.group_size` to finish are kept and
     the rest aborted (ROLL's redundant environments)."""
+
+    @model_validator(mode="after")
+    def _one_turn_limit(self) -> EnvConfig:
+        if "max_turns" in self.kwargs:
+            raise ValueError(
+                f"env.kwargs.max_turns ({self.kwargs['max_turns']}): the turn limit is set in one "
+                f"place, env.max_turns (it ends the agent loop and is passed to the environment); "
+                f"move the value there and remove it from env.kwargs")
+        return self
 
 
 class AgenticConfig(RLRunConfig):

@@ -69,13 +69,25 @@ def read_yaml(path: str | Path) -> dict[str, Any]:
     return data
 
 
-def format_validation_error(error: ValidationError, source: str) -> str:
-    lines = [f"invalid config ({source}):"]
+def format_validation_error(error: ValidationError, source: str,
+                            schema: type[BaseModel] | None = None,
+                            overrides: list[str] | None = None) -> str:
+    """One line per problem, naming the key; a problem in a command-line override names the
+    override, and an unknown key lists its section's keys and where docs/config.md documents
+    them."""
+    lines, from_file = [], False
     for item in error.errors():
-        path = ".".join(str(p) for p in item["loc"]) or "(top level)"
+        loc = tuple(item["loc"])
+        path = ".".join(str(p) for p in loc) or "(top level)"
         msg = item["msg"]
         if item["type"] == "extra_forbidden":
-            msg = "unknown key (check the spelling; see the schema in reroll/config/schema.py)"
+            msg = "unknown key (check the spelling)"
+            if schema is not None:
+                from reroll.config.reference import doc_anchor, section_of
+
+                section, model = section_of(schema, loc)
+                msg += (f"; the keys of `{section or 'the top level'}` are "
+                        f"{', '.join(model.model_fields)} ({doc_anchor(schema, section, model)})")
         elif item["type"] == "union_tag_invalid":
             ctx = item.get("ctx", {})
             path += "." + str(ctx.get("discriminator", "name")).removesuffix("()")
@@ -84,15 +96,37 @@ def format_validation_error(error: ValidationError, source: str) -> str:
             msg = "required field is missing"
         elif "input" in item and item["type"] not in ("value_error", "assertion_error"):
             msg = f"{msg} (got {item['input']!r})"
-        lines.append(f"  {path}: {msg}")
-    return "\n".join(lines)
+        override = _override_of(schema, loc, overrides or [])
+        if override is None:
+            from_file = True
+            lines.append(f"  {path}: {msg}")
+        else:
+            lines.append(f"  command-line override {override!r}: {path}: {msg}")
+    head = f"invalid config ({source}):" if from_file else \
+        f"invalid command-line override (applied to {source}):"
+    return "\n".join([head, *lines])
 
 
-def validate(schema: type[T], data: dict[str, Any], source: str) -> T:
+def _override_of(schema: type[BaseModel] | None, loc: tuple, overrides: list[str]) -> str | None:
+    """The command-line override that set the key at `loc` (or a section above or below it)."""
+    if schema is None or not loc:
+        return None
+    from reroll.config.reference import key_path
+
+    key = key_path(schema, loc)
+    for item in reversed(overrides):  # the last one given wins, as in the merge
+        parts = tuple(item.partition("=")[0].split("."))
+        if key[:len(parts)] == parts or parts[:len(key)] == key:
+            return item
+    return None
+
+
+def validate(schema: type[T], data: dict[str, Any], source: str,
+             overrides: list[str] | None = None) -> T:
     try:
         return schema.model_validate(data)
     except ValidationError as e:
-        raise ConfigError(format_validation_error(e, source)) from None
+        raise ConfigError(format_validation_error(e, source, schema, overrides)) from None
 
 
 def pipeline_of(path: str | Path, overrides: list[str] | None = None) -> str:
@@ -111,4 +145,4 @@ def load_config(path: str | Path, overrides: list[str] | None = None,
         raise ConfigError(f"{path}: pipeline is {pipeline!r}, but this command runs {expect!r} configs")
     if pipeline not in PIPELINES:
         raise ConfigError(f"{path}: pipeline: unknown pipeline {pipeline!r} (choose from {sorted(PIPELINES)})")
-    return validate(PIPELINES[pipeline], data, str(path))
+    return validate(PIPELINES[pipeline], data, str(path), overrides)

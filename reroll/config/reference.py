@@ -43,6 +43,8 @@ def _implied_doc(name: str, field, models: list[type[BaseModel]]) -> str:
 
 def _default(field) -> str:
     if field.default is PydanticUndefined:
+        if field.default_factory in (list, dict):
+            return f"`{field.default_factory()!r}`"
         return "required" if field.default_factory is None else "(section)"
     return f"`{field.default!r}`"
 
@@ -86,3 +88,70 @@ def render_markdown() -> str:
 
 if __name__ == "__main__":
     print(render_markdown())
+
+
+# -- where a key is documented (config errors point there) ------------------------------------
+
+
+def _slug(heading: str) -> str:
+    """GitHub's anchor of a Markdown heading: lower case, punctuation dropped, spaces to `-`."""
+    text = heading.lstrip("#").strip().lower()
+    return "".join(ch for ch in text if ch.isalnum() or ch in " -_").replace(" ", "-")
+
+
+def _walk(schema: type[BaseModel], loc: tuple) -> tuple[list[str], type[BaseModel], int]:
+    """Follow `loc` (a validation error's location) through nested sections, skipping the tag
+    of union sections; returns (section path, its model, index of the first key not walked)."""
+    model, path, i = schema, [], 0
+    while i < len(loc):
+        field = model.model_fields.get(str(loc[i]))
+        models = _models_in(field.annotation) if field is not None else []
+        if not models:
+            break
+        path.append(str(loc[i]))
+        i += 1
+        if len(models) > 1 and i < len(loc):  # the union's tag comes next in `loc`
+            tag = loc[i]
+            models = [m for m in models if any(f.default == tag for f in
+                                               m.model_fields.values())] or models
+            i += 1
+        model = models[0]
+    return path, model, i
+
+
+def section_of(schema: type[BaseModel], loc: tuple) -> tuple[str, type[BaseModel]]:
+    """The config section (dotted path, model) holding the key at `loc` of a validation error,
+    following union sections through their tag (`reward.custom.function` -> `reward`)."""
+    path, model, _ = _walk(schema, loc[:-1])
+    return ".".join(path), model
+
+
+def key_path(schema: type[BaseModel], loc: tuple) -> tuple[str, ...]:
+    """`loc` as the user writes the key: union tags left out (`reward.function`)."""
+    path, _, i = _walk(schema, loc)
+    return (*path, *(str(part) for part in loc[i:]))
+
+
+def doc_anchor(schema: type[BaseModel], section: str, model: type[BaseModel]) -> str:
+    """`docs/config.md#...` of `section` (rendered as `model`) in `schema`'s part of the page."""
+    lines = render_markdown().splitlines()
+    seen: dict[str, int] = {}
+    part, wanted = None, f"### `{section or 'top level'}` ({model.__name__})"
+    for line in lines:
+        if not line.startswith("#"):
+            continue
+        slug = _slug(line)
+        count = seen.get(slug, 0)
+        seen[slug] = count + 1
+        anchor = slug if count == 0 else f"{slug}-{count}"
+        if line.startswith("## "):
+            part = line
+        elif line == wanted and part == _part_title(schema):
+            return f"docs/config.md#{anchor}"
+    return "docs/config.md"
+
+
+def _part_title(schema: type[BaseModel]) -> str:
+    titles = {"RLConfig": "`reroll train` (RLVR)", "SFTConfig": "`reroll sft`",
+              "AgenticConfig": "`reroll train` with `pipeline: agentic`"}
+    return f"## {titles.get(schema.__name__, schema.__name__)}"

@@ -8,6 +8,7 @@ owns both fields.
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Literal
 
@@ -110,7 +111,20 @@ class CheckpointConfig(Section):
     every_steps: int = Field(0, ge=0)
     """Save `checkpoints/step_N/` every N steps (0: only at the end)."""
     keep_last: int = Field(2, ge=1)
-    """Older checkpoints are deleted, keeping this many (the final one is always kept)."""
+    """Older checkpoints are deleted, keeping this many (the final one is always kept); those of
+    `keep_steps` are kept besides and do not count here."""
+    keep_steps: list[int] = Field(default_factory=list)
+    """Steps whose checkpoints are written (whatever `every_steps` says) and never deleted. For
+    `reroll replay RUN --step N`, which starts from the checkpoint of step N-1: the arithmetic
+    demo keeps `[10, 20]` so that its documented `--step 11` and `--step 21` work. Steps past
+    `steps` are ignored."""
+
+    @model_validator(mode="after")
+    def _positive_steps(self) -> CheckpointConfig:
+        bad = [s for s in self.keep_steps if s < 1]
+        if bad:
+            raise ValueError(f"checkpoint.keep_steps: steps count from 1 (got {bad})")
+        return self
 
 
 class TrackingConfig(Section):
@@ -133,7 +147,9 @@ class TrackingConfig(Section):
     project: str = Field("reroll", min_length=1)
     """Project name in wandb and trackio; the run's name there is the config's `name`."""
     progress: bool = True
-    """Show a rich progress bar with the live reward (off automatically when not a terminal)."""
+    """Show progress with the live reward: a rich bar on a terminal; when stderr is not a
+    terminal (a log file, a pipe), a plain line (step/total, reward, elapsed, eta) at the first
+    and last step, every tenth of the run and at least every 30 s. false: neither."""
     record_rollouts: int = Field(8, ge=0)
     """Write this many trajectories of each step, as text, to `rollouts/step_N.jsonl` for
     `reroll view` (0: none)."""
@@ -254,15 +270,18 @@ RewardConfig = choice("type", "math", MathReward, CodeReward, CustomReward)
 
 
 class EvalConfig(Section):
-    """Held-out evaluation on `data.eval` (mean reward)."""
+    """Held-out evaluation (mean reward): on `data.eval` in RLVR runs, on `env.eval_episodes`
+    episodes with held-out seeds in agentic runs."""
 
     every_steps: int = Field(10, ge=0)
-    """Evaluate on `data.eval` every N steps, and always before the first and after the last step
-    (0: only before the first and after the last)."""
+    """Evaluate every N steps, and always before the first and after the last step (0: only
+    before the first and after the last). RLVR runs without `data.eval` never evaluate."""
     max_prompts: int | None = Field(None, ge=1)
-    """Evaluate on the first N eval prompts (None: all)."""
+    """RLVR: evaluate on the first N prompts of `data.eval` (None: all). Agentic runs set the
+    number of episodes with `env.eval_episodes` instead."""
     samples_per_prompt: int = Field(1, ge=1)
-    """Responses per eval prompt; the reported reward is their mean (mean@k)."""
+    """Responses per eval prompt (agentic: per eval episode seed); the reported reward is their
+    mean (mean@k)."""
     temperature: float = Field(0.0, ge=0)
     """0 means greedy decoding."""
 
@@ -340,6 +359,9 @@ class RLConfig(RLRunConfig):
     """Which pipeline this config is for."""
     data: DataConfig
     reward: RewardConfig = Field(default_factory=MathReward)
+    """How a response is scored, chosen by `type`: `math` (default; math-verify against the
+    row's `answer`), `code` (the row's tests run in the sandbox) or `custom` (your function,
+    `module:function`; the contract is in docs/rewards.md). Each type's keys are below."""
     scheduler: SchedulerConfig = Field(default_factory=SchedulerConfig)
     async_training: AsyncTrainingConfig = Field(default_factory=AsyncTrainingConfig)
     tail_batching: TailBatchingConfig = Field(default_factory=TailBatchingConfig)
@@ -389,18 +411,28 @@ class SFTConfig(Section):
     output_dir: str | None = None
     """Run directory (default `runs/<name>/`); the model is saved to its `final/`."""
     overwrite: bool = False
-    """A run directory that already holds files is refused unless this is true, which deletes
-    the old run's files first (only in a reroll run directory)."""
+    """A run directory that already holds files is refused unless `resume` is set or this is
+    true, which deletes the old run's files first (only in a reroll run directory)."""
+    resume: bool | str = False
+    """As in RL runs: true continues from the newest complete checkpoint of the run directory
+    (data order, optimizer, schedule and RNG included, so the resumed run is the uninterrupted
+    one step for step); a path: from that checkpoint. A run whose checkpoint is already at its
+    last step is reported as finished and left unchanged; fewer steps than done is an error."""
     seed: int = 0
     """Seeds data order and initialisation."""
     model: ModelConfig
     data: SFTData
+    steps: int | None = Field(None, ge=1)
+    """Optimizer steps of the run (the data is reshuffled at each pass); when set it wins over
+    `epochs` (e.g. `reroll sft CONFIG.yaml steps=50`). None: as many as `epochs` take."""
     epochs: float = Field(1.0, gt=0)
-    """Passes over the training set (fractions allowed)."""
+    """Passes over the training set (fractions allowed); used when `steps` is not set."""
     batch_size: int = Field(32, ge=1)
     """Sequences per optimizer step."""
     optimizer: OptimizerConfig = Field(default_factory=OptimizerConfig)
     train: TrainConfig = Field(default_factory=TrainConfig)
+    checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
+    """`checkpoints/step_N/` as in RL runs (for `resume`); the final model also goes to `final/`."""
     tracking: TrackingConfig = Field(default_factory=TrackingConfig)
 
     @model_validator(mode="after")
@@ -409,6 +441,12 @@ class SFTConfig(Section):
             raise ValueError(f"train.micro_batch_size ({self.train.micro_batch_size}) must divide "
                              f"batch_size ({self.batch_size})")
         return self
+
+    def total_steps(self, train_rows: int) -> int:
+        """The run's optimizer steps: `steps`, or `epochs` passes over `train_rows` rows."""
+        if self.steps is not None:
+            return self.steps
+        return max(1, math.ceil(self.epochs * train_rows / self.batch_size))
 
     def run_dir(self) -> Path:
         return Path(self.output_dir) if self.output_dir else Path("runs") / self.name

@@ -8,6 +8,7 @@ also in `MaxTurns`.
 
 from __future__ import annotations
 
+import inspect
 import traceback
 from typing import Any
 
@@ -97,3 +98,24 @@ def _user_env(env_id: str, kwargs: dict[str, Any]) -> Any:
 def _last_frame(error: BaseException) -> str:
     frames = traceback.extract_tb(error.__traceback__)
     return f"{frames[-1].filename}:{frames[-1].lineno}" if frames else "no traceback"
+
+
+def env_arguments(env_id: str, kwargs: dict[str, Any], max_turns: int) -> dict[str, Any]:
+    """The constructor arguments of `env_id`: `kwargs` plus the run's one turn limit
+    (`env.max_turns`) for an environment that takes a `max_turns` of its own (every built-in,
+    gem ones through the `MaxTurns` wrapper, and a user's env whose constructor has one), so the env and the agent loop agree on it."""
+    if env_id.startswith(GEM_PREFIX):
+        takes = True
+    else:
+        spec = env_specs().get(env_id)
+        factory = spec.factory if spec is not None else (
+            load_factory(env_id) if is_user_id(env_id) else None)
+        takes = factory is not None and _takes_max_turns(factory)
+    return {**kwargs, "max_turns": max_turns} if takes else dict(kwargs)
+
+
+def _takes_max_turns(factory: Any) -> bool:
+    try:
+        return "max_turns" in inspect.signature(factory).parameters
+    except (TypeError, ValueError):  # a builtin or C-implemented callable has no signature
+        return False

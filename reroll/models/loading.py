@@ -19,6 +19,7 @@ import torch
 from reroll import settings
 from reroll.config.errors import ConfigError
 from reroll.models.files import model_dir_problem, shape_mismatch
+from reroll.models.hints import is_run_output, missing_model_hint
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
@@ -159,7 +160,8 @@ def _check_path(path: str) -> None:
             and settings.allow_hub():
         return  # a hub id, fetched by transformers (opted in with REROLL_ALLOW_HUB=1)
     if not (local / "config.json").is_file():
-        hub = (f"; to download the hub model {path!r}, set {settings.ALLOW_HUB}=1"
-               if path.count("/") == 1 and not local.exists() else "")
+        hub = (f"; if {path!r} is a hub id, set {settings.ALLOW_HUB}=1 to download it"
+               if path.count("/") == 1 and not local.parent.exists() and not is_run_output(path)
+               else "")
         raise ConfigError(f"model.path {path}: no Hugging Face model there (config.json missing); "
-                          f"build one with `reroll make-model --out {path}`{hub}")
+                          f"{missing_model_hint(path)}{hub}")

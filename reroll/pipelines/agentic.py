@@ -24,6 +24,7 @@ from reroll.data.batch import Trajectory
 from reroll.data.datasets import PromptSampler
 from reroll.engines.base import Engine, SamplingParams
 from reroll.envs import ChatFormat, make_env
+from reroll.envs.registry import env_arguments
 from reroll.pipelines.common import RunDir
 from reroll.pipelines.rlvr import RLVRPipeline
 from reroll.rollout.agent_loop import AgentJob, AgentStats, run_episodes
@@ -57,12 +58,13 @@ class EpisodeSource:
         self.counters = SimpleNamespace(episodes=0, env_errors=0)
         self._metrics: dict[str, float] = {}
         env = config.env
-        make_env(env.id, **env.kwargs)  # a bad id or argument fails at start-up, not mid-run
+        make_env(env.id, **env_arguments(env.id, env.kwargs, env.max_turns))  # fails at start
         check_history(tokenizer, env.system_prompt, env.history_thinking)
 
     def job(self, params: SamplingParams) -> AgentJob:
         env = self.config.env
-        return AgentJob(self.engine, self.tokenizer, lambda: make_env(env.id, **env.kwargs),
+        kwargs = env_arguments(env.id, env.kwargs, env.max_turns)
+        return AgentJob(self.engine, self.tokenizer, lambda: make_env(env.id, **kwargs),
                         params, max_turns=env.max_turns,
                         max_context_tokens=env.max_context_tokens,
                         step_timeout_s=env.step_timeout_s, system_prompt=env.system_prompt,

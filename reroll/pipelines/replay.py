@@ -37,6 +37,10 @@ def replay_step(run_dir: str | Path, step: int, overrides: list[str] | None = No
         raise ConfigError(f"{run}: no config.yaml; is it a run directory written by `reroll train`?")
     if step < 1:
         raise ConfigError(f"--step {step}: steps count from 1")
+    if not batch_path(run, step).is_file():
+        raise ConfigError(f"--step {step}: {batch_path(run, step)} does not exist (batches are "
+                          f"stored every tracking.record_batch_every steps). "
+                          f"{_replayable_hint(run)}")
     trajectories = load_batch(batch_path(run, step))
     recorded = _recorded_metrics(run, step)
     start = _start_checkpoint(run, step)
@@ -118,9 +122,29 @@ def _start_checkpoint(run: Path, step: int) -> Path | None:
         have = ", ".join(str(s) for s in sorted(found)) or "none"
         raise ConfigError(
             f"--step {step}: replay starts from checkpoints/step_{step - 1}, which is not in "
-            f"{run / 'checkpoints'} (have: {have}). Replay a step right after a kept checkpoint, "
-            f"or record with checkpoint.every_steps and checkpoint.keep_last set to keep it")
+            f"{run / 'checkpoints'} (checkpoints kept: {have}). {_replayable_hint(run)} To replay "
+            f"other steps, list the steps before them in checkpoint.keep_steps when training")
     return found[step - 1]
+
+
+def replayable_steps(run: Path) -> list[int]:
+    """Steps of `run` that replay can recompute: a recorded batch, and the checkpoint of the
+    step before (or step 1, which starts from `model.path`)."""
+    from reroll.pipelines.common import RunDir
+
+    kept = {step for step, _ in RunDir(run).checkpoints()}
+    steps = []
+    for path in (run / "rollouts").glob("step_*.batch.pt"):
+        step = path.name.removeprefix("step_").removesuffix(".batch.pt")
+        if step.isdigit() and (int(step) == 1 or int(step) - 1 in kept):
+            steps.append(int(step))
+    return sorted(steps)
+
+
+def _replayable_hint(run: Path) -> str:
+    steps = replayable_steps(run)
+    return (f"Steps that can be replayed: {', '.join(map(str, steps))}." if steps else
+            "No step of this run can be replayed (no recorded batch with the checkpoint before it).")
 
 
 def _scratch_config(config, scratch: str, start: Path | None):

@@ -28,6 +28,7 @@ from reroll.distributed.weight_sync import make_weight_sync
 from reroll.engines.base import SamplingParams
 from reroll.models.loading import load_tokenizer
 from reroll.pipelines import objective, rl_batch
+from reroll.pipelines.checkpoints import checkpoint_due, prune_checkpoints
 from reroll.pipelines.common import (
     RunDir,
     Stopwatch,
@@ -320,7 +321,7 @@ class RLVRPipeline:
 
     def checkpoint(self, step: int) -> None:
         c = self.config
-        if step != c.steps and not (c.checkpoint.every_steps and step % c.checkpoint.every_steps == 0):
+        if not checkpoint_due(c.checkpoint, step, c.steps):
             return
         directory = self.run_dir.staging_dir(step)  # renamed to step_N/ once complete
         if self.critic is not None:
@@ -331,7 +332,7 @@ class RLVRPipeline:
                                      "kl_coef": self.kl.value})
         self.tokenizer.save_pretrained(directory)
         self.run_dir.commit(step)
-        self.run_dir.prune_checkpoints(c.checkpoint.keep_last)
+        prune_checkpoints(self.run_dir, c.checkpoint)
 
     def restore(self, step: int, directory: Path) -> None:
         if self.critic is not None:

@@ -7,7 +7,6 @@ prompt and closed with EOS, exactly the token sequence the RL engine later gener
 
 from __future__ import annotations
 
-import math
 import random
 from pathlib import Path
 
@@ -18,6 +17,7 @@ from reroll.data.datasets import PromptRow, load_prompts
 from reroll.models.loading import load_model, load_tokenizer
 from reroll.models.logprobs import batched_logprobs
 from reroll.pipelines import objective
+from reroll.pipelines.checkpoints import checkpoint_due, prune_checkpoints
 from reroll.pipelines.common import (
     RunDir,
     Stopwatch,
@@ -48,20 +48,30 @@ def sft_example(tokenizer, row: PromptRow, response_key: str, max_tokens: int) -
 
 
 class SFTPipeline:
+    """The SFT run: same run directory, `steps`, `resume` and checkpoint semantics as RL runs."""
+
     def __init__(self, config: SFTConfig):
         self.config = c = config
         set_threads(c.train.num_threads)
         seed_everything(c.seed)
-        self.run_dir = RunDir.for_run(c.run_dir(), False, c.overwrite)
-        self.run_dir.write_config(c)
+        self.run_dir = RunDir.for_run(c.run_dir(), c.resume, c.overwrite)
         self.tokenizer = load_tokenizer(c.model.path)
         self.train_set = self.load(c.data.train)
         self.eval_set = self.load(c.data.eval) if c.data.eval else []
-        self.steps = max(1, math.ceil(c.epochs * len(self.train_set) / c.batch_size))
+        self.steps = c.total_steps(len(self.train_set))
         model = load_model(c.model.path, c.model.dtype, c.model.attn_implementation,
                            c.model.dropout)
         self.policy = LocalStrategy(model, c.optimizer, c.train, total_steps=self.steps)
-        self.tracker = Tracker(self.run_dir.path, c.tracking, run_config=c.model_dump(mode="json"))
+        self.order: list[int] = []  # the rest of the current pass over the data
+        self.data_rng = random.Random(c.seed)
+        self.start_step, self.eval_start = 0, None
+        resume = self.run_dir.resolve_resume(c.resume)
+        if resume:
+            self.restore(*resume)
+        self.run_dir.write_config(c)
+        self.tracker = Tracker(self.run_dir.path, c.tracking,
+                               resume_step=self.start_step if resume else None,
+                               run_config=c.model_dump(mode="json"))
 
     def load(self, path: str) -> list[Trajectory]:
         rows = load_prompts(path, self.config.data.system_prompt)
@@ -70,29 +80,59 @@ class SFTPipeline:
 
     def run(self) -> dict:
         c, clock = self.config, Stopwatch()
-        order, rng = [], random.Random(c.seed)
-        eval_start = self.eval_nll()
-        bar = ProgressBar(self.steps, "SFT", enabled=c.tracking.progress)
+        if self.start_step == self.steps:  # resumed at its last step: nothing to do
+            self.tracker.close()
+            return self.run_dir.finished_summary(c.resume, self.steps)
+        if self.start_step == 0:
+            self.eval_start = self.eval_nll()
+        bar = ProgressBar(self.steps, "SFT", self.start_step, enabled=c.tracking.progress)
         guard = UpdateGuard(c.train.max_skipped_updates)
-        for step in range(1, self.steps + 1):
+        for step in range(self.start_step + 1, self.steps + 1):
             timer = Stopwatch()
-            while len(order) < c.batch_size:  # reshuffle at each epoch boundary
-                epoch = list(range(len(self.train_set)))
-                rng.shuffle(epoch)
-                order += epoch
-            examples, order = [self.train_set[i] for i in order[: c.batch_size]], order[c.batch_size:]
-            batch, _ = collate(examples, self.tokenizer.pad_token_id)
+            batch, _ = collate(self.next_examples(), self.tokenizer.pad_token_id)
             metrics = self.policy.train_step(batch, objective.sft_loss(batch))
             guard.check(step, metrics)
             metrics |= guard.metrics()
             metrics["time/step_s"] = timer.seconds()
             self.tracker.log(step, metrics)
+            self.checkpoint(step)
             bar.update(step, f"nll {metrics['sft/nll']:.3f}")
         bar.close()
         eval_end = self.eval_nll()
         if eval_end is not None:
             self.tracker.log(self.steps, {"eval/nll": eval_end})
-        return self.finish(eval_start, eval_end, clock.seconds())
+        return self.finish(self.eval_start, eval_end, clock.seconds())
+
+    def next_examples(self) -> list[Trajectory]:
+        """The next `batch_size` rows of the shuffled data, reshuffled at each pass."""
+        size = self.config.batch_size
+        while len(self.order) < size:
+            epoch = list(range(len(self.train_set)))
+            self.data_rng.shuffle(epoch)
+            self.order += epoch
+        taken, self.order = self.order[:size], self.order[size:]
+        return [self.train_set[i] for i in taken]
+
+    def checkpoint(self, step: int) -> None:
+        c = self.config
+        if not checkpoint_due(c.checkpoint, step, self.steps):
+            return
+        directory = self.run_dir.staging_dir(step)  # renamed to step_N/ once complete
+        self.policy.save(directory, {"step": step, "order": list(self.order),
+                                     "data_rng": self.data_rng.getstate(),
+                                     "eval_nll_start": self.eval_start})
+        self.tokenizer.save_pretrained(directory)
+        self.run_dir.commit(step)
+        prune_checkpoints(self.run_dir, c.checkpoint)
+
+    def restore(self, step: int, directory: Path) -> None:
+        if step > self.steps:
+            raise ConfigError(f"steps={self.steps}: the run already has {step} steps "
+                              f"({directory}); resume with steps >= {step}")
+        extra = self.policy.load(directory)
+        self.order = list(extra["order"])
+        self.data_rng.setstate(extra["data_rng"])
+        self.start_step, self.eval_start = step, extra["eval_nll_start"]
 
     def eval_nll(self) -> float | None:
         """Mean response-token negative log-likelihood on the eval set."""
@@ -111,11 +151,18 @@ class SFTPipeline:
         self.tokenizer.save_pretrained(final)
         self.tracker.close()
         summary = {"run_dir": str(self.run_dir.path), "steps": self.steps,
+                   "resumed_from_step": self.start_step or None,
                    "eval_nll_start": eval_start, "eval_nll_end": eval_end,
-                   "wall_time_s": round(wall_time_s, 2), "final_model": str(Path(final))}
+                   "wall_time_s": round(wall_time_s, 2), "final_model": str(Path(final)),
+                   "final_checkpoint": str(self.run_dir.checkpoint_dir(self.steps))}
         self.run_dir.write_summary(summary)
         return summary
 
 
 def train_sft(config: SFTConfig) -> dict:
+    """Run SFT; resuming a run whose checkpoint is at its last step changes nothing."""
+    if config.steps is not None:  # else the step count needs the data: known once it is loaded
+        done = RunDir(config.run_dir()).finished_summary(config.resume, config.steps)
+        if done is not None:
+            return done
     return SFTPipeline(config).run()

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import math
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -73,24 +74,57 @@ class TensorboardSink:
 
 
 class ProgressBar:
-    """A rich progress bar over training steps showing the live reward; silent when not a TTY."""
+    """Progress over training steps with the live status (reward, eval): a rich bar on a
+    terminal; elsewhere (a log file, a pipe, a job scheduler) a plain line at the first and last
+    step, every tenth of the run and at least every `interval_s` seconds, so a long run is never
+    silent until its end."""
 
-    def __init__(self, total: int, description: str, start: int = 0, enabled: bool = True):
+    def __init__(self, total: int, description: str, start: int = 0, enabled: bool = True,
+                 interval_s: float = 30.0, stream: Any = None):
         self.console = Console(stderr=True)
-        enabled = enabled and sys.stderr.isatty()
+        self.stream = stream
+        self.plain = enabled and not (stream or sys.stderr).isatty()
+        self.total, self.start, self.description, self.interval_s = total, start, description, \
+            interval_s
+        self.started = self.last_line = time.perf_counter()
         self.progress = Progress(
             TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
             TextColumn("{task.fields[status]}"), TimeElapsedColumn(), TimeRemainingColumn(),
-            console=self.console, disable=not enabled, transient=False,
+            console=self.console, disable=not enabled or self.plain, transient=False,
         )
         self.task = self.progress.add_task(description, total=total, completed=start, status="")
         self.progress.start()
 
     def update(self, step: int, status: str) -> None:
         self.progress.update(self.task, completed=step, status=status)
+        if self.plain and self._line_due(step):
+            print(self.line(step, status), file=self.stream or sys.stderr, flush=True)
+            self.last_line = time.perf_counter()
+
+    def _line_due(self, step: int) -> bool:
+        tenth = max(1, self.total // 10)
+        return (step in (self.start + 1, self.total) or step % tenth == 0
+                or time.perf_counter() - self.last_line >= self.interval_s)
+
+    def line(self, step: int, status: str) -> str:
+        """`GRPO step 12/40 | reward 0.312 | elapsed 1m05s | eta 2m30s`."""
+        elapsed = time.perf_counter() - self.started
+        done = step - self.start
+        eta = elapsed / done * (self.total - step) if done > 0 else None
+        parts = [f"{self.description} step {step}/{self.total}", status,
+                 f"elapsed {_duration(elapsed)}", f"eta {_duration(eta) if eta is not None else '?'}"]
+        return " | ".join(part for part in parts if part)
 
     def close(self) -> None:
         self.progress.stop()
+
+
+def _duration(seconds: float) -> str:
+    seconds = int(round(seconds))
+    hours, rest = divmod(seconds, 3600)
+    minutes, secs = divmod(rest, 60)
+    return f"{hours}h{minutes:02d}m{secs:02d}s" if hours else (
+        f"{minutes}m{secs:02d}s" if minutes else f"{secs}s")
 
 
 class Tracker:

@@ -28,7 +28,8 @@ def recorded_run(tmp_path_factory, tiny_model, arithmetic):
         "reward": {"type": "custom", "function": "parity_reward:odd_length"},
         "algorithm": {"updates_per_batch": 2},
         "optimizer": {"lr": 1e-3}, "train": {"micro_batch_size": 4, "num_threads": 1},
-        "checkpoint": {"every_steps": 1, "keep_last": 5},
+        # Steps 1 and 2 written and kept by keep_steps alone (every_steps 0, keep_last 1).
+        "checkpoint": {"every_steps": 0, "keep_last": 1, "keep_steps": [1, 2]},
         "tracking": {"progress": False, "tensorboard": False, "record_rollouts": 2}}))
     sys.path.insert(0, str(HERE))
     yield train(load_config(config))["run_dir"]
@@ -77,7 +78,28 @@ def test_replay_without_the_checkpoint_before_is_a_clear_error(recorded_run, tmp
     shutil.rmtree(copy / "checkpoints" / "step_1")
     assert main(["replay", str(copy), "--step", "2"]) == 2
     err = capsys.readouterr().err
-    assert "checkpoints/step_1" in err and "checkpoint.every_steps" in err
+    assert "checkpoints/step_1" in err and "checkpoint.keep_steps" in err
+    assert "Steps that can be replayed: 1, 3." in " ".join(err.split())
+
+
+def test_replay_of_a_step_without_a_batch_lists_the_steps_that_exist(recorded_run, capsys):
+    assert main(["replay", recorded_run, "--step", "7"]) == 2
+    err = " ".join(capsys.readouterr().err.split())
+    assert "step_7.batch.pt does not exist" in err and "Steps that can be replayed: 1, 2, 3." in err
+
+
+def test_replay_accepts_overrides_after_the_step(recorded_run, capsys):
+    """`reroll replay RUN --step N key=value`, as docs/eval.md shows it."""
+    assert main(["replay", recorded_run, "--step", "2", "algorithm.loss_agg=seq_mean_token_sum"]) == 0
+    result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert result["overrides"] == ["algorithm.loss_agg=seq_mean_token_sum"]
+    assert not result["matches"]
+
+
+def test_unknown_options_after_the_run_are_still_refused(recorded_run):
+    with pytest.raises(SystemExit) as exit_:
+        main(["replay", recorded_run, "--step", "2", "--bogus"])
+    assert exit_.value.code == 2
 
 
 def test_replay_of_an_agentic_run(tmp_path, tiny_model):
@@ -86,7 +108,7 @@ def test_replay_of_an_agentic_run(tmp_path, tiny_model):
     config.write_text(yaml.safe_dump({
         "pipeline": "agentic", "output_dir": str(tmp_path / "run"), "seed": 0, "steps": 2,
         "model": {"path": tiny_model},
-        "env": {"id": "countdown", "kwargs": {"count": 3, "max_number": 9, "max_turns": 3},
+        "env": {"id": "countdown", "kwargs": {"count": 3, "max_number": 9},
                 "max_turns": 3},
         "rollout": {"prompts_per_step": 2, "group_size": 4, "max_new_tokens": 16},
         "algorithm": {"advantage": {"name": "rebn", "gamma": 0.95}, "loss_agg": "token_mean"},

@@ -17,7 +17,7 @@ def test_agentic_run_trains_and_records_segments(tiny_model, tmp_path):
     config = {
         "pipeline": "agentic", "name": "t", "output_dir": str(tmp_path / "run"), "steps": 2,
         "model": {"path": tiny_model},
-        "env": {"id": "guess_number", "kwargs": {"high": 8, "max_turns": 3}, "max_turns": 3,
+        "env": {"id": "guess_number", "kwargs": {"high": 8}, "max_turns": 3,
                 "max_context_tokens": 200, "eval_episodes": 4},
         "rollout": {"prompts_per_step": 2, "group_size": 4, "max_new_tokens": 4},
         "algorithm": {"advantage": {"name": "rebn"}},

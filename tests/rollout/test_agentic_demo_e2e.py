@@ -72,7 +72,7 @@ def test_rl_lifts_the_success_rate_of_the_sft_warm_start(tmp_path):
     rl = write_yaml(tmp_path / "rl.yaml", {
         "pipeline": "agentic", "name": "rl", "output_dir": str(tmp_path / "rl"), "seed": 0,
         "steps": 10, "model": {"path": str(tmp_path / "sft" / "final")},
-        "env": {"id": "guess_number", "kwargs": ENV, "max_turns": 3, "max_context_tokens": 128,
+        "env": {"id": "guess_number", "kwargs": {"high": 8}, "max_turns": 3, "max_context_tokens": 128,
                 "eval_episodes": 64},
         "rollout": {"prompts_per_step": 8, "group_size": 8, "max_new_tokens": 4,
                     "temperature": 1.0},

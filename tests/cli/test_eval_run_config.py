@@ -1,0 +1,82 @@
+"""`reroll eval --model RUN/checkpoints/step_N` evaluates on the run's task with the run's
+settings (eval set or environment, reward, turns, token limits, sampling), each overridable by
+its flag, and says which it took."""
+
+import json
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from reroll.cli import main
+
+pytestmark = pytest.mark.e2e
+PIPELINE_TESTS = Path(__file__).parent.parent / "pipelines"  # parity_reward.py lives there
+
+
+def fake_run(root: Path, tiny_model: str, config: dict) -> str:
+    """A run directory as `reroll train` leaves it: its config.yaml and a checkpoint."""
+    (root / "run" / "checkpoints").mkdir(parents=True)
+    (root / "run" / "config.yaml").write_text(yaml.safe_dump(config))
+    checkpoint = root / "run" / "checkpoints" / "step_2"
+    shutil.copytree(tiny_model, checkpoint)
+    return str(checkpoint)
+
+
+def run_eval(capsys, *flags) -> tuple[dict, str]:
+    assert main(["eval", *flags]) == 0
+    captured = capsys.readouterr()
+    return json.loads(captured.out.strip().splitlines()[-1]), " ".join(captured.err.split())
+
+
+def test_an_agentic_checkpoint_plays_the_runs_env(tmp_path, tiny_model, capsys):
+    checkpoint = fake_run(tmp_path, tiny_model, {
+        "pipeline": "agentic", "steps": 2, "model": {"path": tiny_model},
+        "env": {"id": "guess_number", "kwargs": {"high": 4}, "max_turns": 2,
+                "max_context_tokens": 96, "eval_episodes": 3},
+        "rollout": {"max_new_tokens": 3, "prompts_per_step": 2, "group_size": 2},
+        "train": {"micro_batch_size": 4}})
+    out = tmp_path / "res.json"
+    results, err = run_eval(capsys, "--model", checkpoint, "--threads", "1", "--out", str(out))
+    assert results["env"] == "guess_number" and results["prompts"] == 3
+    assert results["max_new_tokens"] == 3 and results["temperature"] == 0.0
+    assert results["taken_from_run"]["max_turns"] == "env.max_turns"
+    samples = [json.loads(line) for line in out.with_suffix(".samples.jsonl").open()]
+    turns = [sum(seg["policy"] for seg in sample["segments"]) for sample in samples]
+    assert len(turns) == 3 and max(turns) <= 2  # env.max_turns, not eval's default 8
+    assert "settings from" in err and "max_new_tokens=3 (rollout.max_new_tokens)" in err
+    assert "env_kwargs={'high': 4} (env.kwargs)" in err
+
+    # A flag wins over the run's value; --ignore-run-config takes none.
+    results, err = run_eval(capsys, "--model", checkpoint, "--threads", "1", "--out", str(out),
+                            "--max-new-tokens", "5", "--episodes", "2")
+    assert results["max_new_tokens"] == 5 and results["prompts"] == 2
+    assert "max_new_tokens" not in results["taken_from_run"]
+    assert main(["eval", "--model", checkpoint, "--ignore-run-config", "--out", str(out)]) == 2
+    assert "--task or --env" in capsys.readouterr().err
+
+
+def test_an_rlvr_checkpoint_uses_the_runs_eval_set_and_reward(tmp_path, tiny_model, arithmetic,
+                                                               capsys):
+    checkpoint = fake_run(tmp_path, tiny_model, {
+        "steps": 2, "model": {"path": tiny_model},
+        "data": {"train": arithmetic["train"], "eval": arithmetic["eval"],
+                 "max_prompt_tokens": 200},
+        "reward": {"type": "custom", "function": "parity_reward:odd_length"},
+        "rollout": {"max_new_tokens": 6, "prompts_per_step": 2, "group_size": 2},
+        "train": {"micro_batch_size": 4}})
+    sys.path.insert(0, str(PIPELINE_TESTS))
+    try:
+        results, err = run_eval(capsys, "--model", checkpoint, "--max-prompts", "3", "--n", "2",
+                                "--threads", "1", "--out", str(tmp_path / "res.json"))
+    finally:
+        sys.path.remove(str(PIPELINE_TESTS))
+    assert results["task"] == arithmetic["eval"] and results["prompts"] == 3
+    assert results["max_new_tokens"] == 6 and results["temperature"] == 1.0  # rollout's, for n > 1
+    assert results["taken_from_run"] == {
+        "task": "data.eval", "reward": "reward.type", "reward_function": "reward.function",
+        "max_prompt_tokens": "data.max_prompt_tokens", "max_new_tokens": "rollout.max_new_tokens",
+        "top_p": "rollout.top_p", "temperature": "rollout.temperature"}
+    assert "reward_function='parity_reward:odd_length' (reward.function)" in err

@@ -1,0 +1,54 @@
+"""Which steps write a checkpoint and which are kept: `checkpoint.keep_steps` keeps the
+checkpoints `reroll replay` starts from (the demo's documented `--step 11` and `--step 21`)."""
+
+from pathlib import Path
+
+import pytest
+
+from reroll.config import load_config
+from reroll.config.errors import ConfigError
+from reroll.config.schema import CheckpointConfig
+from reroll.pipelines.checkpoints import checkpoint_due, prune_checkpoints
+from reroll.pipelines.common import RunDir
+from reroll.pipelines.replay import replayable_steps
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def simulate(run: Path, config: CheckpointConfig, steps: int, batches: bool = True) -> list[int]:
+    """The checkpoint phase of `steps` training steps, with empty stand-in checkpoints."""
+    run_dir = RunDir(run)
+    for step in range(1, steps + 1):
+        if batches:
+            (run / "rollouts").mkdir(exist_ok=True)
+            (run / "rollouts" / f"step_{step}.batch.pt").write_bytes(b"")
+        if checkpoint_due(config, step, steps):
+            directory = run_dir.checkpoint_dir(step)
+            directory.mkdir(parents=True)
+            (directory / "trainer_state.pt").write_bytes(b"")
+            prune_checkpoints(run_dir, config)
+    return [step for step, _ in run_dir.checkpoints()]
+
+
+def test_without_keep_steps_only_the_newest_are_kept(tmp_path):
+    kept = simulate(tmp_path, CheckpointConfig(every_steps=10, keep_last=2), 40)
+    assert kept == [30, 40]
+    assert replayable_steps(tmp_path) == [1, 31]
+
+
+def test_keep_steps_are_written_and_never_pruned(tmp_path):
+    config = CheckpointConfig(every_steps=0, keep_last=1, keep_steps=[3, 5])
+    assert simulate(tmp_path, config, 8) == [3, 5, 8]
+    assert replayable_steps(tmp_path) == [1, 4, 6]
+
+
+def test_the_demo_config_keeps_what_the_documented_replays_need(tmp_path):
+    """README: `reroll replay runs/arithmetic-grpo --step 11`; docs/eval.md: `--step 21`."""
+    config = load_config(ROOT / "examples" / "arithmetic" / "grpo.yaml")
+    simulate(tmp_path, config.checkpoint, config.steps)
+    assert {11, 21} <= set(replayable_steps(tmp_path))
+
+
+def test_keep_steps_count_from_one():
+    with pytest.raises(ConfigError, match="keep_steps"):
+        load_config(ROOT / "examples" / "arithmetic" / "grpo.yaml", ["checkpoint.keep_steps=[0]"])
