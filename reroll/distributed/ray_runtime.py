@@ -19,7 +19,7 @@ LOCAL_OBJECT_STORE_BYTES = 1 << 30
 
 def ensure_ray(address: str | None = None, num_cpus: int | None = None) -> None:
     """Start a local Ray instance, or connect to `address`, unless this process already did."""
-    import ray
+    import ray  # deferred: Ray is heavy to import and only Ray runs get here
 
     if ray.is_initialized():
         return
@@ -36,7 +36,7 @@ def ensure_ray(address: str | None = None, num_cpus: int | None = None) -> None:
 
 
 def shutdown_ray() -> None:
-    import ray
+    import ray  # deferred: Ray is heavy to import and only Ray runs get here
 
     if ray.is_initialized():
         ray.shutdown()
@@ -44,7 +44,7 @@ def shutdown_ray() -> None:
 
 def quiet_transformers() -> None:
     """No per-load progress bars from worker processes (they interleave with the run's bar)."""
-    import transformers
+    import transformers  # deferred: only worker processes need it, and it is slow to import
 
     transformers.utils.logging.disable_progress_bar()
     transformers.utils.logging.set_verbosity_error()

@@ -22,9 +22,6 @@ from reroll.config.schema import RLConfig
 from reroll.data.batch import Trajectory
 from reroll.data.datasets import PromptSampler, load_prompts
 from reroll.distributed.colocation import take_turns
-from reroll.distributed.roles import build_roles
-from reroll.distributed.supervisor import supervise
-from reroll.distributed.weight_sync import make_weight_sync
 from reroll.engines.base import SamplingParams
 from reroll.models.loading import load_tokenizer
 from reroll.pipelines import objective, rl_batch
@@ -35,6 +32,8 @@ from reroll.pipelines.common import (
     seed_everything,
     set_threads,
 )
+from reroll.pipelines.roles import build_roles, weight_sync_to
+from reroll.pipelines.supervisor import supervise
 from reroll.pipelines.validation import check_prompts
 from reroll.rewards import RewardRunner, build_runner
 from reroll.rollout.metrics import rollout_metrics
@@ -67,7 +66,7 @@ class RLVRPipeline:
         rl_batch.announce_correction(c.algorithm, c.off_policy_reasons())
         self.update_guard = UpdateGuard(c.train.max_skipped_updates)
         self.setup_task()
-        self.weight_sync = make_weight_sync(self.policy, self.engine, c.distributed)
+        self.weight_sync = weight_sync_to(self.roles, self.engine)
         # Rollout colocated with the policy: they take turns on the devices at phase boundaries.
         self.turns = take_turns(c, self.policy, self.engine)
         self.start_step, self.eval_reward_start = 0, None
