@@ -96,6 +96,7 @@ def evaluate(spec: EvalSpec) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """Run the evaluation; returns (results, one row per sample)."""
     import torch
 
+    from reroll.data.batch import trajectory_row
     from reroll.engines.base import SamplingParams
     from reroll.models.loading import load_tokenizer
 
@@ -132,10 +133,7 @@ def evaluate(spec: EvalSpec) -> tuple[dict[str, Any], list[dict[str, Any]]]:
                           / len(trajectories)}
         tokens += sum(len(t.response_ids) for t in trajectories)
         count += len(trajectories)
-        samples += [{"source": name, "prompt_index": i // spec.n, "prompt": t.prompt_text,
-                     "response": t.response_text, "answer": t.answer, "reward": t.reward,
-                     "reward_info": t.reward_info, "finish_reason": t.finish_reason}
-                    | ({"segments": t.segments} if getattr(t, "segments", None) else {})
+        samples += [{"source": name, "prompt_index": i // spec.n} | trajectory_row(t)
                     for i, t in enumerate(trajectories)]
     # A suite's headline figures weigh every environment equally.
     for key in per_part[next(iter(per_part))]:

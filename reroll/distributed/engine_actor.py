@@ -23,22 +23,6 @@ from reroll.distributed.ray_runtime import ensure_ray, quiet_transformers
 from reroll.engines.base import Completion, Engine, Request
 
 
-def build_hf_engine(model_path: str, dtype: str = "float32", max_batch_size: int = 256,
-                    pad_token_id: int | None = None) -> Engine:
-    """An HFEngine over the model at `model_path` (module-level, so a partial of it pickles)."""
-    from reroll.engines.hf import HFEngine
-    from reroll.models.loading import load_model, load_tokenizer
-
-    if pad_token_id is None:
-        pad_token_id = load_tokenizer(model_path).pad_token_id
-    return HFEngine(load_model(model_path, dtype), max_batch_size, pad_token_id)
-
-
-def hf_engine_factory(model_path: str, dtype: str = "float32", max_batch_size: int = 256,
-                      pad_token_id: int | None = None) -> Callable[[], Engine]:
-    return functools.partial(build_hf_engine, model_path, dtype, max_batch_size, pad_token_id)
-
-
 class EngineHost:
     """The actor body: owns the engine and counts its work. Async methods run on the actor's
     event loop, so concurrent `generate_stream` calls reach the engine together and aborts are

@@ -19,7 +19,7 @@ from tensordict import TensorDict
 
 from reroll import algorithms
 from reroll.config.schema import RLConfig
-from reroll.data.batch import Trajectory
+from reroll.data.batch import Trajectory, trajectory_row
 from reroll.data.datasets import PromptSampler, load_prompts
 from reroll.distributed.colocation import take_turns
 from reroll.engines.base import SamplingParams
@@ -182,7 +182,7 @@ class RLVRPipeline:
                 batch["old_logprobs"] = batch["behaviour_logprobs"].clone()
                 batch["old_logprobs"][rows] = self.policy.forward_logprobs(
                     batch[rows], c.rollout.temperature)
-        if a.kl.mode == "reward" and self.reference is not None:
+        if a.kl.in_reward and self.reference is not None:
             batch["token_kl"] = objective.reward_kl(a.kl, batch["old_logprobs"],
                                                     batch["ref_logprobs"], batch["response_mask"])
             metrics["kl/reward_kl_mean"] = float(algorithms.masked_mean(batch["token_kl"],
@@ -312,10 +312,7 @@ class RLVRPipeline:
         folder.mkdir(exist_ok=True)
         with (folder / f"step_{step}.jsonl").open("w") as f:
             for t in trajectories[:count]:
-                f.write(dumps({"prompt": t.prompt_text, "response": t.response_text,
-                                    "answer": t.answer, "reward": t.reward,
-                                    "reward_info": t.reward_info, "finish_reason": t.finish_reason,
-                                    "group_id": t.group_id}) + "\n")
+                f.write(dumps(trajectory_row(t) | {"group_id": t.group_id}) + "\n")
 
     def checkpoint(self, step: int) -> None:
         c = self.config

@@ -22,7 +22,7 @@ from reroll.engines.base import fingerprint
 from reroll.models.loading import load_model
 from reroll.training.fsdp2 import FSDP2Strategy
 from reroll.training.local import LocalStrategy, LossFn
-from reroll.training.offload import OptimizerOffload, optimizer_state_tensors
+from reroll.training.offload import OptimizerOffload
 
 
 class PolicyWorker:
@@ -57,11 +57,6 @@ class PolicyWorker:
 
     def reload(self) -> None:
         self.optimizer_offload.reload()
-
-    def optimizer_state_devices(self) -> list[str]:
-        """Where this rank's optimizer state lives now (sorted device types)."""
-        tensors = optimizer_state_tensors(self.strategy.optimizer)
-        return sorted({t.device.type for _, _, t in tensors})
 
     def state_dict_for_sync(self) -> dict[str, torch.Tensor]:
         """The full weights at rank 0 ({} elsewhere)."""

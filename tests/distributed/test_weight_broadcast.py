@@ -6,11 +6,12 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+from hf_engines import hf_engine_factory
 
 from reroll.config.distributed import DistributedConfig
 from reroll.config.schema import OptimizerConfig, TrainConfig
 from reroll.distributed.cluster import Cluster, Dispatch, RayExecutor, WorkerSpec
-from reroll.distributed.engine_actor import hf_engine_factory, start_engine_actor
+from reroll.distributed.engine_actor import start_engine_actor
 from reroll.distributed.groups import PolicyGroup
 from reroll.distributed.weight_sync import BroadcastSync, actor_weight_sync
 from reroll.engines.base import Request, SamplingParams
