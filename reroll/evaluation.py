@@ -221,17 +221,18 @@ def _reward_config(spec: EvalSpec):
 
 def _engine(spec: EvalSpec, tokenizer):
     """The engine named by --engine, built as training builds its rollout engine (its other
-    settings, e.g. `rollout.vllm`, at their defaults)."""
+    settings, e.g. vLLM's, at their defaults)."""
     from pydantic import ValidationError
 
+    from reroll.config.engines import ENGINE_TYPES
     from reroll.config.schema import RolloutConfig
     from reroll.engines import build_engine
 
     try:
         rollout = RolloutConfig(engine=spec.engine, max_batch_size=spec.batch_size)
     except ValidationError:
-        choices = RolloutConfig.model_fields["engine"].annotation.__args__
-        raise ConfigError(f"--engine {spec.engine}: choose one of {', '.join(choices)}") from None
+        raise ConfigError(f"--engine {spec.engine}: choose one of {', '.join(ENGINE_TYPES)}") \
+            from None
     return build_engine(rollout, spec.model, pad_token_id=tokenizer.pad_token_id, seed=spec.seed)
 
 

@@ -368,8 +368,8 @@ class CorrectionConfig(Section):
     ratio_mask: RatioMaskConfig | None = None
     """Ratio-based masking of tokens or sequences; None: off."""
     auto: bool = True
-    """When the samples can be off-policy (`async_training.enabled`, or `rollout.engine` vllm or
-    remote, whose logprobs are not the trainer's) and neither `tis` nor `ratio_mask` is set and
+    """When the samples can be off-policy (`async_training.enabled`, or `rollout.engine: vllm`,
+    whose logprobs are not the trainer's) and neither `tis` nor `ratio_mask` is set and
     the policy loss is not `decoupled_ppo` (which corrects by itself): turn on token-level TIS with
     cap 2 (`tis: {level: token, cap: 2.0}`, see docs/async.md). Resolved when the config loads;
     the run's config.yaml shows the result. false: leave the samples uncorrected (logged)."""
