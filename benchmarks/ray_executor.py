@@ -20,12 +20,13 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from reroll.config.schema import RLConfig
+from reroll.config.schema import RLConfig, RolloutConfig
 from reroll.data.tasks import write_arithmetic
-from reroll.distributed.engine_actor import hf_engine_factory, start_engine_actor
+from reroll.distributed.engine_actor import start_engine_actor
 from reroll.distributed.ray_runtime import ensure_ray
+from reroll.engines import engine_factory
 from reroll.models.factory import make_model
-from reroll.models.loading import load_model
+from reroll.models.loading import load_model, load_tokenizer
 from reroll.pipelines.rlvr import train
 from reroll.tracking import read_metrics
 
@@ -51,7 +52,9 @@ def sync_seconds(model_path: str, repeats: int = 3) -> float:
     from reroll.engines.base import fingerprint
 
     weights = load_model(model_path).state_dict()
-    engine = start_engine_actor(hf_engine_factory(model_path), num_cpus=0)
+    factory = engine_factory(RolloutConfig(), model_path,
+                             pad_token_id=load_tokenizer(model_path).pad_token_id)
+    engine = start_engine_actor(factory, num_cpus=0)
     times = []
     for version in range(repeats):
         t0 = time.perf_counter()

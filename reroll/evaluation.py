@@ -100,6 +100,7 @@ def evaluate(spec: EvalSpec) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """Run the evaluation; returns (results, one row per sample)."""
     import torch
 
+    from reroll.data.batch import trajectory_row
     from reroll.engines.base import SamplingParams
     from reroll.models.loading import load_tokenizer
 
@@ -139,10 +140,7 @@ def evaluate(spec: EvalSpec) -> tuple[dict[str, Any], list[dict[str, Any]]]:
                           / len(trajectories)}
         tokens += sum(len(t.response_ids) for t in trajectories)
         count += len(trajectories)
-        samples += [{"source": name, "prompt_index": i // spec.n, "prompt": t.prompt_text,
-                     "response": t.response_text, "answer": t.answer, "reward": t.reward,
-                     "reward_info": t.reward_info, "finish_reason": t.finish_reason}
-                    | ({"segments": t.segments} if getattr(t, "segments", None) else {})
+        samples += [{"source": name, "prompt_index": i // spec.n} | trajectory_row(t)
                     for i, t in enumerate(trajectories)]
     # A suite's headline figures weigh every environment equally.
     for key in per_part[next(iter(per_part))]:
@@ -233,17 +231,18 @@ def _reward_config(spec: EvalSpec):
 
 def _engine(spec: EvalSpec, tokenizer):
     """The engine named by --engine, built as training builds its rollout engine (its other
-    settings, e.g. `rollout.vllm`, at their defaults)."""
+    settings, e.g. vLLM's, at their defaults)."""
     from pydantic import ValidationError
 
+    from reroll.config.engines import ENGINE_TYPES
     from reroll.config.schema import RolloutConfig
     from reroll.engines import build_engine
 
     try:
         rollout = RolloutConfig(engine=spec.engine, max_batch_size=spec.batch_size)
     except ValidationError:
-        choices = RolloutConfig.model_fields["engine"].annotation.__args__
-        raise ConfigError(f"--engine {spec.engine}: choose one of {', '.join(choices)}") from None
+        raise ConfigError(f"--engine {spec.engine}: choose one of {', '.join(ENGINE_TYPES)}") \
+            from None
     return build_engine(rollout, spec.model, pad_token_id=tokenizer.pad_token_id, seed=spec.seed)
 
 

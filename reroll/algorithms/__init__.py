@@ -4,10 +4,6 @@ Everything here imports only torch, never reads config or globals, and documents
 """
 
 from .advantages import (
-    ADVANTAGE_ESTIMATORS,
-    MULTI_TURN_ADVANTAGE_ESTIMATORS,
-    OUTCOME_ADVANTAGE_ESTIMATORS,
-    TOKEN_ADVANTAGE_ESTIMATORS,
     clip_advantages,
     clip_rewards,
     discounted_returns,
@@ -63,7 +59,6 @@ from .kl import (
     kl_penalty_rewards,
 )
 from .losses import (
-    POLICY_LOSSES,
     chunk_count,
     cispo_loss,
     decoupled_ppo_loss,
@@ -84,14 +79,9 @@ from .values import (
 )
 
 __all__ = [
-    "ADVANTAGE_ESTIMATORS",
     "KL_ESTIMATORS",
     "LOSS_AGGREGATIONS",
-    "MULTI_TURN_ADVANTAGE_ESTIMATORS",
-    "OUTCOME_ADVANTAGE_ESTIMATORS",
-    "POLICY_LOSSES",
     "TIS_LEVELS",
-    "TOKEN_ADVANTAGE_ESTIMATORS",
     "AdaptiveKLController",
     "aggregate_loss",
     "asyppo_advantage_mask",

@@ -10,7 +10,6 @@ Multi-turn estimators (rebn, gigpo, ipa_chunk) take per-turn rewards [B, K] and 
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Literal
 
 import torch
@@ -142,12 +141,6 @@ def rloo_advantages(rewards: Tensor, group_size: int) -> Tensor:
     return (g - loo_mean).reshape(-1)
 
 
-OUTCOME_ADVANTAGE_ESTIMATORS: dict[str, Callable[..., Tensor]] = {
-    "grpo": grpo_advantages,
-    "dr_grpo": dr_grpo_advantages,
-    "lite_ppo": lite_ppo_advantages,
-    "rloo": rloo_advantages,
-}
 
 
 # ----------------------------------------------------------------------------- token-level
@@ -268,11 +261,6 @@ def reinforce_pp_baseline_advantages(
     return reinforce_pp_advantages(centred, mask, kl=kl, kl_coef=kl_coef, gamma=gamma, eps=eps)
 
 
-TOKEN_ADVANTAGE_ESTIMATORS: dict[str, Callable[..., tuple[Tensor, Tensor]]] = {
-    "gae": gae_advantages,
-    "reinforce_pp": reinforce_pp_advantages,
-    "reinforce_pp_baseline": reinforce_pp_baseline_advantages,
-}
 
 
 # ----------------------------------------------------------------------------- multi-turn
@@ -362,18 +350,3 @@ def ipa_chunk_advantages(
     valid = turn_valid(turn_ids, turn_rewards.shape[1])
     G = turns_to_tokens(discounted_returns(turn_rewards, valid, gamma), turn_ids)
     return G, G
-
-
-MULTI_TURN_ADVANTAGE_ESTIMATORS: dict[str, Callable[..., tuple[Tensor, Tensor]]] = {
-    "rebn": rebn_advantages,
-    "gigpo": gigpo_advantages,
-    "ipa_chunk": ipa_chunk_advantages,
-}
-
-# Every estimator by name (signatures differ by family: outcome [B] -> [B]; token-level and
-# multi-turn return (advantages, returns) [B, T]).
-ADVANTAGE_ESTIMATORS: dict[str, Callable[..., Tensor | tuple[Tensor, Tensor]]] = {
-    **OUTCOME_ADVANTAGE_ESTIMATORS,
-    **TOKEN_ADVANTAGE_ESTIMATORS,
-    **MULTI_TURN_ADVANTAGE_ESTIMATORS,
-}

@@ -17,6 +17,10 @@ from typing import Literal
 import torch
 from torch import Tensor
 
+LOG_RATIO_CLAMP = 20.0
+"""Every log ratio (policy/old, old/behaviour, reference/policy) is clamped to +-this before exp,
+so that a diverged token cannot give inf (as in verl); it binds only at a ratio beyond e^20."""
+
 LossAggregation = Literal[
     "token_mean", "seq_mean_token_mean", "seq_mean_token_sum", "seq_mean_token_sum_norm"
 ]

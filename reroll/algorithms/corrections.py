@@ -19,9 +19,7 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
-from .aggregation import masked_mean, turn_sums, turns_to_tokens
-
-LOG_RATIO_CLAMP = 20.0
+from .aggregation import LOG_RATIO_CLAMP, masked_mean, turn_sums, turns_to_tokens
 
 
 def _token_log_ratio(old_logprobs: Tensor, behaviour_logprobs: Tensor, mask: Tensor) -> Tensor:

@@ -15,10 +15,11 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from .aggregation import LOG_RATIO_CLAMP
+
 # Numerical safety for k3: the log ratio is clamped to [-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP] before
 # exp, and k3 itself to at most K3_MAX (the same bounds as verl's low_var_kl). Both only bind
 # when the two policies disagree by a factor of e^10 on a token.
-LOG_RATIO_CLAMP = 20.0
 K3_MAX = 10.0
 
 

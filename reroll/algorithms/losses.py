@@ -20,15 +20,10 @@ Metrics are detached 0-dim tensors, averaged over the valid tokens of THIS call 
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import torch
 from torch import Tensor
 
-from .aggregation import aggregate_loss, masked_mean, turn_sums, turns_to_tokens
-
-# log ratios are clamped before exp so that a diverged token cannot produce inf (as in verl).
-LOG_RATIO_CLAMP = 20.0
+from .aggregation import LOG_RATIO_CLAMP, aggregate_loss, masked_mean, turn_sums, turns_to_tokens
 
 Metrics = dict[str, float | Tensor]
 
@@ -326,17 +321,6 @@ def chunk_count(turn_ids: Tensor, mask: Tensor) -> float:
     in_chunk = (mask > 0) & (turn_ids >= 0)
     K = int(turn_ids.max().clamp_min(0)) + 1
     return float((turn_sums(in_chunk.float(), turn_ids, K) > 0).sum())
-
-
-POLICY_LOSSES: dict[str, Callable[..., tuple[Tensor, Metrics]]] = {
-    "ppo": ppo_clip_loss,
-    "gspo": gspo_loss,
-    "cispo": cispo_loss,
-    "topr": topr_loss,
-    "reinforce": reinforce_loss,
-    "decoupled_ppo": decoupled_ppo_loss,
-    "ipa_chunk": ipa_chunk_loss,
-}
 
 
 def entropy_from_logits(logits: Tensor) -> Tensor:

@@ -9,7 +9,7 @@ involve `rollout:` by `AlgorithmConfig.rollout_errors`, called from `RLConfig` a
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import ClassVar, Literal
 
 from pydantic import Field, model_validator
 
@@ -23,12 +23,21 @@ LossAgg = Literal["token_mean", "seq_mean_token_mean", "seq_mean_token_sum",
 # Advantage estimators
 
 
-class GRPOAdvantage(Section):
+class AdvantageSection(Section):
+    """What every advantage estimator's section has."""
+
+    group_baseline: ClassVar[bool] = False
+    """Whether the baseline comes from the other responses of the prompt's group (then a group
+    of one response has none)."""
+
+
+class GRPOAdvantage(AdvantageSection):
     """Group-normalised outcome reward (DeepSeekMath, Shao et al. 2024):
     A_i = (r_i - mean r) / (std r + eps), the mean and the std each over the group, the batch or
     nothing, broadcast to the response's tokens."""
 
     name: Literal["grpo"] = "grpo"
+    group_baseline: ClassVar[bool] = True
     mean: NormLevel = "group"
     """Baseline subtracted from the reward: the group mean, the batch mean, or none."""
     std: NormLevel = "group"
@@ -38,29 +47,32 @@ class GRPOAdvantage(Section):
     """Added to the std before dividing."""
 
 
-class DrGRPOAdvantage(Section):
+class DrGRPOAdvantage(AdvantageSection):
     """Dr. GRPO ("Understanding R1-Zero-like Training", Liu et al. 2025): A_i = r_i - mean_group r,
     no std division. Its loss aggregation defaults to `seq_mean_token_sum_norm`."""
 
     name: Literal["dr_grpo"] = "dr_grpo"
+    group_baseline: ClassVar[bool] = True
 
 
-class LitePPOAdvantage(Section):
+class LitePPOAdvantage(AdvantageSection):
     """Lite PPO ("Tricks or Traps?", Liu et al. 2025): group mean, batch std:
     A_i = (r_i - mean_group r) / (std_batch r + eps). Pairs with `token_mean`."""
 
     name: Literal["lite_ppo"] = "lite_ppo"
+    group_baseline: ClassVar[bool] = True
     eps: float = Field(1e-6, gt=0)
     """Added to the batch std before dividing."""
 
 
-class RLOOAdvantage(Section):
+class RLOOAdvantage(AdvantageSection):
     """REINFORCE leave-one-out ("Back to Basics", Ahmadian et al. 2024): A_i = r_i - mean_{j!=i} r_j."""
 
     name: Literal["rloo"] = "rloo"
+    group_baseline: ClassVar[bool] = True
 
 
-class ReinforcePPAdvantage(Section):
+class ReinforcePPAdvantage(AdvantageSection):
     """REINFORCE++ (Hu et al. 2025): token returns G_t = sum_k gamma^(k-t) r_k of the score on the
     last token (minus beta*KL per token when `kl.mode: reward`), whitened over the batch."""
 
@@ -71,17 +83,18 @@ class ReinforcePPAdvantage(Section):
     """Added to the variance when whitening."""
 
 
-class ReinforcePPBaselineAdvantage(Section):
+class ReinforcePPBaselineAdvantage(AdvantageSection):
     """REINFORCE++-baseline: the group mean of the rewards is subtracted first, then REINFORCE++."""
 
     name: Literal["reinforce_pp_baseline"] = "reinforce_pp_baseline"
+    group_baseline: ClassVar[bool] = True
     gamma: float = Field(1.0, ge=0, le=1)
     """Discount per response token."""
     eps: float = Field(1e-8, gt=0)
     """Added to the variance when whitening."""
 
 
-class GAEAdvantage(Section):
+class GAEAdvantage(AdvantageSection):
     """GAE(gamma, lambda) over token rewards (the score on the last response token, minus beta*KL
     per token when `kl.mode: reward`) with values from a learned critic (PPO, Schulman et al.
     2017). Needs an `algorithm.critic` section."""
@@ -95,7 +108,7 @@ class GAEAdvantage(Section):
     """Whiten the advantages over all response tokens of the batch (as verl and OpenRLHF do)."""
 
 
-class ReBNAdvantage(Section):
+class ReBNAdvantage(AdvantageSection):
     """ReBN, Return Batch Normalisation (GEM, 2025): per-turn discounted returns, normalised over
     all turns in the batch. In the RLVR pipeline a response is one turn."""
 
@@ -106,12 +119,13 @@ class ReBNAdvantage(Section):
     """Added to the variance when normalising."""
 
 
-class GiGPOAdvantage(Section):
+class GiGPOAdvantage(AdvantageSection):
     """GiGPO (Feng et al. 2025): episode-level group advantage + `step_weight` x step-level
     advantage within groups of turns that share an anchor state. Without state ids from an
     environment, turn k of every episode of a group counts as one anchor state."""
 
     name: Literal["gigpo"] = "gigpo"
+    group_baseline: ClassVar[bool] = True
     gamma: float = Field(0.95, ge=0, le=1)
     """Discount per turn for the step-level returns."""
     step_weight: float = Field(1.0, ge=0)
@@ -122,7 +136,7 @@ class GiGPOAdvantage(Section):
     """Added to the stds before dividing."""
 
 
-class IPAChunkAdvantage(Section):
+class IPAChunkAdvantage(AdvantageSection):
     """IPA chunk-level returns ("Let It Flow" / ROME, 2025): the discounted return of each
     interaction chunk (the model's tokens of one turn), constant over the chunk. Pair it with
     `policy_loss: {name: ipa_chunk}` for the chunk-level ratio and normalisation."""
@@ -132,15 +146,13 @@ class IPAChunkAdvantage(Section):
     """Discount per chunk."""
 
 
-AdvantageConfig = choice(
-    "name", "grpo", GRPOAdvantage, DrGRPOAdvantage, LitePPOAdvantage, RLOOAdvantage,
-    ReinforcePPAdvantage, ReinforcePPBaselineAdvantage, GAEAdvantage, ReBNAdvantage,
-    GiGPOAdvantage, IPAChunkAdvantage)
-
-# Estimators whose baseline comes from the other responses of the prompt's group.
-GROUP_ESTIMATORS = ("grpo", "dr_grpo", "lite_ppo", "rloo", "reinforce_pp_baseline", "gigpo")
-# Estimators that read `turn_ids` (0 on the response tokens of a single-turn sample).
-MULTI_TURN_ESTIMATORS = ("rebn", "gigpo", "ipa_chunk")
+ADVANTAGES = (GRPOAdvantage, DrGRPOAdvantage, LitePPOAdvantage, RLOOAdvantage,
+              ReinforcePPAdvantage, ReinforcePPBaselineAdvantage, GAEAdvantage, ReBNAdvantage,
+              GiGPOAdvantage, IPAChunkAdvantage)
+AdvantageConfig = choice("name", "grpo", *ADVANTAGES)
+ADVANTAGE_NAMES = tuple(a.model_fields["name"].default for a in ADVANTAGES)
+"""Every advantage estimator by name: the one list of them (objective.py maps each to its
+function; tests derive theirs from it)."""
 
 # ----------------------------------------------------------------------------------------------
 # Policy losses
@@ -267,6 +279,17 @@ class KLConfig(Section):
     controller: KLControllerConfig = Field(default_factory=FixedKL)
     """How the coefficient evolves: `fixed`, or `adaptive` with a KL `target`."""
 
+    @property
+    def in_reward(self) -> bool:
+        """KL is a per-token reward penalty (`mode: reward`), not a loss term: the one place
+        the mode is compared."""
+        return self.mode == "reward"
+
+    @property
+    def in_loss(self) -> bool:
+        """KL is a term of the policy loss (`mode: loss`)."""
+        return not self.in_reward
+
 
 class NormalizationConfig(Section):
     """Reward clipping before the estimator; advantage whitening and clipping after it."""
@@ -345,8 +368,8 @@ class CorrectionConfig(Section):
     ratio_mask: RatioMaskConfig | None = None
     """Ratio-based masking of tokens or sequences; None: off."""
     auto: bool = True
-    """When the samples can be off-policy (`async_training.enabled`, or `rollout.engine` vllm or
-    remote, whose logprobs are not the trainer's) and neither `tis` nor `ratio_mask` is set and
+    """When the samples can be off-policy (`async_training.enabled`, or `rollout.engine: vllm`,
+    whose logprobs are not the trainer's) and neither `tis` nor `ratio_mask` is set and
     the policy loss is not `decoupled_ppo` (which corrects by itself): turn on token-level TIS with
     cap 2 (`tis: {level: token, cap: 2.0}`, see docs/async.md). Resolved when the config loads;
     the run's config.yaml shows the result. false: leave the samples uncorrected (logged)."""
@@ -491,7 +514,7 @@ class AlgorithmConfig(Section):
         """Problems of this section together with `rollout:`; each names the fields."""
         errors = []
         adv = self.advantage
-        grouped = adv.name in GROUP_ESTIMATORS and not (
+        grouped = adv.group_baseline and not (
             adv.name == "grpo" and "group" not in (adv.mean, adv.std))
         if grouped and group_size < 2:
             errors.append(f"algorithm.advantage {adv.name} needs rollout.group_size >= 2 (a group "

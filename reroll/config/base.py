@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from functools import reduce
+from operator import or_
 from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Discriminator, Tag
@@ -27,7 +29,4 @@ def choice(key: str, default: str, *options: type[BaseModel]) -> Any:
 
 
 def _union(types: tuple[Any, ...]) -> Any:
-    from functools import reduce
-    from operator import or_
-
     return reduce(or_, types)

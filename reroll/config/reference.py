@@ -9,6 +9,9 @@ from typing import Any
 from pydantic import BaseModel
 from pydantic_core import PydanticUndefined
 
+from reroll.config.agentic import AgenticConfig
+from reroll.config.schema import RLConfig, SFTConfig
+
 
 def _models_in(annotation: Any) -> list[type[BaseModel]]:
     """The config models inside a field's annotation (through Optional, unions, Annotated)."""
@@ -74,9 +77,6 @@ def render(model: type[BaseModel], prefix: str = "", seen: set | None = None) ->
 
 
 def render_markdown() -> str:
-    from reroll.config.agentic import AgenticConfig
-    from reroll.config.schema import RLConfig, SFTConfig
-
     parts = ["# Config reference", "",
              "Generated from the schemas in `reroll/config/` (`python -m reroll.config.reference`).",
              "Unknown keys are errors; a union section picks its variant by `name` (or `type`).", ""]

@@ -83,9 +83,9 @@ def scheduling_errors(config) -> list[str]:
     if tail.enabled and asynchronous.enabled:
         errors.append("tail_batching.enabled and async_training.enabled cannot be combined: tail "
                       "batching schedules synchronous rounds; turn one of them off")
-    if asynchronous.in_flight_updates and config.rollout.engine != "hf":
+    if asynchronous.in_flight_updates and config.rollout.engine.type != "hf":
         errors.append(f"async_training.in_flight_updates needs rollout.engine: hf (got "
-                      f"{config.rollout.engine}, which cannot swap weights between two decoding "
+                      f"{config.rollout.engine.type}, which cannot swap weights between two decoding "
                       f"steps); turn it off to use partial_rollout")
     if asynchronous.enabled and config.distributed.weight_sync == "broadcast":
         errors.append("distributed.weight_sync: broadcast is not available with "

@@ -10,14 +10,14 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
 from reroll.config.algorithm import AlgorithmConfig
 from reroll.config.base import Section, choice
 from reroll.config.distributed import DistributedConfig
-from reroll.config.engines import RemoteSettings, VLLMSettings
+from reroll.config.engines import EngineConfig, HFEngineConfig, engine_from_sections
 from reroll.config.scheduling import (
     AsyncTrainingConfig,
     SchedulerConfig,
@@ -166,14 +166,12 @@ class TrackingConfig(Section):
 class RolloutConfig(Section):
     """How responses are sampled for training."""
 
-    engine: Literal["hf", "vllm", "remote"] = "hf"
-    """Inference engine that samples responses: `hf` (transformers, in-process, any machine),
-    `vllm` (vLLM's async engine; settings in `rollout.vllm`; `make vllm` installs it on CPU), or
-    `remote` (OpenAI-compatible endpoints in `rollout.remote`). See docs/engines.md."""
-    vllm: VLLMSettings = Field(default_factory=VLLMSettings)
-    """Settings of the `vllm` engine (ignored by the others)."""
-    remote: RemoteSettings = Field(default_factory=RemoteSettings)
-    """Settings of the `remote` engine (ignored by the others)."""
+    engine: EngineConfig = Field(default_factory=HFEngineConfig)
+    """Inference engine that samples responses, chosen by `type`: `hf` (transformers, in-process,
+    any machine), `vllm` (vLLM's async engine; `make vllm` installs it on CPU) or `remote`
+    (OpenAI-compatible endpoints; evaluation only), each with its own settings. `engine: vllm`
+    alone picks one with its defaults; the earlier `engine: vllm` + `vllm:` section form still
+    loads. See docs/engines.md."""
     prompts_per_step: int = Field(16, ge=1)
     """Prompts sampled from the dataset per training step."""
     group_size: int = Field(8, ge=1)
@@ -195,13 +193,10 @@ class RolloutConfig(Section):
     Behaviour logprobs then differ from the trainer's by bf16 rounding (see docs/engines.md);
     decoupled_ppo or `algorithm.correction` account for it."""
 
-    @model_validator(mode="after")
-    def _remote_needs_endpoints(self) -> RolloutConfig:
-        if self.engine == "remote" and not self.remote.endpoints:
-            raise ValueError("rollout.engine is remote but rollout.remote.endpoints is empty: "
-                             "list the base URLs of OpenAI-compatible servers "
-                             "(e.g. http://127.0.0.1:8000/v1)")
-        return self
+    @model_validator(mode="before")
+    @classmethod
+    def _engine_sections(cls, data: Any) -> Any:
+        return engine_from_sections(data)
 
 
 class RewardSection(Section):
@@ -343,11 +338,16 @@ class RLRunConfig(Section):
     def off_policy_reasons(self) -> list[str]:
         """Why the trained samples can come from a distribution other than the trainer's pi_old
         (empty: they are on-policy up to float noise); `algorithm.correction.auto` reads it."""
-        engine = self.rollout.engine
+        engine = self.rollout.engine.type
         return [f"rollout.engine: {engine} samples with its own logprobs"] if engine != "hf" else []
 
     @model_validator(mode="after")
     def _resolve_correction(self) -> RLRunConfig:
+        if self.rollout.engine.type == "remote":
+            raise ValueError("rollout.engine: remote cannot train: reroll cannot push the trained "
+                             "weights to remote endpoints (the first weight sync would fail). Use "
+                             "rollout.engine: hf or vllm, and keep remote endpoints for `reroll "
+                             "eval`, judges and teachers")
         self.algorithm.resolve_correction(self.off_policy_reasons())
         return self
 

@@ -59,6 +59,14 @@ class Trajectory:
                 raise ValueError(f"{name} must have one entry per response token")
 
 
+def trajectory_row(t: Trajectory) -> dict[str, Any]:
+    """A trajectory as text, for people and the run viewer (a batch's metadata, the rollout
+    files, evaluation samples): the one place this row is built; callers add their own keys."""
+    return ({"prompt": t.prompt_text, "response": t.response_text, "answer": t.answer,
+             "reward": t.reward, "reward_info": t.reward_info, "finish_reason": t.finish_reason}
+            | ({"segments": t.segments} if t.segments is not None else {}))
+
+
 def collate(trajectories: list[Trajectory], pad_token_id: int) -> tuple[TensorDict, list[dict]]:
     """Right-pad prompt+response sequences into a Batch; returns (tensors, per-sample metadata)."""
     lengths = [len(t.prompt_ids) + len(t.response_ids) for t in trajectories]
@@ -87,13 +95,7 @@ def collate(trajectories: list[Trajectory], pad_token_id: int) -> tuple[TensorDi
     )
     if any(t.turn_ids is not None for t in trajectories):
         tensors.update(_turn_tensors(trajectories, width))
-    metadata = [
-        {"prompt": t.prompt_text, "response": t.response_text, "answer": t.answer,
-         "reward": t.reward, "reward_info": t.reward_info, "finish_reason": t.finish_reason,
-         "policy_version": t.policy_version}
-        | ({"segments": t.segments} if t.segments is not None else {})
-        for t in trajectories
-    ]
+    metadata = [trajectory_row(t) | {"policy_version": t.policy_version} for t in trajectories]
     return tensors, metadata
 
 

@@ -16,6 +16,7 @@ import enum
 import functools
 import os
 import socket
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -24,6 +25,7 @@ import torch
 from tensordict import TensorDict
 
 from reroll import settings
+from reroll.distributed.ray_runtime import quiet_transformers
 
 
 class Dispatch(enum.Enum):
@@ -34,6 +36,14 @@ class Dispatch(enum.Enum):
 
 class WorkerDied(RuntimeError):
     """A worker process of a role is gone (killed, out of memory); the run can restart the roles."""
+
+
+def is_worker_death(error: BaseException) -> bool:
+    """Whether `error` says a worker process is gone (what a restart of the roles can mend)."""
+    if isinstance(error, WorkerDied):
+        return True
+    ray = sys.modules.get("ray")  # only a run that started Ray can lose a Ray actor
+    return ray is not None and isinstance(error, ray.exceptions.RayActorError)
 
 
 @dataclass(frozen=True)
@@ -117,14 +127,12 @@ class WorkerHost:
 
     def __init__(self, num_threads: int):
         torch.set_num_threads(num_threads)
-        from reroll.distributed.ray_runtime import quiet_transformers
-
         quiet_transformers()
         self.worker: Any = None
 
     def address(self) -> tuple[str, int]:
         """This node's IP and a free port, for rank 0 to host the process group's rendezvous."""
-        import ray
+        import ray  # deferred: Ray is heavy to import and only Ray runs get here
 
         with socket.socket() as s:
             s.bind(("", 0))
@@ -170,7 +178,7 @@ class RayExecutor:
         return self.actors[rank].call.options(num_returns=num_returns).remote(method, args, {})
 
     def _get(self, refs: list[Any]) -> list[Any]:
-        import ray
+        import ray  # deferred: Ray is heavy to import and only Ray runs get here
 
         try:
             return ray.get(refs)
@@ -178,7 +186,7 @@ class RayExecutor:
             raise WorkerDied(f"a worker process died: {e}") from e
 
     def shutdown(self) -> None:
-        import ray
+        import ray  # deferred: Ray is heavy to import and only Ray runs get here
 
         for actor in self.actors:
             ray.kill(actor, no_restart=True)
@@ -187,6 +195,6 @@ class RayExecutor:
 
 @functools.cache
 def _remote_worker_host() -> Callable[..., Any]:
-    import ray
+    import ray  # deferred: Ray is heavy to import and only Ray runs get here
 
     return ray.remote(WorkerHost)  # once per process: Ray registers a class per `ray.remote` call

@@ -7,7 +7,8 @@ when that side already holds the devices. Going to rollout frees the trainer's m
 then wakes the engine; going to training puts the engine to sleep first. `Separate` is the same
 interface for roles on different devices, where nothing swaps.
 
-What is freed where: on an accelerator, `offload_optimizer_state` moves AdamW's moments to (pinned)
+What is freed where: on an accelerator, the policy's `offload()`
+(`reroll.training.offload.OptimizerOffload`) moves AdamW's moments to (pinned)
 host memory and `sleep()` frees the engine's weights and KV cache. On a CPU-only machine the
 "device" memory IS host memory, so there is nothing to free: offload leaves the state where it is
 (and says so, 0 bytes moved) and `HFEngine.sleep()` does nothing; the turns are still taken, so
@@ -17,64 +18,11 @@ the ordering is the same as on GPUs.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
 from typing import Any
-
-import torch
 
 from reroll.config.distributed import DistributedConfig
 from reroll.config.errors import ConfigError
-
-
-def optimizer_state_tensors(optimizer: torch.optim.Optimizer
-                            ) -> Iterator[tuple[dict, str, torch.Tensor]]:
-    for state in optimizer.state.values():
-        for key, value in state.items():
-            if isinstance(value, torch.Tensor):
-                yield state, key, value
-
-
-def optimizer_state_bytes(optimizer: torch.optim.Optimizer, device_type: str | None = None) -> int:
-    """Bytes of optimizer state (on devices of `device_type` only, when given)."""
-    return sum(t.numel() * t.element_size() for _, _, t in optimizer_state_tensors(optimizer)
-               if device_type is None or t.device.type == device_type)
-
-
-class OptimizerOffload:
-    """Moves an optimizer's state off the accelerator and back, to the very devices it came from."""
-
-    def __init__(self, optimizer: torch.optim.Optimizer):
-        self.optimizer = optimizer
-        self.homes: list[tuple[dict, str, torch.device]] | None = None  # set while offloaded
-
-    @property
-    def offloaded(self) -> bool:
-        return self.homes is not None
-
-    def offload(self) -> int:
-        """Move every state tensor on an accelerator to host memory (pinned, so `reload` copies
-        back fast) and free the device's cached blocks. Returns the bytes moved: 0 on a CPU-only
-        machine, where the state already is in host memory and there is nothing to free."""
-        self.homes, moved = [], 0
-        for state, key, tensor in list(optimizer_state_tensors(self.optimizer)):
-            if tensor.device.type == "cpu":
-                continue
-            self.homes.append((state, key, tensor.device))
-            if hasattr(tensor, "device_mesh"):  # an FSDP2 shard (DTensor) keeps its sharding
-                state[key] = tensor.to("cpu")
-            else:
-                state[key] = torch.empty(tensor.shape, dtype=tensor.dtype, device="cpu",
-                                         pin_memory=True).copy_(tensor)
-            moved += tensor.numel() * tensor.element_size()
-        if moved and torch.cuda.is_available():
-            torch.cuda.empty_cache()
-        return moved
-
-    def reload(self) -> None:
-        """Move the state back before the optimizer steps."""
-        for state, key, device in self.homes or []:
-            state[key] = state[key].to(device, non_blocking=True)
-        self.homes = None
+from reroll.distributed.placement import colocated_with_policy
 
 
 class TakeTurns:
@@ -135,8 +83,6 @@ class Separate:
 
 def take_turns(config: Any, policy: Any, engine: Any) -> TakeTurns | Separate:
     """`TakeTurns` when the placement puts the rollout engine on the policy's devices."""
-    from reroll.distributed.placement import colocated_with_policy
-
     d: DistributedConfig = config.distributed
     if not colocated_with_policy(d, "rollout"):
         return Separate()

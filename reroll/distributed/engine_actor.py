@@ -17,24 +17,10 @@ from typing import Any
 
 import torch
 
-from reroll.distributed.packing import pack, unpack
+from reroll.distributed.collective import join_group, receive_buckets
+from reroll.distributed.packing import buffer_size, pack, unpack
+from reroll.distributed.ray_runtime import ensure_ray, quiet_transformers
 from reroll.engines.base import Completion, Engine, Request
-
-
-def build_hf_engine(model_path: str, dtype: str = "float32", max_batch_size: int = 256,
-                    pad_token_id: int | None = None) -> Engine:
-    """An HFEngine over the model at `model_path` (module-level, so a partial of it pickles)."""
-    from reroll.engines.hf import HFEngine
-    from reroll.models.loading import load_model, load_tokenizer
-
-    if pad_token_id is None:
-        pad_token_id = load_tokenizer(model_path).pad_token_id
-    return HFEngine(load_model(model_path, dtype), max_batch_size, pad_token_id)
-
-
-def hf_engine_factory(model_path: str, dtype: str = "float32", max_batch_size: int = 256,
-                      pad_token_id: int | None = None) -> Callable[[], Engine]:
-    return functools.partial(build_hf_engine, model_path, dtype, max_batch_size, pad_token_id)
 
 
 class EngineHost:
@@ -43,8 +29,6 @@ class EngineHost:
     handled while a batch decodes."""
 
     def __init__(self, engine_factory: Callable[[], Engine], num_threads: int):
-        from reroll.distributed.ray_runtime import quiet_transformers
-
         torch.set_num_threads(num_threads)
         quiet_transformers()
         self.engine = engine_factory()
@@ -116,15 +100,10 @@ class EngineHost:
 
     async def join_weight_group(self, address: tuple[str, int], rank: int, world_size: int,
                                 backend: str) -> None:
-        from reroll.distributed.weight_sync import join_group
-
         self.sync_group = await asyncio.to_thread(join_group, address, rank, world_size, backend)
 
     async def receive_weights(self, slots, version: int, bucket_bytes: int, backend: str) -> None:
         """The engine's side of `BroadcastSync`: receive the flat buffer, then load it."""
-        from reroll.distributed.packing import buffer_size
-        from reroll.distributed.weight_sync import receive_buckets
-
         def receive_and_load() -> None:
             flat = receive_buckets(self.sync_group, buffer_size(slots), bucket_bytes, backend)
             self.engine.load_weights(unpack(slots, flat).items(), version)
@@ -175,13 +154,13 @@ class ActorEngine:
     @functools.cached_property
     def in_flight_updates(self) -> bool:
         """Whether the engine in the actor loads weights between decoding steps (see HFEngine)."""
-        import ray
+        import ray  # deferred: Ray is heavy to import and only Ray runs get here
 
         return ray.get(self.actor.supports_in_flight_updates.remote())
 
     def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
         """Blocks until the engine has the new weights."""
-        import ray
+        import ray  # deferred: Ray is heavy to import and only Ray runs get here
 
         slots, flat = pack(named_tensors)
         self._loaded_fingerprint = ray.get(self.actor.load_weights.remote(slots, flat.numpy(),
@@ -190,36 +169,36 @@ class ActorEngine:
     def weights_fingerprint(self) -> str:
         """The fingerprint the actor took right after this client's last load, once (one round
         trip less while the engine decodes); otherwise asked for."""
-        import ray
+        import ray  # deferred: Ray is heavy to import and only Ray runs get here
 
         fingerprint, self._loaded_fingerprint = self._loaded_fingerprint, None
         return fingerprint or ray.get(self.actor.weights_fingerprint.remote())
 
     def stats(self) -> dict[str, float]:
-        import ray
+        import ray  # deferred: Ray is heavy to import and only Ray runs get here
 
         return ray.get(self.actor.stats.remote())
 
     def sleep(self) -> None:
         """Free the engine's memory while a colocated trainer runs (generating meanwhile fails)."""
-        import ray
+        import ray  # deferred: Ray is heavy to import and only Ray runs get here
 
         ray.get(self.actor.sleep.remote())
 
     def wake(self) -> None:
-        import ray
+        import ray  # deferred: Ray is heavy to import and only Ray runs get here
 
         ray.get(self.actor.wake.remote())
 
     def shutdown(self) -> None:
-        import ray
+        import ray  # deferred: Ray is heavy to import and only Ray runs get here
 
         ray.kill(self.actor, no_restart=True)
 
 
 @functools.cache
 def _remote_host():
-    import ray
+    import ray  # deferred: Ray is heavy to import and only Ray runs get here
 
     return ray.remote(EngineHost)
 
@@ -230,9 +209,7 @@ def start_engine_actor(engine_factory: Callable[[], Engine], *, num_cpus: float 
     """Build `engine_factory()` inside a new Ray actor reserving `num_cpus` CPUs; blocks until the
     engine is loaded (a failure to build it raises here, not at the first request).
     `ray_options` (GPUs, placement group, ...) override the defaults, as `placement.py` gives them."""
-    import ray
-
-    from reroll.distributed.ray_runtime import ensure_ray
+    import ray  # deferred: Ray is heavy to import and only Ray runs get here
 
     ensure_ray()
     options: dict[str, Any] = {"num_cpus": num_cpus, "max_concurrency": 1000} | (ray_options or {})

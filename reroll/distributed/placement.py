@@ -78,7 +78,7 @@ def _cpu_reservations(config: DistributedConfig, roles: tuple[str, ...]) -> dict
 
 def ray_options(config: DistributedConfig, roles: tuple[str, ...]) -> dict[str, list[dict[str, Any]]]:
     """{role: [Ray actor options of worker r]} for the roles being built."""
-    import ray
+    import ray  # deferred: Ray is heavy to import and only Ray runs get here
     from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
     check_resources(config, roles, ray.cluster_resources())

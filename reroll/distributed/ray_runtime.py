@@ -22,7 +22,7 @@ def ensure_ray(address: str | None = None, num_cpus: int | None = None) -> None:
     """Start a local Ray instance, or connect to `address`, unless this process already did.
     Ray is an extra (`make demo` leaves it out): without it, say how to get it."""
     try:
-        import ray
+        import ray  # deferred: heavy to import, only Ray runs get here, and an extra
     except ImportError as e:
         raise ConfigError(f"distributed.executor: ray, but Ray is not installed ({e}); install "
                           "it with `pip install -e '.[ray]'` (`make test` installs it), or set "
@@ -43,7 +43,7 @@ def ensure_ray(address: str | None = None, num_cpus: int | None = None) -> None:
 
 
 def shutdown_ray() -> None:
-    import ray
+    import ray  # deferred: Ray is heavy to import and only Ray runs get here
 
     if ray.is_initialized():
         ray.shutdown()
@@ -51,7 +51,7 @@ def shutdown_ray() -> None:
 
 def quiet_transformers() -> None:
     """No per-load progress bars from worker processes (they interleave with the run's bar)."""
-    import transformers
+    import transformers  # deferred: only worker processes need it, and it is slow to import
 
     transformers.utils.logging.disable_progress_bar()
     transformers.utils.logging.set_verbosity_error()

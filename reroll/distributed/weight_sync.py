@@ -1,8 +1,12 @@
 """Policy -> engine weight sync, verified: after every sync the engine's weights fingerprint must
 equal the policy's, or the run stops (an engine sampling from stale weights silently ruins
-on-policy training).
+on-policy training). This is the driver's side; which sync a run gets is decided where its roles
+are built (`reroll.pipelines.roles`), and the collective transport that runs inside the worker
+and actor processes is `collective.py`.
 
-`InProcessSync`: the engine shares the policy's process (colocated): an in-memory handoff.
+`InProcessSync`: the engine takes the policy's weights in memory (colocated, or an engine actor
+fed by an in-process policy, which packs the weights itself).
+`PublishedSync`: asynchronous training with in-flight updates hands the weights over.
 `ObjectStoreSync`: the policy's rank 0 packs the full weights into one flat buffer in Ray's
 object store and the engine actor takes it from there (the driver never touches the bytes).
 `BroadcastSync`: the policy's rank 0 and the engine actors form a torch.distributed group of
@@ -13,16 +17,19 @@ travels through Ray.
 
 from __future__ import annotations
 
-import datetime
 import time
-from typing import Any
-
-import torch
+from typing import Any, Protocol
 
 from reroll.config.distributed import DistributedConfig
+from reroll.distributed.engine_actor import ActorEngine
+from reroll.distributed.groups import PolicyGroup
 from reroll.engines.base import Engine, WeightSyncError, fingerprint
 
-GROUP_TIMEOUT = datetime.timedelta(minutes=10)
+
+class WeightSync(Protocol):
+    def __call__(self, version: int) -> dict[str, float]:
+        """Push the policy's weights to the engine(s) as `version`; returns the sync's metrics."""
+        ...
 
 
 def _check(policy_fp: str, engine_fp: str, version: int) -> None:
@@ -59,13 +66,13 @@ class PublishedSync:
 
 
 class ObjectStoreSync:
-    """`policy` is a `PolicyGroup` on the Ray executor, `engine` an `ActorEngine`."""
+    """From the Ray workers of `policy` to the engine actor `engine`."""
 
-    def __init__(self, policy: Any, engine: Any):
+    def __init__(self, policy: PolicyGroup, engine: ActorEngine):
         self.policy, self.engine = policy, engine
 
     def __call__(self, version: int) -> dict[str, float]:
-        import ray
+        import ray  # deferred: Ray is heavy to import and only Ray runs get here
 
         t0 = time.perf_counter()
         executor = self.policy.cluster.executor
@@ -80,9 +87,10 @@ class ObjectStoreSync:
 
 
 class BroadcastSync:
-    """`policy` is a `PolicyGroup` on the Ray executor, `engines` `ActorEngine`s."""
+    """From the Ray workers of `policy` to the engine actors `engines`."""
 
-    def __init__(self, policy: Any, engines: list[Any], backend: str, bucket_mb: int):
+    def __init__(self, policy: PolicyGroup, engines: list[ActorEngine], backend: str,
+                 bucket_mb: int):
         self.policy, self.engines, self.backend = policy, engines, backend
         self.bucket_bytes = bucket_mb << 20
         self.joined = False
@@ -90,7 +98,7 @@ class BroadcastSync:
     def join(self) -> None:
         """Policy rank 0 hosts the group's store; each engine joins it (all at once: joining
         blocks until every member has arrived)."""
-        import ray
+        import ray  # deferred: Ray is heavy to import and only Ray runs get here
 
         executor = self.policy.cluster.executor
         address = ray.get(executor.actors[0].address.remote())
@@ -101,7 +109,7 @@ class BroadcastSync:
         self.joined = True
 
     def __call__(self, version: int) -> dict[str, float]:
-        import ray
+        import ray  # deferred: Ray is heavy to import and only Ray runs get here
 
         t0 = time.perf_counter()
         if not self.joined:
@@ -118,52 +126,6 @@ class BroadcastSync:
         return {"time/weight_sync_s": time.perf_counter() - t0, "policy_version": version}
 
 
-def join_group(address: tuple[str, int], rank: int, world_size: int, backend: str) -> Any:
-    """A process group of its own (rank 0 hosts the rendezvous at `address`), independent of any
-    default group this process is in (the policy's FSDP2 ranks)."""
-    import torch.distributed as dist
-
-    store = dist.TCPStore(address[0], address[1], world_size, is_master=rank == 0,
-                          timeout=GROUP_TIMEOUT)
-    store = dist.PrefixStore("reroll-weight-sync", store)
-    if backend == "nccl":
-        return dist.ProcessGroupNCCL(store, rank, world_size)
-    return dist.ProcessGroupGloo(store, rank, world_size, GROUP_TIMEOUT)
-
-
-def _buckets(size: int, bucket_bytes: int) -> list[tuple[int, int]]:
-    return [(start, min(start + bucket_bytes, size)) for start in range(0, size, bucket_bytes)]
-
-
-def _broadcast(group: Any, tensor: torch.Tensor) -> None:
-    import torch.distributed as dist
-
-    options = dist.BroadcastOptions()
-    options.rootRank = 0
-    group.broadcast([tensor], options).wait()
-
-
-def broadcast_buckets(group: Any, flat: torch.Tensor, bucket_bytes: int, backend: str) -> None:
-    """Send `flat` (uint8, host memory) from rank 0, one bucket at a time (through the GPU when
-    the group is NCCL's)."""
-    for start, end in _buckets(flat.numel(), bucket_bytes):
-        bucket = flat[start:end]
-        _broadcast(group, bucket.cuda() if backend == "nccl" else bucket)
-
-
-def receive_buckets(group: Any, size: int, bucket_bytes: int, backend: str) -> torch.Tensor:
-    """The receiving side of `broadcast_buckets`: the flat buffer in host memory."""
-    flat = torch.empty(size, dtype=torch.uint8)
-    for start, end in _buckets(size, bucket_bytes):
-        if backend == "nccl":
-            bucket = torch.empty(end - start, dtype=torch.uint8, device="cuda")
-            _broadcast(group, bucket)
-            flat[start:end].copy_(bucket)
-        else:
-            _broadcast(group, flat[start:end])
-    return flat
-
-
 def sync_method(config: DistributedConfig) -> tuple[str, str]:
     """(`object_store` | `broadcast`, process-group backend) for an engine actor fed by Ray
     policy workers. NCCL needs the policy and the engines on different GPUs (one process per
@@ -177,21 +139,11 @@ def sync_method(config: DistributedConfig) -> tuple[str, str]:
     return method, "nccl" if separate_gpus else "gloo"
 
 
-def make_weight_sync(policy: Any, engine: Engine, config: DistributedConfig | None = None
-                     ) -> InProcessSync | PublishedSync | ObjectStoreSync | BroadcastSync:
+def actor_weight_sync(policy: PolicyGroup, engine: ActorEngine, config: DistributedConfig
+                      ) -> ObjectStoreSync | BroadcastSync:
     """For an engine actor fed by Ray policy workers: the object store or a broadcast, as
-    `config.weight_sync` says; for an async producer with in-flight updates, a hand-over;
-    otherwise the in-memory handoff (an engine actor fed by an in-process policy packs the
-    weights itself)."""
-    from reroll.distributed.engine_actor import ActorEngine
-    from reroll.distributed.roles import PolicyGroup
-
-    if getattr(engine, "publishes_weights", False):
-        return PublishedSync(policy, engine)
-    if not (isinstance(policy, PolicyGroup) and isinstance(engine, ActorEngine)
-            and not policy.in_process):
-        return InProcessSync(policy, engine)
-    method, backend = sync_method(config or DistributedConfig())
+    `config.weight_sync` (and the placement, for `auto`) says."""
+    method, backend = sync_method(config)
     if method == "broadcast":
-        return BroadcastSync(policy, [engine], backend, (config or DistributedConfig()).bucket_mb)
+        return BroadcastSync(policy, [engine], backend, config.bucket_mb)
     return ObjectStoreSync(policy, engine)

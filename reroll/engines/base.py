@@ -68,25 +68,6 @@ class Engine(Protocol):
     def weights_fingerprint(self) -> str: ...
 
 
-@runtime_checkable
-class ServingEngine(Engine, Protocol):
-    """What reroll's own engines (hf, vllm, remote) add to `Engine`: colocation, load, shutdown.
-
-    Kept apart from `Engine` so that wrappers which only forward requests (an engine actor, a
-    test double) still satisfy the minimal contract."""
-
-    def sleep(self) -> None:
-        """Free accelerator memory (weights and KV cache) while a colocated trainer runs."""
-
-    def wake(self) -> None:
-        """Undo `sleep`; the next `generate` runs at full speed."""
-
-    def stats(self) -> EngineStats: ...
-
-    def close(self) -> None:
-        """Release processes, threads and connections; the engine is unusable afterwards."""
-
-
 def fingerprint(named_tensors: Iterable[tuple[str, torch.Tensor]]) -> str:
     """A digest of names, dtypes, shapes and exact bytes of the weights (order-independent).
 

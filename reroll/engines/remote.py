@@ -38,7 +38,7 @@ class Endpoint:
 
 @dataclass(frozen=True)
 class RemoteOptions:
-    """The `rollout.remote` config section, minus the endpoint list."""
+    """The `rollout.engine` section of type `remote`, minus the endpoint list."""
 
     model: str | None = None
     max_in_flight: int = 64

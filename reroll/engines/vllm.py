@@ -39,7 +39,7 @@ _DEFAULT_ENV = {
 
 @dataclass(frozen=True)
 class VLLMOptions:
-    """How the vLLM engine is built (the `rollout.vllm` config section maps onto this)."""
+    """How the vLLM engine is built (a `rollout.engine` section of type `vllm` maps onto this)."""
 
     dtype: str = "float32"
     max_model_len: int | None = None

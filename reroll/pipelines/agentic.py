@@ -20,7 +20,7 @@ import torch
 
 from reroll.config.agentic import AgenticConfig
 from reroll.config.errors import ConfigError
-from reroll.data.batch import Trajectory
+from reroll.data.batch import Trajectory, trajectory_row
 from reroll.data.datasets import PromptSampler
 from reroll.engines.base import Engine, SamplingParams
 from reroll.envs import ChatFormat, make_env
@@ -156,11 +156,7 @@ class AgenticPipeline(RLVRPipeline):
         picked = random.Random(step).sample(trajectories, min(count, len(trajectories)))
         with (folder / f"step_{step}.jsonl").open("w") as f:
             for t in picked:
-                f.write(dumps({"prompt": t.prompt_text, "response": t.response_text,
-                                    "answer": t.answer, "reward": t.reward,
-                                    "reward_info": t.reward_info,
-                                    "finish_reason": t.finish_reason, "group_id": t.group_id,
-                                    "segments": t.segments}) + "\n")
+                f.write(dumps(trajectory_row(t) | {"group_id": t.group_id}) + "\n")
 
 
 def train_agentic(config: AgenticConfig) -> dict:

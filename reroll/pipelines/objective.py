@@ -217,7 +217,7 @@ def needs_old_logprobs(config: AlgorithmConfig) -> bool:
     that compares it with the behaviour or reference policy before the loss."""
     return (config.updates_per_batch > 1 or config.policy_loss.name == "decoupled_ppo"
             or config.correction.tis is not None or config.correction.ratio_mask is not None
-            or (config.kl.mode == "reward" and config.kl.coef > 0))
+            or (config.kl.in_reward and config.kl.coef > 0))
 
 
 def make_rl_loss(config: AlgorithmConfig, batch: TensorDict, temperature: float,
@@ -240,7 +240,7 @@ def make_rl_loss(config: AlgorithmConfig, batch: TensorDict, temperature: float,
         policy["num_tokens"] = algorithms.chunk_count(_turn_ids(batch), count_mask)
     policy_loss = policy_loss_fn(config)
     kl_coef = config.kl.coef if kl_coef is None else kl_coef
-    kl_in_loss = config.kl.mode == "loss" and kl_coef > 0
+    kl_in_loss = config.kl.in_loss and kl_coef > 0
 
     def loss_fn(model: torch.nn.Module, micro: TensorDict) -> tuple[torch.Tensor, dict]:
         mask, response = micro[loss_key], micro["response_mask"]
@@ -274,7 +274,7 @@ def advantages_before_scores(config: AlgorithmConfig, has_reference: bool) -> bo
     needed only on the samples that `samples_with_gradient` keeps."""
     return (config.skip_zero_advantage and config.critic is None
             and config.correction.ratio_mask is None
-            and not (config.kl.mode == "reward" and has_reference))
+            and not (config.kl.in_reward and has_reference))
 
 
 def samples_with_gradient(config: AlgorithmConfig, batch: TensorDict, kl_coef: float,
@@ -284,7 +284,7 @@ def samples_with_gradient(config: AlgorithmConfig, batch: TensorDict, kl_coef: f
     skipped ones to a non-zero multiple of `multiple` (the data-parallel ranks, which each need an
     equal share). Every sample when a KL term in the loss or an entropy bonus depends on them."""
     size = batch.batch_size[0]
-    exact = not (config.kl.mode == "loss" and kl_coef > 0) and config.entropy_coef == 0
+    exact = not (config.kl.in_loss and kl_coef > 0) and config.entropy_coef == 0
     if not (config.skip_zero_advantage and exact):
         return torch.arange(size)
     loss_key = "loss_mask" if "loss_mask" in batch.keys() else "response_mask"

@@ -19,12 +19,9 @@ from tensordict import TensorDict
 
 from reroll import algorithms
 from reroll.config.schema import RLConfig
-from reroll.data.batch import Trajectory
+from reroll.data.batch import Trajectory, trajectory_row
 from reroll.data.datasets import PromptSampler, load_prompts
 from reroll.distributed.colocation import take_turns
-from reroll.distributed.roles import build_roles
-from reroll.distributed.supervisor import supervise
-from reroll.distributed.weight_sync import make_weight_sync
 from reroll.engines.base import SamplingParams
 from reroll.models.loading import load_tokenizer
 from reroll.pipelines import objective, rl_batch
@@ -36,6 +33,8 @@ from reroll.pipelines.common import (
     seed_everything,
     set_threads,
 )
+from reroll.pipelines.roles import build_roles, weight_sync_to
+from reroll.pipelines.supervisor import supervise
 from reroll.pipelines.validation import check_prompts
 from reroll.rewards import RewardRunner, build_runner
 from reroll.rollout.metrics import rollout_metrics
@@ -68,7 +67,7 @@ class RLVRPipeline:
         rl_batch.announce_correction(c.algorithm, c.off_policy_reasons())
         self.update_guard = UpdateGuard(c.train.max_skipped_updates)
         self.setup_task()
-        self.weight_sync = make_weight_sync(self.policy, self.engine, c.distributed)
+        self.weight_sync = weight_sync_to(self.roles, self.engine)
         # Rollout colocated with the policy: they take turns on the devices at phase boundaries.
         self.turns = take_turns(c, self.policy, self.engine)
         self.start_step, self.eval_reward_start = 0, None
@@ -184,7 +183,7 @@ class RLVRPipeline:
                 batch["old_logprobs"] = batch["behaviour_logprobs"].clone()
                 batch["old_logprobs"][rows] = self.policy.forward_logprobs(
                     batch[rows], c.rollout.temperature)
-        if a.kl.mode == "reward" and self.reference is not None:
+        if a.kl.in_reward and self.reference is not None:
             batch["token_kl"] = objective.reward_kl(a.kl, batch["old_logprobs"],
                                                     batch["ref_logprobs"], batch["response_mask"])
             metrics["kl/reward_kl_mean"] = float(algorithms.masked_mean(batch["token_kl"],
@@ -314,10 +313,7 @@ class RLVRPipeline:
         folder.mkdir(exist_ok=True)
         with (folder / f"step_{step}.jsonl").open("w") as f:
             for t in trajectories[:count]:
-                f.write(dumps({"prompt": t.prompt_text, "response": t.response_text,
-                                    "answer": t.answer, "reward": t.reward,
-                                    "reward_info": t.reward_info, "finish_reason": t.finish_reason,
-                                    "group_id": t.group_id}) + "\n")
+                f.write(dumps(trajectory_row(t) | {"group_id": t.group_id}) + "\n")
 
     def checkpoint(self, step: int) -> None:
         c = self.config

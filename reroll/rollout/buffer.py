@@ -69,14 +69,6 @@ class VersionedBuffer:
         self.dropped_stale_groups += len(self._groups) - len(fresh)
         self._groups = fresh
 
-    def wait_for_room(self, outstanding: int, stop: threading.Event) -> bool:
-        """Producer side: block while buffered + `outstanding` groups reach the capacity.
-        False when `stop` was set."""
-        with self._cond:
-            while len(self._groups) + outstanding >= self.capacity and not stop.is_set():
-                self._cond.wait(0.5)
-            return not stop.is_set()
-
     def close(self, error: BaseException | None = None) -> None:
         with self._cond:
             self._closed = error or True

@@ -414,22 +414,8 @@ class _ProducerEngine:
 
 def build_source(config, engine: Engine, rewards: RewardRunner, tokenizer, stream: PromptStream,
                  version: int = 0) -> SyncSource | AsyncSource:
-    if config.scheduler.engine_process:
-        engine = _engine_in_own_process(config, tokenizer)
+    """The source over `engine`, the engine the roles were built with (in its own process when
+    `scheduler.engine_process` says so)."""
     if config.async_training.enabled:
         return AsyncSource(config, engine, rewards, tokenizer, stream, version)
     return SyncSource(config, engine, rewards, tokenizer, stream)
-
-
-def _engine_in_own_process(config, tokenizer) -> Engine:
-    """The rollout engine in a Ray actor of its own (1 CPU), so it runs beside the trainer."""
-    try:
-        from reroll.distributed.engine_actor import start_engine_actor
-    except ImportError as e:
-        raise ConfigError(f"scheduler.engine_process needs Ray and reroll.distributed ({e}); "
-                          f"set scheduler.engine_process: false") from None
-    from reroll.engines import engine_factory
-
-    factory = engine_factory(config.rollout, config.model.path, config.model.dtype,
-                             tokenizer.pad_token_id, config.seed, config.model.attn_implementation)
-    return start_engine_actor(factory, num_cpus=1, num_threads=config.scheduler.engine_threads)

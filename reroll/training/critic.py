@@ -73,7 +73,7 @@ def is_saved_critic(path: str | Path) -> bool:
 
 def load_value_model(path: str, dtype: str = "float32") -> ValueModel:
     """A saved critic, or a new value head on the backbone of a causal LM saved at `path`."""
-    from transformers import AutoConfig, AutoModel
+    from transformers import AutoConfig, AutoModel  # deferred: ~1.5 s to import, PPO runs only
 
     if not (Path(path).expanduser() / "config.json").is_file():
         raise ConfigError(f"algorithm.critic.model_path {path}: no Hugging Face model there "

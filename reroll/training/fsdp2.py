@@ -22,10 +22,18 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from safetensors.torch import load_file
 from tensordict import TensorDict
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_model_state_dict,
+    get_optimizer_state_dict,
+    set_model_state_dict,
+    set_optimizer_state_dict,
+)
 
 from reroll.config.schema import OptimizerConfig, TrainConfig
-from reroll.distributed.colocation import OptimizerOffload
 from reroll.models.logprobs import batched_logprobs
 from reroll.training.local import (
     TRAINER_STATE,
@@ -35,6 +43,7 @@ from reroll.training.local import (
     optimizer_step,
 )
 from reroll.training.memory import limit_heap_fragmentation
+from reroll.training.offload import OptimizerOffload
 
 OPTIMIZER_DIR = "optimizer"
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
@@ -55,6 +64,7 @@ def init_process_group() -> str:
 
 def shard_model(model: torch.nn.Module, param_dtype: str = "float32") -> torch.nn.Module:
     """fully_shard each decoder layer, then the root (embeddings, norm, tied lm_head)."""
+    # deferred: importing FSDP takes ~0.5 s, which single-rank policy workers never need
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
     mp = MixedPrecisionPolicy(param_dtype=DTYPES[param_dtype], reduce_dtype=torch.float32)
@@ -110,8 +120,6 @@ class FSDP2Strategy:
 
     def full_state_dict(self) -> dict[str, torch.Tensor]:
         """Collective: the unsharded weights on CPU at rank 0 ({} on the other ranks)."""
-        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
-
         options = StateDictOptions(full_state_dict=True, cpu_offload=True)
         return get_model_state_dict(self.model, options=options)
 
@@ -129,9 +137,6 @@ class FSDP2Strategy:
     # -- checkpoints -----------------------------------------------------------------------------
 
     def save(self, directory: Path, extra: dict[str, Any]) -> None:
-        import torch.distributed.checkpoint as dcp
-        from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
-
         directory.mkdir(parents=True, exist_ok=True)
         weights = self.full_state_dict()
         dcp.save({"optimizer": get_optimizer_state_dict(self.model, self.optimizer)},
@@ -144,15 +149,6 @@ class FSDP2Strategy:
         dist.barrier()
 
     def load(self, directory: Path) -> dict[str, Any]:
-        import torch.distributed.checkpoint as dcp
-        from safetensors.torch import load_file
-        from torch.distributed.checkpoint.state_dict import (
-            StateDictOptions,
-            get_optimizer_state_dict,
-            set_model_state_dict,
-            set_optimizer_state_dict,
-        )
-
         weights = {}
         for shard in sorted(directory.glob("*.safetensors")):
             weights.update(load_file(shard))

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors.torch import load_file
 from tensordict import TensorDict
 
 from reroll.config.errors import ConfigError, RunStopped
@@ -173,8 +174,6 @@ class LocalStrategy:
 
     def load(self, directory: Path) -> dict[str, Any]:
         """Restore everything `save` wrote; returns its `extra`."""
-        from safetensors.torch import load_file
-
         weights = {}
         for shard in sorted(directory.glob("*.safetensors")):
             weights.update(load_file(shard))

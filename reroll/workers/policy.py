@@ -16,11 +16,13 @@ import torch
 from tensordict import TensorDict
 
 from reroll.config.schema import OptimizerConfig, TrainConfig
-from reroll.distributed.colocation import OptimizerOffload, optimizer_state_tensors
+from reroll.distributed.collective import broadcast_buckets, join_group
 from reroll.distributed.packing import TensorSlot, pack
 from reroll.engines.base import fingerprint
 from reroll.models.loading import load_model
+from reroll.training.fsdp2 import FSDP2Strategy
 from reroll.training.local import LocalStrategy, LossFn
+from reroll.training.offload import OptimizerOffload
 
 
 class PolicyWorker:
@@ -33,8 +35,6 @@ class PolicyWorker:
         if world_size == 1:
             self.strategy: Any = LocalStrategy(model, optimizer, train, total_steps)
         else:
-            from reroll.training.fsdp2 import FSDP2Strategy
-
             self.strategy = FSDP2Strategy(model, optimizer, train, total_steps, param_dtype)
         # LocalStrategy has no offload of its own; FSDP2Strategy's moves its DTensor shards.
         self.optimizer_offload = getattr(self.strategy, "optimizer_offload", None) \
@@ -58,11 +58,6 @@ class PolicyWorker:
     def reload(self) -> None:
         self.optimizer_offload.reload()
 
-    def optimizer_state_devices(self) -> list[str]:
-        """Where this rank's optimizer state lives now (sorted device types)."""
-        tensors = optimizer_state_tensors(self.strategy.optimizer)
-        return sorted({t.device.type for _, _, t in tensors})
-
     def state_dict_for_sync(self) -> dict[str, torch.Tensor]:
         """The full weights at rank 0 ({} elsewhere)."""
         return dict(self.strategy.state_dict_for_sync())
@@ -83,8 +78,6 @@ class PolicyWorker:
 
     def join_weight_group(self, address: tuple[str, int], world_size: int, backend: str) -> None:
         """Rank 0 (only) hosts the group, as its rank 0; the engines join as ranks 1..N."""
-        from reroll.distributed.weight_sync import join_group
-
         self.sync_group = join_group(address, 0, world_size, backend)
 
     def prepare_broadcast(self) -> tuple[list[TensorSlot] | None, str | None]:
@@ -97,8 +90,6 @@ class PolicyWorker:
         return slots, fingerprint(weights.items())
 
     def broadcast_weights(self, bucket_bytes: int, backend: str) -> None:
-        from reroll.distributed.weight_sync import broadcast_buckets
-
         flat, self._packed = self._packed, None
         broadcast_buckets(self.sync_group, flat, bucket_bytes, backend)
 

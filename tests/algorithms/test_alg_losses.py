@@ -7,7 +7,6 @@ import torch
 
 from reroll.algorithms import (
     LOSS_AGGREGATIONS,
-    POLICY_LOSSES,
     aggregate_loss,
     chunk_count,
     cispo_loss,
@@ -24,6 +23,11 @@ from reroll.algorithms import (
 pytestmark = pytest.mark.unit
 
 L = math.log
+
+POLICY_LOSSES = {"ppo": ppo_clip_loss, "gspo": gspo_loss, "cispo": cispo_loss, "topr": topr_loss,
+                 "reinforce": reinforce_loss, "decoupled_ppo": decoupled_ppo_loss,
+                 "ipa_chunk": ipa_chunk_loss}
+"""Every policy loss of the catalogue, for the tests that hold for all of them."""
 
 
 def _ppo_batch():

@@ -106,3 +106,39 @@ def test_cli_config_error_exits_2_without_traceback(tmp_path):
     assert result.returncode == 2
     assert "rollout.group_sise" in result.stderr
     assert "Traceback" not in result.stderr + result.stdout
+
+
+@pytest.mark.parametrize("rollout", [
+    {"engine": "remote", "remote": {"endpoints": ["http://127.0.0.1:9/v1"]}},
+    {"engine": {"type": "remote", "endpoints": ["http://127.0.0.1:9/v1"]}},
+], ids=["sections", "union"])
+def test_a_training_config_with_a_remote_engine_is_refused_at_load(tmp_path, rollout, capsys):
+    """reroll cannot push weights to remote endpoints: refused by the schema, exit 2, instead of
+    failing at the first weight sync (or at a reachability check) after the models are built."""
+    from reroll.cli import main
+
+    path = write(tmp_path, {**MINIMAL, "rollout": rollout})
+    assert "rollout.engine: remote cannot train" in error_of(tmp_path, {**MINIMAL,
+                                                                         "rollout": rollout})
+    assert main(["train", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert "rollout.engine: remote cannot train" in err and "Traceback" not in err
+
+
+def test_engine_settings_live_in_the_chosen_engine(tmp_path):
+    """`rollout.engine` is a typed union; the earlier form (engine name + a section of its
+    settings) still loads, and settings of an engine that is not chosen are an error."""
+    union = load_config(write(tmp_path, {**MINIMAL, "rollout": {
+        "engine": {"type": "vllm", "max_model_len": 256}}}))
+    earlier = load_config(write(tmp_path, {**MINIMAL, "rollout": {
+        "engine": "vllm", "vllm": {"max_model_len": 256}}}))
+    assert union.rollout.engine == earlier.rollout.engine
+    assert union.rollout.engine.type == "vllm" and union.rollout.engine.max_model_len == 256
+    assert load_config(write(tmp_path, MINIMAL)).rollout.engine.type == "hf"
+    message = error_of(tmp_path, {**MINIMAL, "rollout": {"engine": "hf",
+                                                          "vllm": {"max_model_len": 256}}})
+    assert "rollout.vllm: settings of the vllm engine, but rollout.engine is hf" in message
+    assert "rollout.engine.type: unknown choice 'sglang'" in error_of(
+        tmp_path, {**MINIMAL, "rollout": {"engine": "sglang"}})
+    again = load_config(write(tmp_path, union.model_dump(mode="json")))  # config.yaml round trip
+    assert again.rollout.engine == union.rollout.engine

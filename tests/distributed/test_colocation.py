@@ -10,9 +10,9 @@ import torch
 import yaml
 
 from reroll.config import load_config
-from reroll.distributed.colocation import OptimizerOffload, optimizer_state_bytes
 from reroll.pipelines.rlvr import RLVRPipeline
 from reroll.tracking import read_metrics
+from reroll.training.offload import OptimizerOffload, optimizer_state_bytes
 
 
 def adam_after_one_step(device: str) -> tuple[torch.nn.Module, torch.optim.AdamW]:

@@ -6,8 +6,9 @@ import asyncio
 
 import pytest
 import torch
+from hf_engines import build_hf_engine, hf_engine_factory
 
-from reroll.distributed.engine_actor import build_hf_engine, hf_engine_factory, start_engine_actor
+from reroll.distributed.engine_actor import start_engine_actor
 from reroll.engines.base import Engine, Request, SamplingParams
 
 pytestmark = pytest.mark.ray

@@ -9,7 +9,7 @@ from tensordict import TensorDict
 from reroll.config.algorithm import AlgorithmConfig
 from reroll.config.schema import OptimizerConfig, TrainConfig
 from reroll.distributed.cluster import Cluster, Dispatch, RayExecutor
-from reroll.distributed.roles import PolicyGroup, combine_rank_metrics
+from reroll.distributed.groups import PolicyGroup, combine_rank_metrics
 from reroll.models.loading import load_model
 from reroll.pipelines.objective import make_rl_loss
 from reroll.training.local import LocalStrategy

@@ -6,13 +6,14 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+from hf_engines import hf_engine_factory
 
 from reroll.config.distributed import DistributedConfig
 from reroll.config.schema import OptimizerConfig, TrainConfig
 from reroll.distributed.cluster import Cluster, Dispatch, RayExecutor, WorkerSpec
-from reroll.distributed.engine_actor import hf_engine_factory, start_engine_actor
-from reroll.distributed.roles import PolicyGroup
-from reroll.distributed.weight_sync import BroadcastSync, make_weight_sync
+from reroll.distributed.engine_actor import start_engine_actor
+from reroll.distributed.groups import PolicyGroup
+from reroll.distributed.weight_sync import BroadcastSync, actor_weight_sync
 from reroll.engines.base import Request, SamplingParams
 from reroll.models.loading import load_model
 from reroll.pipelines.objective import make_rl_loss
@@ -40,7 +41,7 @@ def test_broadcast_sync_delivers_the_policy_weights_in_buckets(ray_session, tiny
         policy = PolicyGroup(cluster)
         config = DistributedConfig(executor="ray", policy={"num_workers": 2},
                                    weight_sync="broadcast", bucket_mb=1)
-        sync = make_weight_sync(policy, engine, config)
+        sync = actor_weight_sync(policy, engine, config)
         assert isinstance(sync, BroadcastSync) and sync.backend == "gloo"
         batch = rl_batch(load_model(tiny_model))
         policy.train_step(batch, make_rl_loss(AlgorithmConfig(), batch, 1.0, 6))

@@ -18,9 +18,9 @@ def test_default_engine_is_hf(tiny_model):
 
 
 def test_unknown_engine_and_remote_without_endpoints_are_rejected():
-    with pytest.raises(ValueError, match="'hf', 'vllm' or 'remote'"):
+    with pytest.raises(ValueError, match="'hf', 'vllm', 'remote'"):
         RolloutConfig(engine="sglang")
-    with pytest.raises(ValueError, match="rollout.remote.endpoints is empty"):
+    with pytest.raises(ValueError, match="endpoints\n.*empty: list the base URLs"):
         RolloutConfig(engine="remote")
     with pytest.raises(ValueError, match="must start with http"):
         RolloutConfig(engine="remote", remote={"endpoints": ["localhost:8000"]})

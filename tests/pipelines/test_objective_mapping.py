@@ -217,7 +217,7 @@ def test_each_policy_loss_config_calls_its_function_with_its_knobs(algorithm):
     num_tokens, num_seqs = algorithms.loss_normalisers(mask)
     if name == "ipa_chunk":
         num_tokens = algorithms.chunk_count(batch["turn_ids"], mask)
-    expected, _ = algorithms.POLICY_LOSSES[name](
+    expected, _ = objective.POLICY_LOSSES[name][0](
         logprobs, batch["old_logprobs"], batch["advantages"], mask, **knobs, is_weights=weights,
         agg=config.loss_agg, num_tokens=num_tokens, num_seqs=num_seqs, max_len=9)
     assert torch.allclose(loss, expected, atol=1e-6)

@@ -30,8 +30,7 @@ def rl(**sections) -> RLConfig:
 @pytest.mark.parametrize("sections", [
     {"async_training": {"enabled": True, "max_staleness": 2}},
     {"rollout": {"engine": "vllm"}},
-    {"rollout": {"engine": "remote", "remote": {"endpoints": ["http://127.0.0.1:1/v1"]}}},
-], ids=["async", "vllm", "remote"])
+], ids=["async", "vllm"])
 def test_off_policy_samples_get_token_tis_by_default(sections):
     config = rl(**sections)
     assert config.off_policy_reasons()

@@ -19,8 +19,9 @@ def grpo_config(tmp_path: Path, model: str, data: str, engine: str) -> Path:
     config = {
         "output_dir": str(tmp_path / "run"), "seed": 0, "steps": 2, "model": {"path": model},
         "data": {"train": data, "max_prompt_tokens": 128},
-        "rollout": {"engine": engine, "prompts_per_step": 4, "group_size": 4,
-                    "max_new_tokens": 24, "vllm": {"max_model_len": 256}},
+        "rollout": {"engine": {"type": engine} | ({"max_model_len": 256} if engine == "vllm"
+                                                   else {}),
+                    "prompts_per_step": 4, "group_size": 4, "max_new_tokens": 24},
         "reward": {"type": "custom", "function": "rewards_for_tests:states_the_answer"},
         "optimizer": {"lr": 1e-5}, "train": {"micro_batch_size": 8, "num_threads": 2},
         "checkpoint": {"every_steps": 0}, "tracking": {"progress": False, "tensorboard": False},

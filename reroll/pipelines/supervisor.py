@@ -8,21 +8,13 @@ carries `fault/restarts` and summary.json counts them.
 from __future__ import annotations
 
 import logging
-import sys
 from collections.abc import Callable
 from typing import Any
 
-from reroll.distributed.cluster import WorkerDied
+from reroll.distributed.cluster import is_worker_death
 from reroll.pipelines.common import RunDir
 
 log = logging.getLogger(__name__)
-
-
-def is_worker_death(error: BaseException) -> bool:
-    if isinstance(error, WorkerDied):
-        return True
-    ray = sys.modules.get("ray")  # only a run that started Ray can lose a Ray actor
-    return ray is not None and isinstance(error, ray.exceptions.RayActorError)
 
 
 def supervise(make_pipeline: Callable[[Any], Any], config: Any) -> dict:

@@ -1,0 +1,152 @@
+"""Building the RL roles from the config: in this process (`executor: local`, exactly the
+one-process objects of a laptop run) or as Ray actors (`executor: ray`), behind the same
+interfaces, so the pipeline code does not change between them. The builder knows the executor,
+so it also picks how the policy's weights reach the engine (`Roles.weight_sync`).
+
+policy     Strategy-like (`forward_logprobs`, `train_step`, `state_dict_for_sync`, `save`, `load`)
+reference  `.logprobs(batch, temperature)`
+critic     Critic-like (`values`, `update`, `save`, `load`, `num_critics`)
+engine     Engine
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from reroll.config.schema import RLConfig
+from reroll.distributed.cluster import Cluster, LocalExecutor, RayExecutor, WorkerSpec
+from reroll.distributed.engine_actor import start_engine_actor
+from reroll.distributed.groups import CriticProxy, PolicyGroup, ReferenceGroup
+from reroll.distributed.placement import colocated_with_policy, ray_options
+from reroll.distributed.ray_runtime import ensure_ray
+from reroll.distributed.weight_sync import (
+    InProcessSync,
+    PublishedSync,
+    WeightSync,
+    actor_weight_sync,
+)
+from reroll.engines import build_engine, engine_factory
+from reroll.engines.base import Engine
+from reroll.models.loading import load_model
+from reroll.training.critic import Critic
+from reroll.training.local import LocalStrategy
+from reroll.workers.critic import CriticWorker
+from reroll.workers.policy import PolicyWorker
+from reroll.workers.reference import ReferenceWorker
+
+
+@dataclass
+class Roles:
+    policy: Any
+    reference: Any | None
+    critic: Any | None
+    engine: Any
+    clusters: list[Any]
+    weight_sync: WeightSync
+    """Policy -> `engine`, chosen with the roles (in memory, object store or broadcast)."""
+
+    def shutdown(self) -> None:
+        for cluster in self.clusters:
+            cluster.shutdown()
+        if hasattr(self.engine, "shutdown"):
+            self.engine.shutdown()
+
+
+def weight_sync_to(roles: Roles, engine: Engine) -> WeightSync:
+    """The sync from the policy to the engine the pipeline loads weights into: the roles' own for
+    their engine; for an asynchronous rollout source's facade in front of it, a hand-over
+    (in-flight updates) or an in-memory load through the facade, which pauses the producer."""
+    if engine is roles.engine:
+        return roles.weight_sync
+    if getattr(engine, "publishes_weights", False):
+        return PublishedSync(roles.policy, engine)
+    return InProcessSync(roles.policy, engine)
+
+
+def policy_spec(c: RLConfig, total_steps: int) -> WorkerSpec:
+    return WorkerSpec(PolicyWorker, dict(
+        model_path=c.model.path, dtype=c.model.dtype, optimizer=c.optimizer, train=c.train,
+        total_steps=total_steps, param_dtype=c.distributed.fsdp_param_dtype,
+        attn_implementation=c.model.attn_implementation, dropout=c.model.dropout), role="policy")
+
+
+def reference_spec(c: RLConfig) -> WorkerSpec:
+    return WorkerSpec(ReferenceWorker, dict(model_path=c.model.path, dtype=c.model.dtype,
+                                            micro_batch_size=c.train.micro_batch_size,
+                                            attn_implementation=c.model.attn_implementation),
+                      role="reference")
+
+
+def critic_spec(c: RLConfig, total_steps: int) -> WorkerSpec:
+    return WorkerSpec(CriticWorker, dict(
+        config=c.algorithm.critic, policy_path=c.model.path, dtype=c.model.dtype,
+        optimizer=c.optimizer, train=c.train, total_steps=total_steps), role="critic")
+
+
+def build_roles(c: RLConfig, total_steps: int, pad_token_id: int) -> Roles:
+    if c.distributed.executor == "ray":
+        return _ray_roles(c, total_steps, pad_token_id)
+    return _local_roles(c, total_steps, pad_token_id)
+
+
+def _local_roles(c: RLConfig, total_steps: int, pad_token_id: int) -> Roles:
+    if colocated_with_policy(c.distributed, "rollout"):
+        # Taking turns needs the worker's offload()/reload(); numerically the same strategy.
+        policy = PolicyGroup(Cluster(policy_spec(c, total_steps), 1, LocalExecutor()))
+    else:
+        policy = LocalStrategy(load_model(c.model.path, c.model.dtype, c.model.attn_implementation,
+                                          c.model.dropout), c.optimizer, c.train,
+                               total_steps=total_steps)
+    # The reference model exists only when a KL term needs it, the critic only for gae.
+    reference = ReferenceGroup(Cluster(reference_spec(c), 1, LocalExecutor())) \
+        if c.algorithm.kl.coef else None
+    critic = Critic(c.algorithm.critic, c.model.path, c.model.dtype, c.optimizer, c.train,
+                    total_steps) if c.algorithm.critic else None
+    engine = _local_engine(c, pad_token_id)
+    # An engine actor fed by an in-process policy packs the weights itself (ActorEngine).
+    return Roles(policy, reference, critic, engine, [], InProcessSync(policy, engine))
+
+
+def _local_engine(c: RLConfig, pad_token_id: int) -> Engine:
+    """The rollout engine in this process, or with `scheduler.engine_process` (RLVR's) in a Ray
+    actor of its own with 1 CPU, so that it runs beside the trainer."""
+    scheduler = getattr(c, "scheduler", None)  # agentic configs have none
+    if scheduler is not None and scheduler.engine_process:
+        factory = engine_factory(c.rollout, c.model.path, c.model.dtype, pad_token_id, c.seed,
+                                 c.model.attn_implementation)
+        return start_engine_actor(factory, num_cpus=1, num_threads=scheduler.engine_threads)
+    return build_engine(c.rollout, c.model.path, c.model.dtype, pad_token_id, c.seed,
+                        c.model.attn_implementation)
+
+
+def _ray_roles(c: RLConfig, total_steps: int, pad_token_id: int) -> Roles:
+    d = c.distributed
+    ensure_ray(d.ray_address, d.num_cpus)
+    wanted = ("policy", "rollout") + (("reference",) if c.algorithm.kl.coef else ()) \
+        + (("critic",) if c.algorithm.critic else ())
+    options = ray_options(d, wanted)
+    prefix = f"reroll-{c.name}"
+
+    def cluster(spec: WorkerSpec, role: str) -> Cluster:
+        executor = RayExecutor(options[role], getattr(d, role).num_threads
+                               if not getattr(d, role).colocate_with else d.policy.num_threads,
+                               name_prefix=prefix)
+        return Cluster(spec, len(options[role]), executor)
+
+    policy = PolicyGroup(cluster(policy_spec(c, total_steps), "policy"))
+    clusters = [policy.cluster]
+    reference = critic = None
+    if c.algorithm.kl.coef:
+        reference = ReferenceGroup(cluster(reference_spec(c), "reference"))
+        clusters.append(reference.cluster)
+    if c.algorithm.critic:
+        critic = CriticProxy(cluster(critic_spec(c, total_steps), "critic"))
+        clusters.append(critic.cluster)
+    rollout = options["rollout"][0]
+    engine = start_engine_actor(
+        engine_factory(c.rollout, c.model.path, c.model.dtype, pad_token_id, c.seed,
+                       c.model.attn_implementation),
+        num_cpus=rollout["num_cpus"], num_threads=d.rollout.num_threads,
+        name=f"{prefix}-rollout-0", ray_options=rollout)
+    return Roles(policy, reference, critic, engine, clusters, actor_weight_sync(policy, engine, d))
