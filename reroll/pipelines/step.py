@@ -5,16 +5,18 @@ phase calls for the `algorithm:` config is decided in `objective.py` (the pure m
 tensor maths is in `reroll.algorithms`.
 
 The files one batch passes through, from prompt to optimizer step (DESIGN §1 order):
-1. `reroll/pipelines/rlvr.py` (or `agentic.py`): the task: prompts (env seeds) and the reward
-2. `reroll/rollout/sources.py`: the step's rollout rounds (sync) or the buffer (async)
-3. `reroll/rollout/scheduler.py`: groups of requests streamed to the engine, rewards on finish
-4. `reroll/engines/hf.py` (or `vllm.py`, `remote.py`): token ids in, completions out
-5. `reroll/data/batch.py`: Trajectory and `collate` into the padded Batch
-6. `reroll/pipelines/step.py`: this file: the step's phases
-7. `reroll/pipelines/objective.py`: the config's estimator, loss and KL as functions
-8. `reroll/training/local.py` (or `fsdp2.py` behind `workers/policy.py`): the optimizer step
-(`reroll/pipelines/rl.py` is the loop that calls 1 and 6 once per step; `reroll/algorithms/` holds
-the pure functions that 7 names.)
+1. `reroll/pipelines/rl.py`: the loop; asks the task for the step's trajectories, calls `train_on`
+2. `reroll/pipelines/rlvr.py` (or `agentic.py`): the task: prompts (env seeds) and their reward
+3. `reroll/rollout/sources.py`: the step's rollout rounds (sync) or the buffer (async)
+4. `reroll/rollout/scheduler.py`: groups of requests streamed to the engine
+5. `reroll/engines/hf.py` (or `vllm.py`, `remote.py`): token ids in, completions out
+6. `reroll/rewards/runner.py`: each completion's reward as it finishes (isolated, timed out)
+7. `reroll/data/batch.py`: Trajectory and `collate` into the padded Batch
+8. `reroll/pipelines/step.py`: this file: the step's phases
+9. `reroll/pipelines/objective.py`: the config's estimator, loss and KL as functions
+10. `reroll/training/local.py` (or `fsdp2.py` behind `workers/policy.py`): the optimizer step
+Leaves they call: the reward function (`reroll/rewards/`), the pure tensor functions of
+`reroll/algorithms/`, the model forward of `reroll/models/logprobs.py`.
 
 Keys this step adds to the Batch of `reroll.data.batch.collate`:
 - `task_rewards` [B]: the task's reward, as the reward function (or env) gave it; `rewards` [B]
