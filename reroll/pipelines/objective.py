@@ -268,8 +268,8 @@ def make_rl_loss(config: AlgorithmConfig, batch: TensorDict, temperature: float,
     return loss_fn
 
 
-def advantages_before_scores(config: AlgorithmConfig, has_reference: bool) -> bool:
-    """Whether the advantages can be estimated before the batch is scored (they read no KL
+def advantages_before_logprobs(config: AlgorithmConfig, has_reference: bool) -> bool:
+    """Whether the advantages can be estimated before the logprobs and values (they read no KL
     penalty and no critic value, and no ratio mask will change the normalisers), so pi_old is
     needed only on the samples that `samples_with_gradient` keeps."""
     return (config.skip_zero_advantage and config.critic is None

@@ -102,8 +102,9 @@ class RLPipeline:
         """The task's rewarded trajectories of step `n` (sync: generated now; async: taken from
         the buffer within the staleness bound of the trainer's version, n - 1), and the seconds
         that took."""
-        c, timer = self.config, Stopwatch()
-        self.turns.rollout_turn()
+        c = self.config
+        self.turns.rollout_turn()  # the swap is timed apart (`time/colocation_swap_s`)
+        timer = Stopwatch()
         params = self.sampling_params(c.rollout.temperature, c.rollout.top_p, c.rollout.top_k)
         return self.task.next_batch(n, params), timer.seconds()
 

@@ -87,16 +87,16 @@ def make_batch(trajectories: list[Trajectory], config: RLRunConfig, learner: Lea
     if not batch.batch_size[0]:
         return batch, metrics | filtered
     kl_coef = learner.kl.value
-    if objective.advantages_before_scores(a, learner.reference is not None):
+    if objective.advantages_before_logprobs(a, learner.reference is not None):
         # pi_old is then needed only on the samples the update will run on.
         batch, estimated = estimate(batch, a, group_size, kl_coef)
         rows = objective.samples_with_gradient(a, batch, kl_coef,
                                                learner.policy.data_parallel_size)
-        batch, scored = compute_logprobs_and_values(batch, config, learner, rows)
+        batch, logprobs = compute_logprobs_and_values(batch, config, learner, rows)
     else:
-        batch, scored = compute_logprobs_and_values(batch, config, learner)
+        batch, logprobs = compute_logprobs_and_values(batch, config, learner)
         batch, estimated = estimate(batch, a, group_size, kl_coef)
-    return batch, metrics | scored | estimated | filtered
+    return batch, metrics | logprobs | estimated | filtered
 
 
 # -- collate and filter -------------------------------------------------------------------------
@@ -215,9 +215,9 @@ def apply_corrections(batch: TensorDict, config: CorrectionConfig,
     old, behaviour = batch["old_logprobs"], batch["behaviour_logprobs"]
     response, mask = batch["response_mask"], batch["loss_mask"]
     if rows is not None:
-        scored = torch.zeros(response.shape[0], 1, dtype=response.dtype)
-        scored[rows] = 1
-        response = response * scored
+        computed = torch.zeros(response.shape[0], 1, dtype=response.dtype)
+        computed[rows] = 1
+        response = response * computed
     metrics = {f"correction/{k}": float(v)
                for k, v in algorithms.off_policy_metrics(old, behaviour, response).items()}
     ratio_mask = config.ratio_mask
