@@ -90,15 +90,15 @@ def train(workload: dict, steps: int, asynchronous: dict | None) -> dict:
         eval_s.append(time.perf_counter() - t0)
         return result
 
-    next_batch = pipeline.source.next_batch
+    next_batch = pipeline.task.source.next_batch
 
     def counted_next_batch(*args):
         trajectories = next_batch(*args)
         samples[0] += len(trajectories)
         return trajectories
 
-    pipeline.evaluate, pipeline.source.next_batch = timed_evaluate, counted_next_batch
-    engine, close, generated = pipeline.source.engine, pipeline.close, [0]
+    pipeline.evaluate, pipeline.task.source.next_batch = timed_evaluate, counted_next_batch
+    engine, close, generated = pipeline.task.source.engine, pipeline.close, [0]
 
     def close_after_counting() -> None:  # every token the engine made, evaluations included
         generated[0] = getattr(engine, "inner", engine).stats()["generated_tokens"]

@@ -117,7 +117,7 @@ def warm_up(engine: HFEngine, rewards: RewardRunner, prompt_ids: list[int],
             params: SamplingParams) -> None:
     """Untimed: the first decode and the reward worker's start-up."""
     engine.generate_batch([Request(prompt_ids, replace(params, max_new_tokens=16))])
-    asyncio.run(rewards.score(RewardSample("", "\\boxed{1}", "1", "stop", {})))
+    asyncio.run(rewards.reward(RewardSample("", "\\boxed{1}", "1", "stop", {})))
 
 
 def main() -> None:

@@ -1,9 +1,10 @@
 """Agentic RL: the policy acts over many turns in an environment and learns from the outcome.
 
-The step is RLVR's (`RLVRPipeline`): generate -> make_batch (collate, filter, score, estimate)
--> update -> sync_weights -> evaluate/record/checkpoint. Only what differs lives here:
-trajectories come from multi-turn episodes (`reroll.rollout.agent_loop`), each with its turn
-boundaries and per-turn rewards, so the catalogue's credit assignment applies as configured:
+`EnvTask` is the task the RL pipeline (`reroll.pipelines.rl`) runs here, in the same loop and
+training step as RLVR's prompts (`reroll.pipelines.step`), under the same restart supervisor.
+Only the task differs: trajectories come from multi-turn episodes (`reroll.rollout.agent_loop`),
+each with its turn boundaries and per-turn rewards, so the catalogue's credit assignment applies
+as configured:
 `grpo` on episode returns (StarPO-style trajectory level), `rebn` (per-turn discounted returns,
 batch-normalised), `gigpo` (episode + anchor-state step advantages) and `ipa_chunk` (discounted
 chunk-level returns with a per-chunk ratio). Evaluation reports the mean return and the success
@@ -13,22 +14,21 @@ rate on held-out env seeds.
 from __future__ import annotations
 
 import random
-import time
-from types import SimpleNamespace
+from dataclasses import asdict, dataclass
+from typing import Any
 
 import torch
 
 from reroll.config.agentic import AgenticConfig
 from reroll.config.errors import ConfigError
-from reroll.data.batch import Trajectory, trajectory_row
+from reroll.data.batch import Trajectory
 from reroll.data.datasets import PromptSampler
 from reroll.engines.base import Engine, SamplingParams
 from reroll.envs import ChatFormat, make_env
 from reroll.envs.registry import env_arguments
-from reroll.pipelines.common import RunDir
-from reroll.pipelines.rlvr import RLVRPipeline
+from reroll.pipelines import rl
+from reroll.pipelines.task import rollout_row
 from reroll.rollout.agent_loop import AgentJob, AgentStats, run_episodes
-from reroll.tracking.jsonsafe import dumps
 
 EVAL_SEED_BASE = 10**9
 
@@ -49,17 +49,66 @@ def check_history(tokenizer, system_prompt: str | None, history_thinking: str | 
                           "see docs/agentic.md")
 
 
-class EpisodeSource:
-    """Runs a step's episodes; stands in for RLVR's rollout source and reward runner (the env
-    is both), with counters that survive a resume."""
+@dataclass
+class EpisodeCounters:
+    """Run totals kept in checkpoints (as `reward_counters`), so a resumed run continues them."""
 
-    def __init__(self, config: AgenticConfig, engine: Engine, tokenizer):
-        self.config, self.engine, self.tokenizer = config, engine, tokenizer
-        self.counters = SimpleNamespace(episodes=0, env_errors=0)
-        self._metrics: dict[str, float] = {}
+    episodes: int = 0
+    env_errors: int = 0
+
+
+class EnvTask:
+    """An environment: env seeds instead of prompts, and the env's return as the reward. The
+    env id and its arguments are tried and the chat template checked when the task is built,
+    before the models load."""
+
+    def __init__(self, config: AgenticConfig, tokenizer):
+        self.config, self.tokenizer = config, tokenizer
         env = config.env
         make_env(env.id, **env_arguments(env.id, env.kwargs, env.max_turns))  # fails at start
         check_history(tokenizer, env.system_prompt, env.history_thinking)
+        self.label = env.id
+        self.sampler = PromptSampler(list(range(env.train_seeds)), config.seed)  # env seeds
+        self.eval_seeds = [EVAL_SEED_BASE + i for i in range(env.eval_episodes)]
+        self.counters = EpisodeCounters()
+        self.engine: Engine | None = None
+        self._metrics: dict[str, float] = {}
+
+    @property
+    def evaluates(self) -> bool:
+        return bool(self.eval_seeds)
+
+    def start(self, engine: Engine) -> Engine:
+        self.engine = engine
+        return engine
+
+    def next_batch(self, step: int, params: SamplingParams) -> list[Trajectory]:
+        """A group of episodes for each of this step's env seeds."""
+        c = self.config
+        seeds = self.sampler.next_batch(c.rollout.prompts_per_step)
+        trajectories, stats = self.run(seeds, c.rollout.group_size, params, step, c.env.redundancy)
+        success = [t.reward_info.get("success", False) for t in trajectories]
+        self._metrics = stats.metrics() | {
+            "train/success_rate": sum(success) / max(len(success), 1),
+            "env/errors_total": float(self.counters.env_errors)}
+        return trajectories
+
+    def evaluate(self, params: SamplingParams) -> dict[str, float]:
+        """Mean return and success rate on the held-out env seeds."""
+        trajectories, stats = self.run(self.eval_seeds, self.config.eval.samples_per_prompt,
+                                       params, step=-1)
+        returns = torch.tensor([t.reward for t in trajectories])
+        success = torch.tensor([float(t.reward_info.get("success", False)) for t in trajectories])
+        return {"eval/reward_mean": float(returns.mean()), "eval/success_rate": float(success.mean()),
+                "eval/turns_mean": stats.metrics()["env/turns_mean"]}
+
+    def run(self, seeds: list[int], group_size: int, params: SamplingParams, step: int,
+            redundancy: int = 0) -> tuple[list[Trajectory], AgentStats]:
+        trajectories, stats = run_episodes(self.job(params), seeds, group_size, self.config.seed,
+                                           step, redundancy)
+        self.counters.episodes += stats.episodes
+        self.counters.env_errors += stats.env_errors
+        return trajectories, stats
 
     def job(self, params: SamplingParams) -> AgentJob:
         env = self.config.env
@@ -70,95 +119,36 @@ class EpisodeSource:
                         step_timeout_s=env.step_timeout_s, system_prompt=env.system_prompt,
                         history_thinking=env.history_thinking or "keep")
 
-    def run(self, seeds: list[int], group_size: int, params: SamplingParams, step: int,
-            redundancy: int = 0) -> tuple[list[Trajectory], AgentStats]:
-        trajectories, stats = run_episodes(self.job(params), seeds, group_size, self.config.seed,
-                                           step, redundancy)
-        self.counters.episodes += stats.episodes
-        self.counters.env_errors += stats.env_errors
-        return trajectories, stats
-
-    def record_step(self, stats: AgentStats, trajectories: list[Trajectory]) -> None:
-        success = [t.reward_info.get("success", False) for t in trajectories]
-        self._metrics = stats.metrics() | {
-            "train/success_rate": sum(success) / max(len(success), 1),
-            "env/errors_total": float(self.counters.env_errors)}
-
     def metrics(self) -> dict[str, float]:
         return dict(self._metrics)
 
-    def load_counters(self, state: dict[str, int]) -> None:
-        vars(self.counters).update(state)
+    def record(self, step: int, trajectories: list[Trajectory], count: int) -> list[dict]:
+        """RLVR's row plus `segments`, the episode as text segments (policy tokens vs environment
+        tokens, with their turn) for the run viewer; a seeded sample of the step's episodes."""
+        picked = random.Random(step).sample(trajectories, min(count, len(trajectories)))
+        return [rollout_row(t) for t in picked]
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"sampler": self.sampler.state_dict(), "reward_counters": asdict(self.counters)}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.sampler.load_state_dict(state["sampler"])
+        self.counters = EpisodeCounters(**state["reward_counters"])
 
     def close(self) -> None:
         pass
 
 
-class AgenticPipeline(RLVRPipeline):
-    def start_rewards(self) -> None:
-        """None: the environment is the reward (set up with the task)."""
-        return None
+def agentic_pipeline(config: AgenticConfig) -> rl.RLPipeline:
+    """The RL pipeline on the config's environment."""
+    return rl.RLPipeline(config, EnvTask)
 
-    def load_task_data(self) -> None:
-        """No prompt files: the episodes come from the environment."""
 
-    def setup_task(self) -> None:
-        """The task is an environment: env seeds instead of prompts, and the env is the reward."""
-        c = self.config
-        self.sampler = PromptSampler(list(range(c.env.train_seeds)), c.seed)  # env seeds
-        self.eval_rows = [EVAL_SEED_BASE + i for i in range(c.env.eval_episodes)]
-        self.source = self.rewards = EpisodeSource(c, self.engine, self.tokenizer)
-
-    def method_name(self) -> str:
-        return f"{self.config.env.id} {super().method_name()}"
-
-    def sampling_params(self, temperature: float, top_p: float = 1.0, top_k: int = 0
-                        ) -> SamplingParams:
-        return SamplingParams(self.config.rollout.max_new_tokens, temperature, top_p, top_k,
-                              self.stop_ids)
-
-    def generate(self, step: int) -> list[Trajectory]:
-        """A group of episodes for each of this step's env seeds."""
-        c = self.config
-        self.turns.rollout_turn()
-        t0 = time.perf_counter()
-        seeds = self.sampler.next_batch(c.rollout.prompts_per_step)
-        params = self.sampling_params(c.rollout.temperature, c.rollout.top_p, c.rollout.top_k)
-        trajectories, stats = self.source.run(seeds, c.rollout.group_size, params, step,
-                                              c.env.redundancy)
-        self.source.record_step(stats, trajectories)
-        self._rollout_s = time.perf_counter() - t0
-        return trajectories
-
-    def evaluate(self) -> dict[str, float]:
-        """Mean return and success rate on the held-out env seeds (the same sampling seeds at
-        every evaluation)."""
-        c = self.config
-        if not self.eval_rows:
-            return {}
-        self.turns.rollout_turn()
-        params = self.sampling_params(c.eval.temperature)
-        trajectories, stats = self.source.run(self.eval_rows, c.eval.samples_per_prompt, params,
-                                              step=-1)
-        returns = torch.tensor([t.reward for t in trajectories])
-        success = torch.tensor([float(t.reward_info.get("success", False)) for t in trajectories])
-        return {"eval/reward_mean": float(returns.mean()), "eval/success_rate": float(success.mean()),
-                "eval/turns_mean": stats.metrics()["env/turns_mean"]}
-
-    def record(self, step: int, trajectories: list[Trajectory]) -> None:
-        """`rollouts/step_N.jsonl`: RLVR's row plus `segments`, the episode as text segments
-        (policy tokens vs environment tokens, with their turn) for the run viewer."""
-        count = self.config.tracking.record_rollouts
-        if not count:
-            return
-        folder = self.run_dir.path / "rollouts"
-        folder.mkdir(exist_ok=True)
-        picked = random.Random(step).sample(trajectories, min(count, len(trajectories)))
-        with (folder / f"step_{step}.jsonl").open("w") as f:
-            for t in picked:
-                f.write(dumps(trajectory_row(t) | {"group_id": t.group_id}) + "\n")
+AgenticPipeline = agentic_pipeline
+"""The name callers used when agentic RL had a pipeline class of its own."""
 
 
 def train_agentic(config: AgenticConfig) -> dict:
-    done = RunDir(config.run_dir()).finished_summary(config.resume, config.steps)
-    return done if done is not None else AgenticPipeline(config).run()
+    """Run agentic RL under the restart supervisor (`rl.train`), like RLVR: a dead worker
+    restarts the roles from the last checkpoint, up to `distributed.max_restarts` times."""
+    return rl.train(config, EnvTask)

@@ -182,10 +182,6 @@ class RunDir:
             done = {"run_dir": str(self.path), "steps": steps, "final_checkpoint": str(found[1])}
         return done | {"already_finished": True}
 
-    def prune_checkpoints(self, keep_last: int) -> None:
-        for _, path in self.checkpoints()[:-keep_last]:
-            shutil.rmtree(path, ignore_errors=True)
-
     def write_summary(self, summary: dict[str, Any]) -> Path:
         path = self.path / "summary.json"
         path.write_text(dumps(summary, indent=2) + "\n")

@@ -32,7 +32,7 @@ def single_turn_ids(response_mask: Tensor) -> Tensor:
     return torch.where(response_mask > 0, 0, -1).long()
 
 
-def _sequence_scores(rewards: Tensor, mask: Tensor, kl: Tensor | None, kl_coef: float) -> Tensor:
+def _penalised_outcomes(rewards: Tensor, mask: Tensor, kl: Tensor | None, kl_coef: float) -> Tensor:
     """Outcome estimators see a KL reward penalty as its sum over the response (as verl does)."""
     if kl is None:
         return rewards
@@ -60,8 +60,8 @@ def _turn_inputs(batch: TensorDict, kl: Tensor | None, kl_coef: float) -> tuple[
 def _outcome(fn: Callable[..., Tensor]) -> Callable:
     def estimate(cfg, batch, group_size, kl, kl_coef):
         mask = batch["response_mask"]
-        scores = _sequence_scores(batch["rewards"], mask, kl, kl_coef)
-        return algorithms.broadcast_to_tokens(fn(cfg, scores, group_size), mask), None
+        outcomes = _penalised_outcomes(batch["rewards"], mask, kl, kl_coef)
+        return algorithms.broadcast_to_tokens(fn(cfg, outcomes, group_size), mask), None
     return estimate
 
 
@@ -268,8 +268,8 @@ def make_rl_loss(config: AlgorithmConfig, batch: TensorDict, temperature: float,
     return loss_fn
 
 
-def advantages_before_scores(config: AlgorithmConfig, has_reference: bool) -> bool:
-    """Whether the advantages can be estimated before the batch is scored (they read no KL
+def advantages_before_logprobs(config: AlgorithmConfig, has_reference: bool) -> bool:
+    """Whether the advantages can be estimated before the logprobs and values (they read no KL
     penalty and no critic value, and no ratio mask will change the normalisers), so pi_old is
     needed only on the samples that `samples_with_gradient` keeps."""
     return (config.skip_zero_advantage and config.critic is None

@@ -51,14 +51,12 @@ def replay_step(run_dir: str | Path, step: int, overrides: list[str] | None = No
         config = _scratch_config(config, scratch, start)
         pipeline = _pipeline_class(config.pipeline)(config)
         try:
-            pipeline._rollout_s = 0.0  # `update` reports the rollout time; there was none
-            batch, metrics = pipeline.make_batch(trajectories)
-            metrics |= pipeline.update(batch, step)
+            metrics = pipeline.train(trajectories, step)
             metrics |= rollout_metrics(trajectories, config.rollout.group_size)
             replayed_weights = fingerprint(pipeline.policy.state_dict_for_sync())
         finally:
             pipeline.tracker.close()
-            pipeline.rewards.close()  # the reward runner, or the agentic episode source
+            pipeline.task.close()  # the reward runner, or the agentic episodes
     after = RunDir(run).checkpoint_dir(step)
     weights_match = (replayed_weights == _checkpoint_fingerprint(after, config.model.dtype)
                      if (after / "trainer_state.pt").is_file() else None)

@@ -66,7 +66,9 @@ class RewardRunner:
         self.counters = RewardCounters()
         self._checked = RewardCounters()  # the counters at the last check: the step's window
 
-    async def score(self, sample: RewardSample) -> RewardResult:
+    async def reward(self, sample: RewardSample) -> RewardResult:
+        """The reward of one sample: the reward function's result, or `failure_score` with the
+        error in its info when the call failed, timed out or gave a non-finite score."""
         self.counters.calls += 1
         try:
             call = self.reward_fn(sample)

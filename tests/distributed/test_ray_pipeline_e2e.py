@@ -80,3 +80,41 @@ def test_killed_policy_actor_restarts_and_resumes_from_checkpoint(ray_session, t
     assert [r["step"] for r in rows] == [1, 2, 3, 4, 5, 6]  # steps after step 2 were redone
     assert all(r.get("fault/restarts") == 1 for r in rows[2:])
     assert "fault/restarts" not in rows[0]
+
+
+def test_killed_policy_actor_of_an_agentic_run_restarts_it(ray_session, tmp_path, tiny_model):
+    """Agentic runs go through the same restart supervisor: `distributed.max_restarts` applies."""
+    import ray
+
+    from reroll.pipelines.agentic import train_agentic
+
+    data = {
+        "pipeline": "agentic", "name": "agent-killed", "output_dir": str(tmp_path / "agent"),
+        "seed": 3, "steps": 4, "model": {"path": tiny_model},
+        "env": {"id": "guess_number", "kwargs": {"high": 8, "max_turns": 3}, "max_turns": 3,
+                "max_context_tokens": 200, "eval_episodes": 2},
+        "rollout": {"prompts_per_step": 2, "group_size": 4, "max_new_tokens": 4},
+        "algorithm": {"advantage": {"name": "rebn"}},
+        "optimizer": {"lr": 1e-3}, "train": {"micro_batch_size": 8, "num_threads": 1},
+        "eval": {"every_steps": 0}, "checkpoint": {"every_steps": 2, "keep_last": 3},
+        "tracking": {"progress": False, "tensorboard": False, "record_rollouts": 0},
+        "distributed": {"executor": "ray", "rollout": {"num_cpus": 0.5}, "max_restarts": 1},
+    }
+    path = tmp_path / "agent.yaml"
+    path.write_text(yaml.safe_dump(data))
+    marker = tmp_path / "agent" / "checkpoints" / "step_2" / "trainer_state.pt"
+
+    def kill_after_first_checkpoint():
+        while not marker.exists():
+            time.sleep(0.05)
+        ray.kill(ray.get_actor("reroll-agent-killed-policy-0"), no_restart=True)
+
+    killer = threading.Thread(target=kill_after_first_checkpoint, daemon=True)
+    killer.start()
+    summary = train_agentic(load_config(path))
+    killer.join(timeout=1)
+    assert summary["restarts"] == 1
+    rows = read_metrics(tmp_path / "agent")
+    assert [r["step"] for r in rows] == [1, 2, 3, 4]  # steps after step 2 were redone
+    assert all(r.get("fault/restarts") == 1 for r in rows[2:])
+    assert "fault/restarts" not in rows[0]

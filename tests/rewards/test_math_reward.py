@@ -135,7 +135,7 @@ def test_runner_counts_timeouts_and_errors_and_never_raises():
     sample = RewardSample("q", "r", "a")
 
     async def go():
-        return await asyncio.gather(hangs.score(sample), crashes.score(sample), works.score(sample))
+        return await asyncio.gather(hangs.reward(sample), crashes.reward(sample), works.reward(sample))
 
     timed_out, crashed, ok = asyncio.run(go())
     assert timed_out.score == 0.0 and "timeout" in timed_out.info["error"]

@@ -39,7 +39,7 @@ class Fixed:
 
 def score_all(runner: RewardRunner, n: int) -> list[RewardResult]:
     async def go():
-        return await asyncio.gather(*(runner.score(RewardSample("q", str(i), "a"))
+        return await asyncio.gather(*(runner.reward(RewardSample("q", str(i), "a"))
                                       for i in range(n)))
     return asyncio.run(go())
 

@@ -1,0 +1,63 @@
+"""The task protocol: what an RL pipeline asks of the work it trains on.
+
+The pipeline (`reroll.pipelines.rl.RLPipeline`) owns the roles, the step and the run directory;
+a task owns where the step's trajectories come from and how they are rewarded: prompts with a
+reward (`rlvr.PromptTask`) or environments (`agentic.EnvTask`). A new kind of work plugs in as
+another task, never as a subclass of the pipeline.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+from reroll.data.batch import Trajectory, trajectory_row
+from reroll.engines.base import Engine, SamplingParams
+
+
+class Task(Protocol):
+    label: str
+    """Shown before the algorithm's name on the progress bar ("" for none)."""
+
+    @property
+    def evaluates(self) -> bool:
+        """Whether the task has held-out data for `evaluate`."""
+        ...
+
+    def start(self, engine: Engine) -> Engine:
+        """Begin producing trajectories with `engine` (after the roles are built). Returns the
+        engine the policy's weights go to and evaluation samples from (an async source puts its
+        producer's facade in front of `engine`)."""
+        ...
+
+    def next_batch(self, step: int, params: SamplingParams) -> list[Trajectory]:
+        """Step `step`'s rewarded trajectories, `rollout.group_size` per group; the trainer's
+        weights are version `step - 1`. Raises RunStopped when the reward keeps failing."""
+        ...
+
+    def evaluate(self, params: SamplingParams) -> dict[str, float]:
+        """Metrics on the held-out data (at least `eval/reward_mean`); {} without any."""
+        ...
+
+    def metrics(self) -> dict[str, float]:
+        """The task's metrics after the last `next_batch` (reward errors, env counters, ...)."""
+        ...
+
+    def record(self, step: int, trajectories: list[Trajectory], count: int) -> list[dict]:
+        """Up to `count` rows of the step for `rollouts/step_N.jsonl` (`reroll view`)."""
+        ...
+
+    def state_dict(self) -> dict[str, Any]:
+        """What a checkpoint keeps of the task (its position in the data, its counters)."""
+        ...
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue from `state_dict()` (read from a checkpoint's trainer state)."""
+        ...
+
+    def close(self) -> None:
+        ...
+
+
+def rollout_row(t: Trajectory) -> dict[str, Any]:
+    """One trajectory as a `rollouts/step_N.jsonl` row (the keys `reroll view` reads)."""
+    return trajectory_row(t) | {"group_id": t.group_id}
