@@ -3,16 +3,15 @@ one-process objects of a laptop run) or as Ray actors (`executor: ray`), behind 
 interfaces, so the pipeline code does not change between them. The builder knows the executor,
 so it also picks how the policy's weights reach the engine (`Roles.weight_sync`).
 
-policy     Strategy-like (`forward_logprobs`, `train_step`, `state_dict_for_sync`, `save`, `load`)
-reference  `.logprobs(batch, temperature)`
-critic     Critic-like (`values`, `update`, `save`, `load`, `num_critics`)
-engine     Engine
+policy     `training.protocols.Policy` (`forward_logprobs`, `train_step`, `state_dict_for_sync`, ...)
+reference  `training.protocols.Reference` (`logprobs(batch, temperature)`)
+critic     `training.protocols.Critic` (`values`, `update`, `save`, `load`, `num_critics`)
+engine     `engines.base.Engine`
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 from reroll.config.schema import RLConfig
 from reroll.distributed.cluster import Cluster, LocalExecutor, RayExecutor, WorkerSpec
@@ -31,6 +30,8 @@ from reroll.engines.base import Engine
 from reroll.models.loading import load_model
 from reroll.training.critic import Critic
 from reroll.training.local import LocalStrategy
+from reroll.training.protocols import Critic as CriticRole
+from reroll.training.protocols import Policy, Reference
 from reroll.workers.critic import CriticWorker
 from reroll.workers.policy import PolicyWorker
 from reroll.workers.reference import ReferenceWorker
@@ -38,11 +39,11 @@ from reroll.workers.reference import ReferenceWorker
 
 @dataclass
 class Roles:
-    policy: Any
-    reference: Any | None
-    critic: Any | None
-    engine: Any
-    clusters: list[Any]
+    policy: Policy
+    reference: Reference | None
+    critic: CriticRole | None
+    engine: Engine
+    clusters: list[Cluster]
     weight_sync: WeightSync
     """Policy -> `engine`, chosen with the roles (in memory, object store or broadcast)."""
 
