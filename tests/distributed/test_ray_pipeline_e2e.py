@@ -91,7 +91,7 @@ def test_killed_policy_actor_of_an_agentic_run_restarts_it(ray_session, tmp_path
     data = {
         "pipeline": "agentic", "name": "agent-killed", "output_dir": str(tmp_path / "agent"),
         "seed": 3, "steps": 4, "model": {"path": tiny_model},
-        "env": {"id": "guess_number", "kwargs": {"high": 8, "max_turns": 3}, "max_turns": 3,
+        "env": {"id": "guess_number", "kwargs": {"high": 8}, "max_turns": 3,
                 "max_context_tokens": 200, "eval_episodes": 2},
         "rollout": {"prompts_per_step": 2, "group_size": 4, "max_new_tokens": 4},
         "algorithm": {"advantage": {"name": "rebn"}},
