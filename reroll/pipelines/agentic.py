@@ -1,7 +1,7 @@
 """Agentic RL: the policy acts over many turns in an environment and learns from the outcome.
 
 `EnvTask` is the task the RL pipeline (`reroll.pipelines.rl`) runs here, in the same loop and
-training step as RLVR's prompts (`reroll.pipelines.step`), under the same restart supervisor.
+training step as RLVR's prompts (`reroll.pipelines.rl`), under the same restart supervisor.
 Only the task differs: trajectories come from multi-turn episodes (`reroll.rollout.agent_loop`),
 each with its turn boundaries and per-turn rewards, so the catalogue's credit assignment applies
 as configured:

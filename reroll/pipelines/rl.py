@@ -1,27 +1,68 @@
-"""The RL pipeline: one driver loop for every RL task (prompts with a verifiable reward, or
-environments), with every algorithm of the catalogue (GRPO, Dr. GRPO, DAPO, Lite PPO, RLOO,
-REINFORCE++, PPO with a critic, GSPO, CISPO, TOPR, AsyPPO, RLOO/ReBN/GiGPO on episodes, ...)
-chosen by the `algorithm:` config.
+"""The RL pipeline, loop and step in one file: one driver loop for every RL task (prompts with a
+verifiable reward, or environments), with every algorithm of the catalogue (GRPO, Dr. GRPO, DAPO,
+Lite PPO, RLOO, REINFORCE++, PPO with a critic, GSPO, CISPO, TOPR, AsyPPO, RLOO/ReBN/GiGPO on
+episodes, ...) chosen by the `algorithm:` config.
 
-One step = the task's rewarded trajectories (`Task.next_batch`) -> the training step
-(`step.train_on`: collate, filter, logprobs and values, advantages, update) -> the new weights to
-the engine (verified) -> metrics, evaluation, records, checkpoint. `RLPipeline.run` reads top to
-bottom; the task is passed in (`rlvr.PromptTask`, `agentic.EnvTask`), never subclassed.
+One step = the task's rewarded trajectories (`Task.next_batch`) -> the training step (`train_on`,
+below the loop: collate -> filter -> logprobs and values -> advantages -> update; each phase
+takes the batch and returns it with its metrics, nothing passes between phases any other way) ->
+the new weights to the engine (verified) -> metrics, evaluation, records, checkpoint.
+`RLPipeline.run` reads top to bottom; the task is passed in (`rlvr.PromptTask`,
+`agentic.EnvTask`), never subclassed. Which function each phase calls for the `algorithm:`
+config is decided in `objective.py` (the pure mapping); the tensor maths is in
+`reroll.algorithms`.
+
+The files one batch passes through, from prompt to optimizer step (DESIGN §1 order):
+1. `reroll/pipelines/rl.py`: this file: the loop, and the step's phases
+2. `reroll/pipelines/rlvr.py` (or `agentic.py`): the task: prompts (env seeds) and their reward
+3. `reroll/rollout/sources.py`: the step's rollout rounds (sync) or the buffer (async)
+4. `reroll/rollout/scheduler.py`: groups of requests streamed to the engine
+5. `reroll/engines/hf.py` (or `vllm.py`, `remote.py`): token ids in, completions out
+6. `reroll/rewards/runner.py`: each completion's reward as it finishes (isolated, timed out)
+7. `reroll/data/batch.py`: Trajectory and `collate` into the padded Batch
+8. `reroll/pipelines/objective.py`: the config's estimator, loss and KL as functions
+9. `reroll/training/local.py` (or `fsdp2.py` behind `workers/policy.py`): the optimizer step
+Leaves they call: the reward function (`reroll/rewards/`), the pure tensor functions of
+`reroll/algorithms/`, the model forward of `reroll/models/logprobs.py`.
+
+Keys this step adds to the Batch of `reroll.data.batch.collate`:
+- `task_rewards` [B]: the task's reward, as the reward function (or env) gave it; `rewards` [B]
+  becomes the shaped reward (overlong penalty), and so does `turn_rewards` [B, K] in multi-turn
+  batches (each turn's own penalty).
+- `loss_mask` [B, T]: the response tokens that enter the policy loss (overlong filter, ratio
+  masks and AsyPPO's mask remove tokens from it; `response_mask` keeps every sampled token).
+- `normaliser_mask` [B, T]: the tokens the loss normalisers count: `loss_mask` after the
+  overlong filter, before the ratio and AsyPPO masks (which zero a token's weight only).
+- `turn_ids` [B, T]: 0 on response tokens, -1 elsewhere (a single-turn response is one turn);
+  multi-turn trajectories bring their own (see `reroll.data.batch`).
+- `index_in_group` [B]: the response's position in its group (AsyPPO's critic shards).
+- `ref_logprobs`, `old_logprobs` [B, T]: the reference's and pi_old's logprobs.
+- `is_weights` [B, T]: truncated importance-sampling weights, when `correction.tis` is on.
+- `token_kl` [B, T]: KL(pi_old || pi_ref) per token, when `kl.mode` is `reward`.
+- `values`, `old_values_{m}` [B, T]: the critics' values (mean, each); `advantages`, `returns`.
 """
 
 from __future__ import annotations
 
 import functools
+import logging
+import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import torch
+from tensordict import TensorDict
+
+from reroll import algorithms
+from reroll.config.algorithm import AlgorithmConfig, CorrectionConfig, DynamicSamplingConfig
 from reroll.config.schema import RLRunConfig
-from reroll.data.batch import Trajectory
+from reroll.data.batch import Trajectory, collate
 from reroll.distributed.colocation import take_turns
 from reroll.engines.base import SamplingParams
 from reroll.models.loading import load_tokenizer
-from reroll.pipelines import objective, step
+from reroll.pipelines import objective
 from reroll.pipelines.checkpoints import checkpoint_due, prune_checkpoints
 from reroll.pipelines.common import RunDir, Stopwatch, UpdateGuard, seed_everything, set_threads
 from reroll.pipelines.roles import build_roles, weight_sync_to
@@ -32,6 +73,10 @@ from reroll.rollout.recording import batch_path, save_batch
 from reroll.tracking import ProgressBar, Tracker
 from reroll.tracking.jsonsafe import dumps
 from reroll.training.protocols import Critic, Policy, Reference
+
+log = logging.getLogger(__name__)
+
+KLController = algorithms.FixedKLController | algorithms.AdaptiveKLController
 
 TaskFactory = Callable[[Any, Any], Task]
 """make_task(config, tokenizer) -> Task: reads and checks the task's data and starts its reward
@@ -55,8 +100,8 @@ class RLPipeline:
         self.reference: Reference | None = self.roles.reference
         self.critic: Critic | None = self.roles.critic
         self.restarts = 0  # set by the supervisor when this pipeline resumes after a failure
-        step.announce_correction(c.algorithm, c.off_policy_reasons())
-        self.learner = step.Learner(self.policy, self.reference, self.critic,
+        announce_correction(c.algorithm, c.off_policy_reasons())
+        self.learner = Learner(self.policy, self.reference, self.critic,
                                     objective.kl_controller(c.algorithm.kl),
                                     UpdateGuard(c.train.max_skipped_updates))
         self.engine = self.task.start(self.roles.engine)
@@ -111,7 +156,7 @@ class RLPipeline:
     def train(self, trajectories: list[Trajectory], n: int) -> dict[str, float]:
         """The training step on the devices the policy has (its turn when colocated)."""
         self.turns.train_turn()
-        return step.train_on(trajectories, self.config, self.learner,
+        return train_on(trajectories, self.config, self.learner,
                              self.tokenizer.pad_token_id, n)
 
     def sync_weights(self, version: int) -> dict[str, float]:
@@ -211,3 +256,295 @@ def train(config: RLRunConfig, make_task: TaskFactory) -> dict:
     if done is not None:
         return done
     return supervise(functools.partial(RLPipeline, make_task=make_task), config)
+
+
+# The training step: one batch of trajectories in, one optimizer step out.
+
+
+@dataclass
+class Learner:
+    """What a step trains and reads: the roles, and the two controllers that carry over from
+    one step to the next (the KL coefficient, the count of skipped updates)."""
+
+    policy: Policy
+    reference: Reference | None
+    critic: Critic | None
+    kl: KLController
+    guard: UpdateGuard
+
+
+def train_on(trajectories: list[Trajectory], config: RLRunConfig, learner: Learner,
+             pad_token_id: int, step: int) -> dict[str, float]:
+    """The whole step: the batch of `trajectories`, then the update. Returns its metrics."""
+    batch, metrics = make_batch(trajectories, config, learner, pad_token_id)
+    return metrics | update(batch, config, learner, step)
+
+
+def make_batch(trajectories: list[Trajectory], config: RLRunConfig, learner: Learner,
+               pad_token_id: int) -> tuple[TensorDict, dict[str, float]]:
+    """Collate and shape the rewards, drop groups without signal, the per-token logprobs and
+    values (reference, pi_old, critic, corrections), then the advantages."""
+    a, group_size = config.algorithm, config.rollout.group_size
+    batch, metrics = collate_for_rl(trajectories, pad_token_id, a, group_size,
+                                    config.rollout.max_new_tokens)
+    batch, filtered = filter_groups(batch, a.dynamic_sampling, group_size)
+    if not batch.batch_size[0]:
+        return batch, metrics | filtered
+    kl_coef = learner.kl.value
+    if objective.advantages_before_logprobs(a, learner.reference is not None):
+        # pi_old is then needed only on the samples the update will run on.
+        batch, estimated = estimate(batch, a, group_size, kl_coef)
+        rows = objective.samples_with_gradient(a, batch, kl_coef,
+                                               learner.policy.data_parallel_size)
+        batch, logprobs = compute_logprobs_and_values(batch, config, learner, rows)
+    else:
+        batch, logprobs = compute_logprobs_and_values(batch, config, learner)
+        batch, estimated = estimate(batch, a, group_size, kl_coef)
+    return batch, metrics | logprobs | estimated | filtered
+
+
+# -- collate and filter -------------------------------------------------------------------------
+
+
+def collate_for_rl(trajectories: list[Trajectory], pad_token_id: int, config: AlgorithmConfig,
+                   group_size: int, max_new_tokens: int) -> tuple[TensorDict, dict[str, float]]:
+    """Collate, then shape the rewards and mark the loss tokens (overlong handling)."""
+    batch, _ = collate(trajectories, pad_token_id)
+    mask = batch["response_mask"]
+    size = batch.batch_size[0]
+    batch["task_rewards"] = batch["rewards"].clone()
+    if "turn_ids" not in batch.keys():
+        batch["turn_ids"] = objective.single_turn_ids(mask)
+    batch["index_in_group"] = torch.arange(size) % group_size
+    metrics = shape_rewards(batch, config, max_new_tokens)
+    overlong = config.overlong
+    truncated = torch.tensor([t.finish_reason == "length" for t in trajectories])
+    batch["loss_mask"] = algorithms.overlong_filter_mask(mask, truncated) if overlong.filter \
+        else mask.clone()
+    # The loss normalisers count these tokens: a truncated sample leaves the step (as a filtered
+    # group does), while later masks (ratio masks, AsyPPO) only zero a token's weight.
+    batch["normaliser_mask"] = batch["loss_mask"].clone()
+    if overlong.filter:
+        metrics["filter/overlong_dropped"] = float(truncated.sum())
+    return batch, metrics
+
+
+def shape_rewards(batch: TensorDict, config: AlgorithmConfig,
+                  max_new_tokens: int) -> dict[str, float]:
+    """DAPO's soft overlong penalty, on every reward an estimator may read: each turn's length
+    against `max_new_tokens` (a turn's limit; a single-turn response is one turn) gives that
+    turn's penalty, added to `turn_rewards` (multi-turn batches) and, summed, to `rewards`.
+    (The reward clip is the estimator's first step, `objective.estimate_advantages`.)"""
+    overlong = config.overlong
+    if overlong.soft_penalty_cache is None:
+        return {}
+    turn_ids = batch["turn_ids"]
+    K = int(turn_ids.max().clamp_min(0)) + 1
+    if "turn_rewards" in batch.keys():
+        K = max(K, batch["turn_rewards"].shape[1])
+    lengths = algorithms.turn_sums(batch["response_mask"].float(), turn_ids, K)
+    penalty = algorithms.dapo_overlong_penalty(lengths, max_new_tokens,
+                                               overlong.soft_penalty_cache,
+                                               penalty=overlong.soft_penalty)
+    penalty = torch.where(algorithms.turn_valid(turn_ids, K), penalty, torch.zeros_like(penalty))
+    if "turn_rewards" in batch.keys():
+        turn_rewards = batch["turn_rewards"]
+        batch["turn_rewards"] = turn_rewards + penalty[:, : turn_rewards.shape[1]]
+    batch["rewards"] = batch["rewards"] + penalty.sum(-1)
+    return {"train/overlong_penalty_mean": float(penalty.sum(-1).mean())}
+
+
+def filter_groups(batch: TensorDict, config: DynamicSamplingConfig | None,
+                  group_size: int) -> tuple[TensorDict, dict[str, float]]:
+    """Dynamic sampling: keep only the groups that pass the filters (judged on the task reward).
+
+    The dropped groups leave the step entirely, so batch-level statistics (Lite PPO's std,
+    REINFORCE++'s whitening) and loss normalisers are over the kept groups, as in DAPO.
+    """
+    if config is None:
+        return batch, {}
+    keep = algorithms.dynamic_sampling_keep(
+        batch["task_rewards"], group_size, drop_all_equal=config.drop_all_equal,
+        min_mean=config.min_mean, max_mean=config.max_mean, min_std=config.min_std,
+        max_std=config.max_std, atol=config.atol)
+    metrics = {"filter/groups_kept": float(keep.sum()),
+               "filter/groups_dropped": float((~keep).sum())}
+    return batch[keep.repeat_interleave(group_size)], metrics
+
+
+# -- logprobs and values ------------------------------------------------------------------------
+
+
+def compute_logprobs_and_values(batch: TensorDict, config: RLRunConfig, learner: Learner,
+                                rows: torch.Tensor | None = None
+                                ) -> tuple[TensorDict, dict[str, float]]:
+    """Per-token inputs of the objective: reference and pi_old logprobs, the KL reward penalty,
+    off-policy corrections, critic values (and AsyPPO's masks). With `rows`, pi_old is computed
+    on those samples only; the others (no gradient) keep the behaviour logprobs (ratio 1)."""
+    a, temperature = config.algorithm, config.rollout.temperature
+    policy, reference, critic = learner.policy, learner.reference, learner.critic
+    metrics: dict[str, float] = {}
+    if reference is not None:
+        batch["ref_logprobs"] = reference.logprobs(batch, temperature)
+    if objective.needs_old_logprobs(a):
+        if rows is None:
+            batch["old_logprobs"] = policy.forward_logprobs(batch, temperature)
+        else:
+            batch["old_logprobs"] = batch["behaviour_logprobs"].clone()
+            batch["old_logprobs"][rows] = policy.forward_logprobs(batch[rows], temperature)
+    if a.kl.in_reward and reference is not None:
+        batch["token_kl"] = objective.reward_kl(a.kl, batch["old_logprobs"],
+                                                batch["ref_logprobs"], batch["response_mask"])
+        metrics["kl/reward_kl_mean"] = float(algorithms.masked_mean(batch["token_kl"],
+                                                                    batch["response_mask"]))
+    if a.correction.tis is not None or a.correction.ratio_mask is not None:
+        metrics |= apply_corrections(batch, a.correction, rows)
+    if critic is not None:
+        values = critic.values(batch)
+        for m in range(critic.num_critics):
+            batch[f"old_values_{m}"] = values[m]
+        batch["values"] = algorithms.critic_ensemble_mean(values)
+        if critic.num_critics > 1:
+            batch["loss_mask"], batch["entropy_mask"], asy = objective.asyppo_masks(
+                a.critic.asyppo, values, batch["loss_mask"], batch["response_mask"])
+            metrics |= asy
+    return batch, metrics
+
+
+def apply_corrections(batch: TensorDict, config: CorrectionConfig,
+                      rows: torch.Tensor | None = None) -> dict[str, float]:
+    """Ratio masks shrink `loss_mask`; truncated IS sets `is_weights`. Compares `old_logprobs`
+    (pi_old) with `behaviour_logprobs` (mu, recorded by the engine) and logs the mismatch, over
+    `rows` only when pi_old was computed on those only."""
+    old, behaviour = batch["old_logprobs"], batch["behaviour_logprobs"]
+    response, mask = batch["response_mask"], batch["loss_mask"]
+    if rows is not None:
+        computed = torch.zeros(response.shape[0], 1, dtype=response.dtype)
+        computed[rows] = 1
+        response = response * computed
+    metrics = {f"correction/{k}": float(v)
+               for k, v in algorithms.off_policy_metrics(old, behaviour, response).items()}
+    ratio_mask = config.ratio_mask
+    if ratio_mask is not None:
+        before = float(mask.sum())
+        if ratio_mask.level == "token":
+            mask = algorithms.ratio_mask_token(old, behaviour, mask, low=ratio_mask.low,
+                                               high=ratio_mask.high)
+        else:
+            mask = algorithms.ratio_mask_sequence(old, behaviour, mask, low=ratio_mask.low,
+                                                  high=ratio_mask.high,
+                                                  geometric=ratio_mask.geometric)
+        metrics["correction/masked_frac"] = 1 - float(mask.sum()) / max(before, 1.0)
+        batch["loss_mask"] = mask
+    if config.tis is not None:
+        weights = algorithms.TIS_LEVELS[config.tis.level](old, behaviour, mask, cap=config.tis.cap,
+                                                          turn_ids=batch["turn_ids"])
+        batch["is_weights"] = weights
+        metrics["correction/tis_weight_mean"] = float(algorithms.masked_mean(
+            weights, mask if rows is None else mask * response))
+    return metrics
+
+
+# -- advantages ---------------------------------------------------------------------------------
+
+
+def estimate(batch: TensorDict, config: AlgorithmConfig, group_size: int,
+             kl_coef: float) -> tuple[TensorDict, dict[str, float]]:
+    """Advantages (and returns, for token-level estimators) of the batch."""
+    advantages, returns = objective.estimate_advantages(config, batch, group_size,
+                                                        kl_coef=kl_coef)
+    batch["advantages"] = advantages
+    mask = batch["response_mask"]
+    metrics = {"train/advantage_abs_mean": float(algorithms.masked_mean(advantages.abs(), mask))}
+    if returns is not None:
+        batch["returns"] = returns
+    if "values" in batch.keys():
+        residual = algorithms.masked_var(returns - batch["values"], mask)
+        metrics["critic/explained_var"] = float(1 - residual / algorithms.masked_var(
+            returns, mask).clamp_min(1e-8))
+    return batch, metrics
+
+
+# -- update -------------------------------------------------------------------------------------
+
+
+def update(batch: TensorDict, config: RLRunConfig, learner: Learner,
+           step: int) -> dict[str, float]:
+    """The critic's update, then the policy's (one optimizer step per mini-batch), then the KL
+    coefficient. The policy waits out the critic's warm-up steps; a step whose batch has no
+    token left in the loss (every group filtered) updates nothing."""
+    a, t0 = config.algorithm, time.perf_counter()
+    metrics: dict[str, float] = {}
+    if batch.batch_size[0] and learner.critic is not None:
+        metrics |= learner.critic.update(batch, a.updates_per_batch)
+    warmup = a.critic.warmup_steps if a.critic else 0
+    if step > warmup and batch.batch_size[0] and float(batch["loss_mask"].sum()) > 0:
+        metrics |= update_policy(batch, config, learner, step)
+    else:
+        metrics["train/policy_skipped"] = 1.0
+    metrics |= update_kl_coef(metrics, batch, a, learner.kl)
+    return metrics | {"time/train_s": time.perf_counter() - t0}
+
+
+def update_policy(batch: TensorDict, config: RLRunConfig, learner: Learner,
+                  step: int) -> dict[str, float]:
+    """One optimizer step per mini-batch; one skipped for a non-finite loss or gradient norm
+    is counted, and too many in a row stop the run (`UpdateGuard`)."""
+    a, kl_coef = config.algorithm, learner.kl.value
+    minis = split_mini_batches(batch, a.updates_per_batch)
+    metrics: dict[str, float] = {}
+    for mini in minis:
+        # Normalised over the whole mini-batch, run on the samples that carry a gradient.
+        loss_fn = objective.make_rl_loss(a, mini, config.rollout.temperature,
+                                         config.rollout.max_new_tokens, kl_coef=kl_coef)
+        trained = objective.samples_with_gradient(a, mini, kl_coef,
+                                                  learner.policy.data_parallel_size)
+        skipped = {"train/zero_advantage_skipped": 1 - len(trained) / mini.batch_size[0]}
+        result = learner.policy.train_step(mini[trained], loss_fn)
+        learner.guard.check(step, result)
+        for key, value in (result | skipped).items():
+            metrics[key] = metrics.get(key, 0.0) + value / len(minis)
+    return metrics | learner.guard.metrics()
+
+
+def update_kl_coef(metrics: dict[str, float], batch: TensorDict, config: AlgorithmConfig,
+                   kl: KLController) -> dict[str, float]:
+    """Feed the measured per-token KL to the controller (a no-op for a fixed coefficient):
+    the sampled responses' KL penalty in reward mode, the loss term's KL in loss mode."""
+    if not config.kl.coef:
+        return {}
+    current = metrics.get("actor/kl_ref")
+    if "token_kl" in batch.keys() and batch.batch_size[0]:
+        current = float(algorithms.masked_mean(batch["token_kl"], batch["response_mask"]))
+    if current is not None:
+        kl.update(current, batch.batch_size[0])
+    return {"kl/coef": kl.value}
+
+
+def split_mini_batches(batch: TensorDict, updates: int) -> list[TensorDict]:
+    """`updates` consecutive mini-batches of (nearly) equal size; fewer if the batch is smaller."""
+    size = -(-batch.batch_size[0] // updates)
+    return [batch[start : start + size] for start in range(0, batch.batch_size[0], size)]
+
+
+# -- at start -----------------------------------------------------------------------------------
+
+
+def announce_correction(config: AlgorithmConfig, off_policy_reasons: list[str]) -> str | None:
+    """Say, once at start, how samples that can be off-policy are corrected: a warning when
+    `correction: none` leaves them uncorrected, an info line when `auto` turned TIS on.
+    Returns the message (None when the samples are on-policy)."""
+    if not off_policy_reasons:
+        return None
+    why = "; ".join(off_policy_reasons)
+    corr = config.correction
+    if corr.tis is None and corr.ratio_mask is None and config.policy_loss.name != "decoupled_ppo":
+        message = (f"algorithm.correction: none: the samples can be off-policy ({why}) and are "
+                   f"trained without a behaviour-policy correction")
+        log.warning(message)
+        return message
+    how = (f"truncated IS ({corr.tis.level}, cap {corr.tis.cap})" if corr.tis is not None else
+           "ratio mask" if corr.ratio_mask is not None else "decoupled_ppo's behaviour weight")
+    message = f"off-policy samples ({why}) are corrected by {how}"
+    log.info(message)
+    return message

@@ -3,7 +3,7 @@
 `PromptTask` is the task: the train and eval prompts (read and checked at start), the reward
 runner (math, code, rules, judges, a custom function) and the rollout source that turns a step's
 prompts into rewarded groups (sync, or async in the background). The loop and the training step
-are the RL pipeline's (`reroll.pipelines.rl`, `reroll.pipelines.step`).
+are the RL pipeline's (`reroll.pipelines.rl`: the loop and the step).
 """
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ from reroll import algorithms
 from reroll.config.algorithm import AlgorithmConfig, AsyPPOConfig, KLConfig
 from reroll.data.batch import Trajectory
 from reroll.models.logprobs import forward_logprobs
-from reroll.pipelines import objective, step
+from reroll.pipelines import objective, rl
 
 pytestmark = pytest.mark.unit
 
@@ -324,7 +324,7 @@ def test_collate_applies_the_soft_overlong_penalty_and_the_overlong_filter():
     config = AlgorithmConfig(overlong={"filter": True, "soft_penalty_cache": 4,
                                        "soft_penalty": 1.0})
     # max 10 tokens, cache 4: lengths 6 -> 0, 8 -> -0.5, 10 -> -1
-    batch, metrics = step.collate_for_rl(
+    batch, metrics = rl.collate_for_rl(
         trajectories([1.0, 1.0, 0.0, 0.0], [6, 8, 10, 3], ["stop", "stop", "length", "stop"]),
         0, config, group_size=2, max_new_tokens=10)
     assert batch["rewards"].tolist() == [1.0, 0.5, -1.0, 0.0]
@@ -336,13 +336,13 @@ def test_collate_applies_the_soft_overlong_penalty_and_the_overlong_filter():
 
 
 def test_dynamic_sampling_drops_whole_groups_judged_on_the_task_reward():
-    batch, _ = step.collate_for_rl(trajectories([1.0, 0.0, 1.0, 1.0, 0.0, 0.0], [3] * 6),
+    batch, _ = rl.collate_for_rl(trajectories([1.0, 0.0, 1.0, 1.0, 0.0, 0.0], [3] * 6),
                                        0, AlgorithmConfig(), 2, 10)
-    kept, metrics = step.filter_groups(batch, AlgorithmConfig(dynamic_sampling={})
+    kept, metrics = rl.filter_groups(batch, AlgorithmConfig(dynamic_sampling={})
                                            .dynamic_sampling, 2)
     assert kept.batch_size[0] == 2 and kept["task_rewards"].tolist() == [1.0, 0.0]
     assert metrics == {"filter/groups_kept": 1.0, "filter/groups_dropped": 2.0}
-    same, metrics = step.filter_groups(batch, None, 2)
+    same, metrics = rl.filter_groups(batch, None, 2)
     assert same is batch and metrics == {}
 
 
@@ -355,7 +355,7 @@ def test_corrections_mask_then_weight():
                         "turn_ids": torch.zeros(2, 3, dtype=torch.long)}, [2])
     config = AlgorithmConfig(correction={"ratio_mask": {"level": "token", "low": 0.5, "high": 2.0},
                                          "tis": {"level": "token", "cap": 1.2}}).correction
-    metrics = step.apply_corrections(batch, config)
+    metrics = rl.apply_corrections(batch, config)
     assert batch["loss_mask"].tolist() == [[1, 0, 1], [1, 1, 1]]  # ratio 3 is masked
     assert torch.allclose(batch["is_weights"], torch.tensor([[1.0, 0.0, 1.2], [1.0, 1.0, 1.0]]))
     assert metrics["correction/masked_frac"] == pytest.approx(1 / 6)

@@ -13,7 +13,8 @@ from reroll import algorithms
 from reroll.config.agentic import AgenticConfig
 from reroll.config.algorithm import AlgorithmConfig, TISConfig
 from reroll.config.schema import RLConfig
-from reroll.pipelines import objective, step
+from reroll.pipelines import objective
+from reroll.pipelines import rl as pipeline
 
 pytestmark = pytest.mark.unit
 
@@ -63,12 +64,12 @@ def test_turning_the_correction_off_is_logged(caplog):
     config = rl(async_training={"enabled": True, "max_staleness": 3},
                 algorithm={"correction": "none"})
     with caplog.at_level(logging.WARNING):
-        message = step.announce_correction(config.algorithm, config.off_policy_reasons())
+        message = pipeline.announce_correction(config.algorithm, config.off_policy_reasons())
     assert "algorithm.correction: none" in message and "3 versions old" in message
     assert message in caplog.text
-    assert step.announce_correction(rl().algorithm, rl().off_policy_reasons()) is None
+    assert pipeline.announce_correction(rl().algorithm, rl().off_policy_reasons()) is None
     auto = rl(async_training={"enabled": True})
-    assert "truncated IS (token, cap 2.0)" in step.announce_correction(
+    assert "truncated IS (token, cap 2.0)" in pipeline.announce_correction(
         auto.algorithm, auto.off_policy_reasons())
 
 
@@ -80,7 +81,7 @@ def test_async_default_applies_is_weights_that_are_not_all_one():
     batch = TensorDict({"old_logprobs": old, "behaviour_logprobs": behaviour,
                         "response_mask": mask, "loss_mask": mask.clone(),
                         "turn_ids": torch.zeros(2, 4, dtype=torch.long)}, [2])
-    metrics = step.apply_corrections(batch, config.correction)
+    metrics = pipeline.apply_corrections(batch, config.correction)
     want = torch.tensor([[1.0, 2.0, 2 / 3, 0.25], [1.0, 2.0, 1.0, 1.0]])  # min(old/mu, 2)
     torch.testing.assert_close(batch["is_weights"], want)
     assert metrics["correction/tis_weight_mean"] == pytest.approx(float(want.mean()))
@@ -175,7 +176,7 @@ def test_reward_clip_reaches_the_reward_each_estimator_reads(name):
 def test_overlong_penalty_reaches_the_reward_each_estimator_reads(name):
     batch = episode_batch(TURN_REWARDS)
     config = AlgorithmConfig(overlong={"soft_penalty_cache": 2, "soft_penalty": 1.0})
-    metrics = step.shape_rewards(batch, config, max_new_tokens=4)
+    metrics = pipeline.shape_rewards(batch, config, max_new_tokens=4)
     # a turn's limit is 4 tokens, cache 2: lengths <= 2 -> 0, 3 -> -0.5, 4 -> -1
     penalty = [[0.0, -1.0], [-0.5, 0.0], [-1.0, 0.0], [0.0, -0.5], [0.0, 0.0], [-1.0, -0.5]]
     shaped = [[r + p for r, p in zip(rs, ps, strict=True)]
@@ -193,7 +194,7 @@ def test_single_turn_overlong_penalty_is_unchanged():
     mask = torch.tensor([[1.0] * 3 + [0.0] * 3, [1.0] * 6])
     batch = TensorDict({"rewards": torch.tensor([1.0, 1.0]), "response_mask": mask,
                         "turn_ids": objective.single_turn_ids(mask)}, [2])
-    step.shape_rewards(batch, AlgorithmConfig(overlong={"soft_penalty_cache": 3}), 6)
+    pipeline.shape_rewards(batch, AlgorithmConfig(overlong={"soft_penalty_cache": 3}), 6)
     torch.testing.assert_close(batch["rewards"], torch.tensor([1.0, 0.0]))  # 3 -> 0, 6 -> -1
 
 
