@@ -125,6 +125,7 @@ test: $(STAMP)
 	$(TIER) "e2e and not (ray or vllm or gpu)" ; rc=$$?; [ $$rc -eq 0 -o $$rc -eq 5 ] || exit $$rc
 	$(TIER) "ray and not gpu" ; rc=$$?; [ $$rc -eq 0 -o $$rc -eq 5 ] || exit $$rc
 	$(TIER) "vllm and not gpu" ; rc=$$?; [ $$rc -eq 0 -o $$rc -eq 5 ] || exit $$rc
+	$(TIER) "gpu" ; rc=$$?; [ $$rc -eq 0 -o $$rc -eq 5 ] || exit $$rc
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check reroll tests benchmarks

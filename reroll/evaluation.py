@@ -237,13 +237,17 @@ def _engine(spec: EvalSpec, tokenizer):
     from reroll.config.engines import ENGINE_TYPES
     from reroll.config.schema import RolloutConfig
     from reroll.engines import build_engine
+    from reroll.models.devices import machine_devices, resolve_device
 
     try:
         rollout = RolloutConfig(engine=spec.engine, max_batch_size=spec.batch_size)
     except ValidationError:
         raise ConfigError(f"--engine {spec.engine}: choose one of {', '.join(ENGINE_TYPES)}") \
             from None
-    return build_engine(rollout, spec.model, pad_token_id=tokenizer.pad_token_id, seed=spec.seed)
+    # The HF engine on the GPU when there is one (`distributed.device: auto`, as training does).
+    device = resolve_device("auto", machine_devices()[0])
+    return build_engine(rollout, spec.model, pad_token_id=tokenizer.pad_token_id, seed=spec.seed,
+                        device=device)
 
 
 # -- command line ---------------------------------------------------------------------------------

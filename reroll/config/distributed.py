@@ -54,6 +54,11 @@ class DistributedConfig(Section):
 
     executor: Literal["local", "ray"] = "local"
     """`local`: every role in this process; `ray`: every role in Ray actors (one process per worker)."""
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    """Where the local executor's roles compute. `auto`: CUDA when torch sees a GPU, else CPU;
+    `cuda` when there is none is an error. On CUDA every role sits on `cuda:0`, the trainer in
+    bf16 autocast over float32 weights and the engine in bf16 where the GPU has bf16
+    (docs/gpus.md). With `executor: ray` a role's devices are `distributed.<role>.devices`."""
     ray_address: str | None = None
     """Join this Ray cluster (`auto`, or `ray://head:10001`) instead of starting a local instance
     sized to this machine. See docs/distributed.md for multi-node use."""

@@ -15,14 +15,15 @@ from reroll.models.loading import DTYPES, load_model
 
 
 def build_engine(rollout, model_path: str, dtype: str = "float32", pad_token_id: int = 0,
-                 seed: int = 0, attn_implementation: str = "auto"):
+                 seed: int = 0, attn_implementation: str = "auto", device: str = "cpu"):
     """The engine `rollout.engine` (of a RolloutConfig) chooses, over the model at `model_path`,
     whose trained weights are in `dtype`; the engine holds them in `rollout.dtype`
-    (`attn_implementation` as in `model.attn_implementation`, for the HF engine)."""
+    (`attn_implementation` as in `model.attn_implementation`, and `device`, for the HF engine:
+    its weights, inputs and KV cache live there; vLLM places itself)."""
     engine_dtype = dtype if getattr(rollout, "dtype", "auto") == "auto" else rollout.dtype
     match rollout.engine:
         case HFEngineConfig():
-            return HFEngine(load_model(model_path, dtype, attn_implementation),
+            return HFEngine(load_model(model_path, dtype, attn_implementation).to(device),
                             rollout.max_batch_size, pad_token_id, DTYPES[engine_dtype])
         case VLLMEngineConfig() as v:
             return _build_vllm(v, rollout.max_batch_size, model_path, engine_dtype, seed)
@@ -32,11 +33,12 @@ def build_engine(rollout, model_path: str, dtype: str = "float32", pad_token_id:
 
 
 def engine_factory(rollout, model_path: str, dtype: str = "float32", pad_token_id: int = 0,
-                   seed: int = 0, attn_implementation: str = "auto") -> Callable:
+                   seed: int = 0, attn_implementation: str = "auto", device: str = "cpu"
+                   ) -> Callable:
     """A picklable zero-argument builder of the configured engine, for engines that are built
     inside another process (a Ray actor): the same choice and checks as `build_engine`."""
     return functools.partial(build_engine, rollout, model_path, dtype, pad_token_id, seed,
-                             attn_implementation)
+                             attn_implementation, device)
 
 
 def _build_vllm(v: VLLMEngineConfig, max_batch_size: int, model_path: str, dtype: str, seed: int):

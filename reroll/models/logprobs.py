@@ -177,12 +177,14 @@ def batched_logprobs(model: torch.nn.Module, input_ids: torch.Tensor, attention_
     """`forward_logprobs` without gradients over micro-batches of a large batch -> [B, L]
     (with `response_mask`: from each row's first response token on, see `forward_logprobs`)."""
     out = torch.zeros(input_ids.shape, dtype=torch.float32)
+    device = next(model.parameters()).device  # inputs go to the model, results come back
     for start in range(0, input_ids.shape[0], micro_batch_size):
         rows = slice(start, start + micro_batch_size)
         mask = attention_mask[rows]
         width = int(mask.sum(-1).max())  # right-padded: trim the shared padding
-        response = None if response_mask is None else response_mask[rows, :width]
-        logprobs, _ = forward_logprobs(model, input_ids[rows, :width], mask[:, :width],
-                                       temperature, response_mask=response)
-        out[rows, :width] = logprobs
+        response = None if response_mask is None else response_mask[rows, :width].to(device)
+        logprobs, _ = forward_logprobs(model, input_ids[rows, :width].to(device),
+                                       mask[:, :width].to(device), temperature,
+                                       response_mask=response)
+        out[rows, :width] = logprobs.to(out.device)
     return out

@@ -25,8 +25,9 @@ from reroll.distributed.weight_sync import (
     WeightSync,
     actor_weight_sync,
 )
-from reroll.engines import build_engine, engine_factory
+from reroll.engines import engine_factory
 from reroll.engines.base import Engine
+from reroll.models.devices import RoleDevice, machine_devices, plan_devices
 from reroll.models.loading import load_model
 from reroll.training.critic import Critic
 from reroll.training.local import LocalStrategy
@@ -65,63 +66,78 @@ def weight_sync_to(roles: Roles, engine: Engine) -> WeightSync:
     return InProcessSync(roles.policy, engine)
 
 
-def policy_spec(c: RLConfig, total_steps: int) -> WorkerSpec:
+Plan = dict[str, RoleDevice]
+
+
+def policy_spec(c: RLConfig, total_steps: int, plan: Plan) -> WorkerSpec:
     return WorkerSpec(PolicyWorker, dict(
         model_path=c.model.path, dtype=c.model.dtype, optimizer=c.optimizer, train=c.train,
         total_steps=total_steps, param_dtype=c.distributed.fsdp_param_dtype,
-        attn_implementation=c.model.attn_implementation, dropout=c.model.dropout), role="policy")
+        attn_implementation=c.model.attn_implementation, dropout=c.model.dropout,
+        device=plan["policy"].device, autocast_bf16=plan["policy"].autocast_bf16), role="policy")
 
 
-def reference_spec(c: RLConfig) -> WorkerSpec:
+def reference_spec(c: RLConfig, plan: Plan) -> WorkerSpec:
     return WorkerSpec(ReferenceWorker, dict(model_path=c.model.path, dtype=c.model.dtype,
                                             micro_batch_size=c.train.micro_batch_size,
-                                            attn_implementation=c.model.attn_implementation),
+                                            attn_implementation=c.model.attn_implementation,
+                                            device=plan["reference"].device,
+                                            autocast_bf16=plan["reference"].autocast_bf16),
                       role="reference")
 
 
-def critic_spec(c: RLConfig, total_steps: int) -> WorkerSpec:
+def critic_spec(c: RLConfig, total_steps: int, plan: Plan) -> WorkerSpec:
     return WorkerSpec(CriticWorker, dict(
         config=c.algorithm.critic, policy_path=c.model.path, dtype=c.model.dtype,
-        optimizer=c.optimizer, train=c.train, total_steps=total_steps), role="critic")
+        optimizer=c.optimizer, train=c.train, total_steps=total_steps,
+        device=plan["critic"].device, autocast_bf16=plan["critic"].autocast_bf16), role="critic")
+
+
+def rollout_engine_factory(c: RLConfig, pad_token_id: int, plan: Plan):
+    """The configured engine's builder on the planned device and weight dtype."""
+    rollout = c.rollout.model_copy(update={"dtype": plan["rollout"].engine_dtype}) \
+        if hasattr(c.rollout, "dtype") else c.rollout
+    return engine_factory(rollout, c.model.path, c.model.dtype, pad_token_id, c.seed,
+                          c.model.attn_implementation, plan["rollout"].device)
 
 
 def build_roles(c: RLConfig, total_steps: int, pad_token_id: int) -> Roles:
+    plan = plan_devices(c, *machine_devices())
     if c.distributed.executor == "ray":
-        return _ray_roles(c, total_steps, pad_token_id)
-    return _local_roles(c, total_steps, pad_token_id)
+        return _ray_roles(c, total_steps, pad_token_id, plan)
+    return _local_roles(c, total_steps, pad_token_id, plan)
 
 
-def _local_roles(c: RLConfig, total_steps: int, pad_token_id: int) -> Roles:
+def _local_roles(c: RLConfig, total_steps: int, pad_token_id: int, plan: Plan) -> Roles:
     if colocated_with_policy(c.distributed, "rollout"):
         # Taking turns needs the worker's offload()/reload(); numerically the same strategy.
-        policy = PolicyGroup(Cluster(policy_spec(c, total_steps), 1, LocalExecutor()))
+        policy = PolicyGroup(Cluster(policy_spec(c, total_steps, plan), 1, LocalExecutor()))
     else:
         policy = LocalStrategy(load_model(c.model.path, c.model.dtype, c.model.attn_implementation,
                                           c.model.dropout), c.optimizer, c.train,
-                               total_steps=total_steps)
+                               total_steps, plan["policy"].device, plan["policy"].autocast_bf16)
     # The reference model exists only when a KL term needs it, the critic only for gae.
-    reference = ReferenceGroup(Cluster(reference_spec(c), 1, LocalExecutor())) \
+    reference = ReferenceGroup(Cluster(reference_spec(c, plan), 1, LocalExecutor())) \
         if c.algorithm.kl.coef else None
     critic = Critic(c.algorithm.critic, c.model.path, c.model.dtype, c.optimizer, c.train,
-                    total_steps) if c.algorithm.critic else None
-    engine = _local_engine(c, pad_token_id)
+                    total_steps, plan["critic"].device, plan["critic"].autocast_bf16) \
+        if c.algorithm.critic else None
+    engine = _local_engine(c, pad_token_id, plan)
     # An engine actor fed by an in-process policy packs the weights itself (ActorEngine).
     return Roles(policy, reference, critic, engine, [], InProcessSync(policy, engine))
 
 
-def _local_engine(c: RLConfig, pad_token_id: int) -> Engine:
+def _local_engine(c: RLConfig, pad_token_id: int, plan: Plan) -> Engine:
     """The rollout engine in this process, or with `scheduler.engine_process` (RLVR's) in a Ray
     actor of its own with 1 CPU, so that it runs beside the trainer."""
     scheduler = getattr(c, "scheduler", None)  # agentic configs have none
     if scheduler is not None and scheduler.engine_process:
-        factory = engine_factory(c.rollout, c.model.path, c.model.dtype, pad_token_id, c.seed,
-                                 c.model.attn_implementation)
-        return start_engine_actor(factory, num_cpus=1, num_threads=scheduler.engine_threads)
-    return build_engine(c.rollout, c.model.path, c.model.dtype, pad_token_id, c.seed,
-                        c.model.attn_implementation)
+        return start_engine_actor(rollout_engine_factory(c, pad_token_id, plan), num_cpus=1,
+                                  num_threads=scheduler.engine_threads)
+    return rollout_engine_factory(c, pad_token_id, plan)()
 
 
-def _ray_roles(c: RLConfig, total_steps: int, pad_token_id: int) -> Roles:
+def _ray_roles(c: RLConfig, total_steps: int, pad_token_id: int, plan: Plan) -> Roles:
     d = c.distributed
     ensure_ray(d.ray_address, d.num_cpus)
     wanted = ("policy", "rollout") + (("reference",) if c.algorithm.kl.coef else ()) \
@@ -135,19 +151,18 @@ def _ray_roles(c: RLConfig, total_steps: int, pad_token_id: int) -> Roles:
                                name_prefix=prefix)
         return Cluster(spec, len(options[role]), executor)
 
-    policy = PolicyGroup(cluster(policy_spec(c, total_steps), "policy"))
+    policy = PolicyGroup(cluster(policy_spec(c, total_steps, plan), "policy"))
     clusters = [policy.cluster]
     reference = critic = None
     if c.algorithm.kl.coef:
-        reference = ReferenceGroup(cluster(reference_spec(c), "reference"))
+        reference = ReferenceGroup(cluster(reference_spec(c, plan), "reference"))
         clusters.append(reference.cluster)
     if c.algorithm.critic:
-        critic = CriticProxy(cluster(critic_spec(c, total_steps), "critic"))
+        critic = CriticProxy(cluster(critic_spec(c, total_steps, plan), "critic"))
         clusters.append(critic.cluster)
     rollout = options["rollout"][0]
     engine = start_engine_actor(
-        engine_factory(c.rollout, c.model.path, c.model.dtype, pad_token_id, c.seed,
-                       c.model.attn_implementation),
+        rollout_engine_factory(c, pad_token_id, plan),
         num_cpus=rollout["num_cpus"], num_threads=d.rollout.num_threads,
         name=f"{prefix}-rollout-0", ray_options=rollout)
     return Roles(policy, reference, critic, engine, clusters, actor_weight_sync(policy, engine, d))

@@ -90,14 +90,16 @@ class Critic:
     """One value model, or AsyPPO's M mini-critics, each with its own AdamW and schedule."""
 
     def __init__(self, config: CriticConfig, policy_path: str, dtype: str,
-                 optimizer: OptimizerConfig, train: TrainConfig, total_steps: int):
+                 optimizer: OptimizerConfig, train: TrainConfig, total_steps: int,
+                 device: str = "cpu", autocast_bf16: bool | None = None):
         self.config = config
         path = config.model_path or policy_path
         settings = optimizer.model_copy(update={
             "lr": config.lr or optimizer.lr, "weight_decay": config.weight_decay,
             "grad_clip": config.grad_clip})
         train = train.model_copy(update={"gradient_checkpointing": False})  # the policy's only
-        self.members = [LocalStrategy(load_value_model(path, dtype), settings, train, total_steps)
+        self.members = [LocalStrategy(load_value_model(path, dtype), settings, train, total_steps,
+                                      device, autocast_bf16)
                         for _ in range(config.num_critics)]
         self.micro_batch_size = train.micro_batch_size
 
@@ -115,9 +117,10 @@ class Critic:
             for start in range(0, ids.shape[0], self.micro_batch_size):
                 rows = slice(start, start + self.micro_batch_size)
                 width = int(mask[rows].sum(-1).max())
+                device = member.device
                 with member.autocast():
-                    values = member.model(ids[rows, :width], mask[rows, :width])
-                out[m, rows, :width] = values * mask[rows, :width]
+                    values = member.model(ids[rows, :width].to(device), mask[rows, :width].to(device))
+                out[m, rows, :width] = values.to(out.device) * mask[rows, :width]
             member.model.train()
         return out
 

@@ -121,8 +121,13 @@ class LocalStrategy:
     """One process holds the whole batch (see PolicyGroup.data_parallel_size)."""
 
     def __init__(self, model: torch.nn.Module, optimizer: OptimizerConfig, train: TrainConfig,
-                 total_steps: int):
-        self.model = model.train()
+                 total_steps: int, device: str = "cpu", autocast_bf16: bool | None = None):
+        """`device`: where the model and its micro-batches go (batches come and results return
+        on the CPU); `autocast_bf16`: None follows `train.bf16_autocast` (models.devices plans
+        both)."""
+        self.device = torch.device(device)
+        self.model = model.to(self.device).train() if self.device.type != "cpu" else model.train()
+        self.autocast_bf16 = train.bf16_autocast if autocast_bf16 is None else autocast_bf16
         enable_gradient_checkpointing(model, train)
         limit_heap_fragmentation()
         self.train_config = train
@@ -135,8 +140,8 @@ class LocalStrategy:
         self.grad_clip = optimizer.grad_clip
 
     def autocast(self) -> contextlib.AbstractContextManager:
-        if self.train_config.bf16_autocast:
-            return torch.autocast(device_type="cpu", dtype=torch.bfloat16)
+        if self.autocast_bf16:
+            return torch.autocast(device_type=self.device.type, dtype=torch.bfloat16)
         return contextlib.nullcontext()
 
     def forward_logprobs(self, batch: TensorDict, temperature: float = 1.0) -> torch.Tensor:
@@ -148,7 +153,8 @@ class LocalStrategy:
 
     def train_step(self, batch: TensorDict, loss_fn: LossFn) -> dict[str, float]:
         """One optimizer step over `batch`, accumulated over micro-batches."""
-        return optimizer_step(self, batch, loss_fn)
+        return optimizer_step(self, batch, loss_fn,
+                              device=self.device if self.device.type != "cpu" else None)
 
     def state_dict_for_sync(self) -> Iterator[tuple[str, torch.Tensor]]:
         return iter(self.model.state_dict().items())

@@ -29,11 +29,12 @@ class PolicyWorker:
     def __init__(self, *, rank: int, world_size: int, model_path: str, dtype: str,
                  optimizer: OptimizerConfig, train: TrainConfig, total_steps: int,
                  param_dtype: str = "float32", attn_implementation: str = "auto",
-                 dropout: bool = False):
+                 dropout: bool = False, device: str = "cpu", autocast_bf16: bool | None = None):
         self.rank = rank
         model = load_model(model_path, dtype, attn_implementation, dropout)
         if world_size == 1:
-            self.strategy: Any = LocalStrategy(model, optimizer, train, total_steps)
+            self.strategy: Any = LocalStrategy(model, optimizer, train, total_steps, device,
+                                               autocast_bf16)
         else:
             self.strategy = FSDP2Strategy(model, optimizer, train, total_steps, param_dtype)
         # LocalStrategy has no offload of its own; FSDP2Strategy's moves its DTensor shards.

@@ -1,0 +1,81 @@
+"""Where each role of a run computes, and in which precision: one pure function of the config
+and the devices this machine has, so every device decision is testable without a GPU.
+
+`distributed.device` (`auto` | `cpu` | `cuda`) chooses for the local executor, where every role
+lives in this process: `auto` is CUDA when there is one. On CUDA the policy, reference, critic
+and HF engine all sit on `cuda:0`: the trainer keeps float32 master weights and computes in
+bf16 autocast where the GPU supports bf16; the engine holds bf16 weights (`rollout.dtype: auto`);
+the reference computes in bf16 autocast too. With the Ray executor a role's devices come from
+`distributed.<role>.devices` (Ray makes each worker's GPU its only visible one, `cuda:0` in it):
+a role given devices runs on CUDA, one without on CPUs. Explicit settings (`train.bf16_autocast`,
+`rollout.dtype`) always win over these defaults.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from reroll.config.errors import ConfigError
+
+ROLES = ("policy", "reference", "critic", "rollout")
+
+
+@dataclass(frozen=True)
+class RoleDevice:
+    device: str
+    """`cpu` or `cuda:0` (inside a Ray worker, its one visible GPU)."""
+    autocast_bf16: bool
+    """Compute the forward (and backward) in bf16 autocast, weights staying in their dtype."""
+    engine_dtype: str = "auto"
+    """The rollout engine's weight dtype (`auto`: the trained weights' dtype); rollout only."""
+
+
+def resolve_device(setting: str, cuda_count: int) -> str:
+    """`distributed.device` against this machine: `cpu` or `cuda:0`."""
+    if setting == "cpu" or (setting == "auto" and cuda_count == 0):
+        return "cpu"
+    if cuda_count == 0:
+        raise ConfigError("distributed.device: cuda, but torch sees no CUDA device "
+                          "(torch.cuda.is_available() is False: no GPU, no driver, or a CPU "
+                          "build of torch); set distributed.device: auto or cpu")
+    return "cuda:0"
+
+
+def plan_devices(config: Any, cuda_count: int, bf16_supported: bool) -> dict[str, RoleDevice]:
+    """Each role's device and precision for `config` (an RL config) on a machine with
+    `cuda_count` GPUs, `bf16_supported` telling whether they compute in bf16."""
+    d = config.distributed
+    train_bf16 = config.train.bf16_autocast
+    rollout_dtype = getattr(config.rollout, "dtype", "auto")
+    if d.executor == "ray":
+        plan = {}
+        for role in ROLES:
+            placement = getattr(d, role)
+            owner = d.policy if placement.colocate_with == "policy" else placement
+            on_gpu = bool(owner.devices)  # the worker's node has them, not necessarily this one
+            plan[role] = _role(role, "cuda:0" if on_gpu else "cpu", bf16_supported, train_bf16,
+                               rollout_dtype)
+        return plan
+    device = resolve_device(d.device, cuda_count)
+    return {role: _role(role, device, bf16_supported, train_bf16, rollout_dtype)
+            for role in ROLES}
+
+
+def _role(role: str, device: str, bf16_supported: bool, train_bf16: bool,
+          rollout_dtype: str) -> RoleDevice:
+    fast_bf16 = device != "cpu" and bf16_supported
+    if role == "rollout":
+        dtype = rollout_dtype if rollout_dtype != "auto" or not fast_bf16 else "bfloat16"
+        return RoleDevice(device, False, dtype)
+    # Training keeps CPU numerics exactly as configured: bf16 is opt-in there (slower on most
+    # CPUs and changes the trained model's numbers).
+    return RoleDevice(device, train_bf16 or fast_bf16)
+
+
+def machine_devices() -> tuple[int, bool]:
+    """(CUDA devices torch sees, whether they compute in bf16)."""
+    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    return count, bool(count) and torch.cuda.is_bf16_supported()

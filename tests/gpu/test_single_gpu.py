@@ -1,0 +1,75 @@
+"""The `gpu` tier: one CUDA device (two for NCCL). Skipped where torch sees no GPU; every
+device decision behind these runs is also tested on CPU (tests/models/test_devices.py)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+import torch
+
+from reroll.config.schema import RLConfig
+from reroll.engines.base import Request, SamplingParams
+from reroll.engines.hf import HFEngine
+from reroll.models.loading import load_model
+from reroll.models.logprobs import batched_logprobs
+from reroll.pipelines import rlvr
+
+pytestmark = [pytest.mark.gpu,
+              pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
+
+
+def grpo_config(tmp_path, model: str, data: dict, **sections) -> RLConfig:
+    return RLConfig.model_validate({
+        "name": "gpu", "output_dir": str(tmp_path / "run"), "steps": 3, "seed": 0,
+        "model": {"path": model}, "data": {"train": data["train"], "eval": data["eval"]},
+        "rollout": {"prompts_per_step": 4, "group_size": 4, "max_new_tokens": 16},
+        "algorithm": {"kl": {"coef": 0.01}},
+        "tracking": {"tensorboard": False}, **sections})
+
+
+def test_single_gpu_grpo_puts_every_role_on_cuda(tmp_path, tiny_model, arithmetic):
+    pipeline = rlvr.rlvr_pipeline(grpo_config(tmp_path, tiny_model, arithmetic))
+    try:
+        assert next(pipeline.policy.model.parameters()).is_cuda
+        assert next(pipeline.roles.engine.model.parameters()).is_cuda
+        assert next(pipeline.reference.cluster.executor.workers[0].model.parameters()).is_cuda
+        summary = pipeline.run()
+    finally:
+        pipeline.close()
+    assert summary["steps"] == 3
+    assert torch.isfinite(torch.tensor(summary["eval_reward_end"]))
+
+
+def test_hf_engine_on_cuda_matches_generate_and_the_trainer(tiny_model, tokenizer):
+    model = load_model(tiny_model).cuda()
+    engine = HFEngine(load_model(tiny_model).cuda(), 8, tokenizer.pad_token_id)
+    prompt = tokenizer("1 + 2 =")["input_ids"]
+    completion = asyncio.run(engine.generate(Request(prompt, SamplingParams(12, 0.0))))
+    expected = model.generate(torch.tensor([prompt], device="cuda"), max_new_tokens=12,
+                              do_sample=False, pad_token_id=tokenizer.pad_token_id)
+    assert list(completion.token_ids) == expected[0, len(prompt):].tolist()[:len(completion.token_ids)]
+    ids = torch.tensor([prompt + list(completion.token_ids)])
+    response = torch.zeros_like(ids, dtype=torch.float32)
+    response[0, len(prompt):] = 1
+    trainer = batched_logprobs(model, ids, torch.ones_like(ids), 1, 1.0, response)
+    got = torch.tensor(completion.logprobs)
+    assert torch.allclose(trainer[0, len(prompt):], got, atol=1e-3)
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="FSDP2 over NCCL needs 2 GPUs")
+def test_fsdp2_and_the_broadcast_sync_over_nccl(tmp_path, tiny_model, arithmetic):
+    config = grpo_config(tmp_path, tiny_model, arithmetic, distributed={
+        "executor": "ray", "weight_sync": "broadcast",
+        "policy": {"num_workers": 2, "devices": [0, 1]},
+        "rollout": {"num_workers": 1, "devices": [1]}})
+    summary = rlvr.train(config)
+    assert summary["steps"] == 3
+
+
+def test_vllm_on_cuda_runs_grpo(tmp_path, tiny_model, arithmetic):
+    pytest.importorskip("vllm")
+    summary = rlvr.train(grpo_config(tmp_path, tiny_model, arithmetic,
+                                     rollout={"prompts_per_step": 4, "group_size": 4,
+                                              "max_new_tokens": 16, "engine": "vllm"}))
+    assert summary["steps"] == 3
