@@ -14,7 +14,9 @@ from __future__ import annotations
 
 import random
 import time
+from collections.abc import Callable
 from types import SimpleNamespace
+from typing import Any
 
 import torch
 
@@ -25,6 +27,7 @@ from reroll.data.datasets import PromptSampler
 from reroll.engines.base import Engine, SamplingParams
 from reroll.envs import ChatFormat, make_env
 from reroll.pipelines.common import RunDir
+from reroll.pipelines.inputs import TaskInputs
 from reroll.pipelines.rlvr import RLVRPipeline
 from reroll.rollout.agent_loop import AgentJob, AgentStats, run_episodes
 from reroll.tracking.jsonsafe import dumps
@@ -52,17 +55,20 @@ class EpisodeSource:
     """Runs a step's episodes; stands in for RLVR's rollout source and reward runner (the env
     is both), with counters that survive a resume."""
 
-    def __init__(self, config: AgenticConfig, engine: Engine, tokenizer):
+    def __init__(self, config: AgenticConfig, engine: Engine, tokenizer,
+                 env_factory: Callable[[], Any] | None = None):
         self.config, self.engine, self.tokenizer = config, engine, tokenizer
         self.counters = SimpleNamespace(episodes=0, env_errors=0)
         self._metrics: dict[str, float] = {}
         env = config.env
-        make_env(env.id, **env.kwargs)  # a bad id or argument fails at start-up, not mid-run
+        # `env_factory`: an environment passed as a Python object (reroll.api)
+        self.make_env = env_factory or (lambda: make_env(env.id, **env.kwargs))
+        self.make_env()  # a bad id or argument fails at start-up, not mid-run
         check_history(tokenizer, env.system_prompt, env.history_thinking)
 
     def job(self, params: SamplingParams) -> AgentJob:
         env = self.config.env
-        return AgentJob(self.engine, self.tokenizer, lambda: make_env(env.id, **env.kwargs),
+        return AgentJob(self.engine, self.tokenizer, self.make_env,
                         params, max_turns=env.max_turns,
                         max_context_tokens=env.max_context_tokens,
                         step_timeout_s=env.step_timeout_s, system_prompt=env.system_prompt,
@@ -105,7 +111,8 @@ class AgenticPipeline(RLVRPipeline):
         c = self.config
         self.sampler = PromptSampler(list(range(c.env.train_seeds)), c.seed)  # env seeds
         self.eval_rows = [EVAL_SEED_BASE + i for i in range(c.env.eval_episodes)]
-        self.source = self.rewards = EpisodeSource(c, self.engine, self.tokenizer)
+        self.source = self.rewards = EpisodeSource(c, self.engine, self.tokenizer,
+                                                   self.inputs.env_factory)
 
     def method_name(self) -> str:
         return f"{self.config.env.id} {super().method_name()}"
@@ -161,6 +168,7 @@ class AgenticPipeline(RLVRPipeline):
                                     "segments": t.segments}) + "\n")
 
 
-def train_agentic(config: AgenticConfig) -> dict:
+def train_agentic(config: AgenticConfig, inputs: TaskInputs | None = None) -> dict:
+    """`inputs`: an environment passed as a Python object (`reroll.api.train`)."""
     done = RunDir(config.run_dir()).finished_summary(config.resume, config.steps)
-    return done if done is not None else AgenticPipeline(config).run()
+    return done if done is not None else AgenticPipeline(config, inputs).run()

@@ -11,6 +11,7 @@ and corrections in `rl_batch.py`, the critic in `reroll/training/critic.py`.
 
 from __future__ import annotations
 
+import functools
 import time
 from pathlib import Path
 
@@ -35,6 +36,7 @@ from reroll.pipelines.common import (
     seed_everything,
     set_threads,
 )
+from reroll.pipelines.inputs import TaskInputs
 from reroll.pipelines.validation import check_prompts
 from reroll.rewards import RewardRunner, build_runner
 from reroll.rollout.metrics import rollout_metrics
@@ -47,11 +49,13 @@ from reroll.tracking.jsonsafe import dumps
 
 
 class RLVRPipeline:
-    def __init__(self, config: RLConfig):
+    def __init__(self, config: RLConfig, inputs: TaskInputs | None = None):
         self.config = c = config
+        self.inputs = inputs or TaskInputs()  # objects passed from Python (reroll.api)
         set_threads(c.train.num_threads)
         seed_everything(c.seed)
         self.run_dir = RunDir.for_run(c.run_dir(), c.resume, c.overwrite)
+        self.inputs.write_files(self.run_dir.path)
         self.tokenizer = load_tokenizer(c.model.path)
         self.stop_ids = (self.tokenizer.eos_token_id,)
         self.load_task_data()
@@ -82,7 +86,7 @@ class RLVRPipeline:
     def start_rewards(self) -> RewardRunner | None:
         """The reward, started before the models load: its workers import their verifier
         meanwhile (math-verify: ~0.5 s), not during the first step."""
-        return build_runner(self.config.reward)
+        return build_runner(self.config.reward, self.inputs.reward_fn())
 
     def load_task_data(self) -> None:
         """Train and eval prompts, read and checked whole (templated lengths against
@@ -367,8 +371,10 @@ class RLVRPipeline:
         self.roles.shutdown()
 
 
-def train(config: RLConfig) -> dict:
+def train(config: RLConfig, inputs: TaskInputs | None = None) -> dict:
     """Run the pipeline; when a worker process dies, restart the roles and resume from the last
-    checkpoint, up to `distributed.max_restarts` times. Resuming a finished run changes nothing."""
+    checkpoint, up to `distributed.max_restarts` times. Resuming a finished run changes nothing.
+    `inputs`: a reward and datasets passed as Python objects (`reroll.api.train`)."""
     done = RunDir(config.run_dir()).finished_summary(config.resume, config.steps)
-    return done if done is not None else supervise(RLVRPipeline, config)
+    return done if done is not None else supervise(
+        functools.partial(RLVRPipeline, inputs=inputs), config)

@@ -25,6 +25,7 @@ from reroll.pipelines.common import (
     seed_everything,
     set_threads,
 )
+from reroll.pipelines.inputs import TaskInputs
 from reroll.rollout.sampling import encode_prompt
 from reroll.tracking import ProgressBar, Tracker
 from reroll.training.local import LocalStrategy
@@ -48,11 +49,12 @@ def sft_example(tokenizer, row: PromptRow, response_key: str, max_tokens: int) -
 
 
 class SFTPipeline:
-    def __init__(self, config: SFTConfig):
+    def __init__(self, config: SFTConfig, inputs: TaskInputs | None = None):
         self.config = c = config
         set_threads(c.train.num_threads)
         seed_everything(c.seed)
         self.run_dir = RunDir.for_run(c.run_dir(), False, c.overwrite)
+        (inputs or TaskInputs()).write_files(self.run_dir.path)  # datasets passed as objects
         self.run_dir.write_config(c)
         self.tokenizer = load_tokenizer(c.model.path)
         self.train_set = self.load(c.data.train)
@@ -117,5 +119,6 @@ class SFTPipeline:
         return summary
 
 
-def train_sft(config: SFTConfig) -> dict:
-    return SFTPipeline(config).run()
+def train_sft(config: SFTConfig, inputs: TaskInputs | None = None) -> dict:
+    """`inputs`: datasets passed as Python objects (`reroll.api.sft`)."""
+    return SFTPipeline(config, inputs).run()
