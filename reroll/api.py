@@ -204,6 +204,8 @@ def _attach_datasets(data: dict[str, Any], datasets: dict[str, Any]) -> dict[str
     row by row now and saved under the run directory later. Returns the objects' records."""
     from reroll.data.datasets import parse_records
 
+    if all(dataset is None for dataset in datasets.values()):
+        return {}
     section = data.setdefault("data", {})
     if not isinstance(section, dict):
         raise ConfigError("data: must be a section (a mapping)")
@@ -234,13 +236,16 @@ def _reward_section(current: Any, names: list[str], weights: list[float] | None)
 
 
 def _reward_funcs(funcs: Any, weights: Any) -> tuple[list[Callable], list[float] | None]:
-    from reroll.rewards.python import check_signature
+    from reroll.rewards.custom import ByValue
+    from reroll.rewards.python import check_signature, object_name
 
     funcs = list(funcs) if isinstance(funcs, (list, tuple)) else [funcs]
     if not funcs:
         raise ConfigError("reward_funcs: empty; pass at least one function fn(sample) -> float")
     for i, fn in enumerate(funcs):
         check_signature(fn, f"reward_funcs[{i}]")
+        if not inspect.iscoroutinefunction(fn):
+            ByValue(fn, f"reward_funcs[{i}] ({object_name(fn)})")  # sent to worker processes
     if weights is not None:
         weights = [float(w) for w in weights]
         if len(weights) != len(funcs):

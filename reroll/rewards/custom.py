@@ -110,7 +110,7 @@ class ByValue:
         try:
             self.payload = cloudpickle.dumps(fn)
         except Exception as e:  # noqa: BLE001 - anything unpicklable it holds (a lock, a socket)
-            raise ConfigError(f"reward function {name}: cannot be sent to the reward worker "
+            raise ConfigError(f"{name}: cannot be sent to the reward worker "
                               f"processes ({type(e).__name__}: {e}); make it `async def` (it "
                               f"then runs in this process) or drop what it holds") from None
 
