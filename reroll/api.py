@@ -59,7 +59,7 @@ class RunSummary:
     checkpoints: list[Path]
     """Every checkpoint kept in the run directory, oldest first."""
     metrics: dict[str, Any]
-    """The last step's row of metrics.jsonl (`train/reward_mean`, `eval/reward_mean`, ...)."""
+    """The last step's metrics from metrics.jsonl (`train/reward_mean`, `eval/reward_mean`, ...)."""
     summary: dict[str, Any] = field(repr=False)
     """summary.json as written (first and last eval reward, wall time, ...): what the CLI prints."""
 
@@ -77,9 +77,8 @@ class RunSummary:
     def of(cls, pipeline: str, summary: dict[str, Any]) -> RunSummary:
         run_dir = Path(summary["run_dir"])
         final = summary.get("final_checkpoint") or summary.get("final_model")
-        rows = _metric_rows(run_dir)
         return cls(pipeline, run_dir, int(summary["steps"]), Path(final) if final else None,
-                   _checkpoints(run_dir), rows[-1] if rows else {}, dict(summary))
+                   _checkpoints(run_dir), _last_step(_metric_rows(run_dir)), dict(summary))
 
 
 def _metric_rows(run_dir: Path) -> list[dict[str, Any]]:
@@ -87,6 +86,17 @@ def _metric_rows(run_dir: Path) -> list[dict[str, Any]]:
     if not path.is_file():
         return []
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def _last_step(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """The last step's metrics, merged over its rows (SFT logs its final eval as a row of its
+    own)."""
+    last = rows[-1].get("step") if rows else None
+    merged: dict[str, Any] = {}
+    for row in rows:
+        if row.get("step") == last:
+            merged |= row
+    return merged
 
 
 def _checkpoints(run_dir: Path) -> list[Path]:
