@@ -22,19 +22,12 @@ console = Console(stderr=True)
 
 
 def cmd_train(args: argparse.Namespace) -> None:
-    from reroll.config import load_config
-    from reroll.config.loading import pipeline_of
+    """`reroll.api.train` on the YAML file and its `key=value` overrides."""
+    from reroll.api import train
 
-    if pipeline_of(args.config, args.overrides) == "agentic":
-        from reroll.pipelines.agentic import train_agentic
-
-        config = load_config(args.config, args.overrides, expect="agentic")
-        show_summary("agentic run finished", train_agentic(config))
-        return
-    from reroll.pipelines.rlvr import train
-
-    config = load_config(args.config, args.overrides, expect="rlvr")
-    show_summary("GRPO run finished", train(config))
+    result = train(args.config, overrides=args.overrides)
+    title = "agentic run finished" if result.pipeline == "agentic" else "GRPO run finished"
+    show_summary(title, result.summary)
 
 
 def cmd_envs(args: argparse.Namespace) -> None:

@@ -261,7 +261,34 @@ class CustomReward(RewardSection):
     `reward/memory_errors`. None: no cap. (An async function runs in this process: no cap.)"""
 
 
-RewardConfig = choice("type", "math", MathReward, CodeReward, CustomReward)
+class PythonReward(RewardSection):
+    """Reward functions passed as Python objects to `reroll.train(config, reward_funcs=[...])`
+    (docs/python-api.md), recorded here by name. The score is the weighted sum of theirs. A run
+    whose functions are all top-level functions of an importable module resumes from the CLI too;
+    one with a lambda, a nested function, a callable instance (`name()`) or a function of a script
+    run as `__main__` resumes from Python, given the same functions again."""
+
+    type: Literal["python"] = "python"
+    functions: list[str] = Field(..., min_length=1)
+    """`module:qualname` of each function, in the order given (set by `reroll.train`)."""
+    weights: list[float] | None = None
+    """Weight of each function in the score (None: 1.0 each)."""
+    timeout_s: float = Field(10.0, gt=0)
+    """Per-call limit of each function (as `custom`)."""
+    num_workers: int = Field(1, ge=1, le=64)
+    """Worker processes of each synchronous function."""
+    memory_mb: int | None = Field(2048, ge=64)
+    """Memory cap of each worker process (as `custom`). None: no cap."""
+
+    @model_validator(mode="after")
+    def _weights_match(self) -> PythonReward:
+        if self.weights is not None and len(self.weights) != len(self.functions):
+            raise ValueError(f"reward.weights has {len(self.weights)} entries for "
+                             f"{len(self.functions)} functions")
+        return self
+
+
+RewardConfig = choice("type", "math", MathReward, CodeReward, CustomReward, PythonReward)
 
 
 class EvalConfig(Section):

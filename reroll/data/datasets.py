@@ -103,6 +103,16 @@ def load_prompts(path: str | Path, system_prompt: str | None = None) -> list[Pro
     return rows
 
 
+def parse_records(records: list[Any], name: str, system_prompt: str | None = None
+                  ) -> list[PromptRow]:
+    """Rows given in memory (`reroll.train(..., train_dataset=[...])`), checked as a file's
+    rows are; an error names `name[i]` (0-based, as the user indexes the list)."""
+    rows = [_parse_row(raw, f"{name}[{i}]", system_prompt) for i, raw in enumerate(records)]
+    if not rows:
+        raise ConfigError(f"{name} is empty")
+    return rows
+
+
 class PromptSampler:
     """Endless, reproducible stream of prompt batches: shuffled per epoch with `seed + epoch`.
 

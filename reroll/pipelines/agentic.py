@@ -13,6 +13,7 @@ rate on held-out env seeds.
 
 from __future__ import annotations
 
+import functools
 import random
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -27,6 +28,7 @@ from reroll.engines.base import Engine, SamplingParams
 from reroll.envs import ChatFormat, make_env
 from reroll.envs.registry import env_arguments
 from reroll.pipelines import rl
+from reroll.pipelines.inputs import TaskInputs
 from reroll.pipelines.task import rollout_row
 from reroll.rollout.agent_loop import AgentJob, AgentStats, run_episodes
 
@@ -62,10 +64,15 @@ class EnvTask:
     env id and its arguments are tried and the chat template checked when the task is built,
     before the models load."""
 
-    def __init__(self, config: AgenticConfig, tokenizer):
+    def __init__(self, config: AgenticConfig, tokenizer, inputs: TaskInputs | None = None):
+        """`inputs`: an environment passed as a Python object (`reroll.api.train`), built
+        fresh for each episode instead of `env.id`."""
         self.config, self.tokenizer = config, tokenizer
         env = config.env
-        make_env(env.id, **env_arguments(env.id, env.kwargs, env.max_turns))  # fails at start
+        kwargs = env_arguments(env.id, env.kwargs, env.max_turns)
+        given = (inputs or TaskInputs()).env_factory
+        self.make_env = given or (lambda: make_env(env.id, **kwargs))
+        self.make_env()  # a bad id or argument fails at start-up, not mid-run
         check_history(tokenizer, env.system_prompt, env.history_thinking)
         self.label = env.id
         self.sampler = PromptSampler(list(range(env.train_seeds)), config.seed)  # env seeds
@@ -112,8 +119,7 @@ class EnvTask:
 
     def job(self, params: SamplingParams) -> AgentJob:
         env = self.config.env
-        kwargs = env_arguments(env.id, env.kwargs, env.max_turns)
-        return AgentJob(self.engine, self.tokenizer, lambda: make_env(env.id, **kwargs),
+        return AgentJob(self.engine, self.tokenizer, self.make_env,
                         params, max_turns=env.max_turns,
                         max_context_tokens=env.max_context_tokens,
                         step_timeout_s=env.step_timeout_s, system_prompt=env.system_prompt,
@@ -139,16 +145,16 @@ class EnvTask:
         pass
 
 
-def agentic_pipeline(config: AgenticConfig) -> rl.RLPipeline:
+def agentic_pipeline(config: AgenticConfig, inputs: TaskInputs | None = None) -> rl.RLPipeline:
     """The RL pipeline on the config's environment."""
-    return rl.RLPipeline(config, EnvTask)
+    return rl.RLPipeline(config, functools.partial(EnvTask, inputs=inputs), inputs)
 
 
 AgenticPipeline = agentic_pipeline
 """The name callers used when agentic RL had a pipeline class of its own."""
 
 
-def train_agentic(config: AgenticConfig) -> dict:
+def train_agentic(config: AgenticConfig, inputs: TaskInputs | None = None) -> dict:
     """Run agentic RL under the restart supervisor (`rl.train`), like RLVR: a dead worker
     restarts the roles from the last checkpoint, up to `distributed.max_restarts` times."""
-    return rl.train(config, EnvTask)
+    return rl.train(config, functools.partial(EnvTask, inputs=inputs), inputs)

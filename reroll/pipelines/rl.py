@@ -65,6 +65,7 @@ from reroll.models.loading import load_tokenizer
 from reroll.pipelines import objective
 from reroll.pipelines.checkpoints import checkpoint_due, prune_checkpoints
 from reroll.pipelines.common import RunDir, Stopwatch, UpdateGuard, seed_everything, set_threads
+from reroll.pipelines.inputs import TaskInputs
 from reroll.pipelines.roles import build_roles, weight_sync_to
 from reroll.pipelines.supervisor import supervise
 from reroll.pipelines.task import Task
@@ -84,11 +85,15 @@ before the models load (a bad row is refused at start, never at step N)."""
 
 
 class RLPipeline:
-    def __init__(self, config: RLRunConfig, make_task: TaskFactory):
+    def __init__(self, config: RLRunConfig, make_task: TaskFactory,
+                 inputs: TaskInputs | None = None):
+        """`inputs`: what the run was given as Python objects (`reroll.api`): its files are
+        written into the run directory before the task reads them."""
         self.config = c = config
         set_threads(c.train.num_threads)
         seed_everything(c.seed)
         self.run_dir = RunDir.for_run(c.run_dir(), c.resume, c.overwrite)
+        (inputs or TaskInputs()).write_files(self.run_dir.path)
         self.tokenizer = load_tokenizer(c.model.path)
         self.stop_ids = (self.tokenizer.eos_token_id,)
         self.task = make_task(c, self.tokenizer)
@@ -248,14 +253,14 @@ class RLPipeline:
         self.roles.shutdown()
 
 
-def train(config: RLRunConfig, make_task: TaskFactory) -> dict:
+def train(config: RLRunConfig, make_task: TaskFactory, inputs: TaskInputs | None = None) -> dict:
     """Run the pipeline on the task; when a worker process dies, restart the roles and resume
     from the last checkpoint, up to `distributed.max_restarts` times. Resuming a finished run
     changes nothing."""
     done = RunDir(config.run_dir()).finished_summary(config.resume, config.steps)
     if done is not None:
         return done
-    return supervise(functools.partial(RLPipeline, make_task=make_task), config)
+    return supervise(functools.partial(RLPipeline, make_task=make_task, inputs=inputs), config)
 
 
 # The training step: one batch of trajectories in, one optimizer step out.

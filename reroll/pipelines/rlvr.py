@@ -8,6 +8,7 @@ are the RL pipeline's (`reroll.pipelines.rl`: the loop and the step).
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import torch
@@ -17,6 +18,7 @@ from reroll.data.batch import Trajectory
 from reroll.data.datasets import PromptSampler, load_prompts
 from reroll.engines.base import Engine, SamplingParams
 from reroll.pipelines import rl
+from reroll.pipelines.inputs import TaskInputs
 from reroll.pipelines.task import rollout_row
 from reroll.pipelines.validation import check_prompts
 from reroll.rewards import build_runner
@@ -33,14 +35,16 @@ class PromptTask:
 
     label = ""
 
-    def __init__(self, config: RLConfig, tokenizer):
+    def __init__(self, config: RLConfig, tokenizer, inputs: TaskInputs | None = None):
+        """`inputs`: a reward passed as Python objects (`reroll.api.train`) instead of the one
+        `config.reward` names (the section then gives its limits)."""
         c = self.config = config
         self.tokenizer = tokenizer
         self.train_rows = load_prompts(c.data.train, c.data.system_prompt)
         self.eval_rows = load_prompts(c.data.eval, c.data.system_prompt)[: c.eval.max_prompts] \
             if c.data.eval else []
         check_prompts(c, tokenizer, {"data.train": self.train_rows, "data.eval": self.eval_rows})
-        self.rewards = build_runner(c.reward)
+        self.rewards = build_runner(c.reward, (inputs or TaskInputs()).reward_fn())
         self.stream = PromptStream(PromptSampler(self.train_rows, c.seed))
         self.source = None
         self.engine: Engine | None = None
@@ -88,15 +92,16 @@ class PromptTask:
         self.rewards.close()
 
 
-def rlvr_pipeline(config: RLConfig) -> rl.RLPipeline:
+def rlvr_pipeline(config: RLConfig, inputs: TaskInputs | None = None) -> rl.RLPipeline:
     """The RL pipeline on the config's prompts and reward."""
-    return rl.RLPipeline(config, PromptTask)
+    return rl.RLPipeline(config, functools.partial(PromptTask, inputs=inputs), inputs)
 
 
 RLVRPipeline = rlvr_pipeline
 """The name callers used when RLVR had a pipeline class of its own."""
 
 
-def train(config: RLConfig) -> dict:
-    """Run RLVR under the restart supervisor (`rl.train`)."""
-    return rl.train(config, PromptTask)
+def train(config: RLConfig, inputs: TaskInputs | None = None) -> dict:
+    """Run RLVR under the restart supervisor (`rl.train`); `inputs`: a reward and datasets
+    passed as Python objects (`reroll.api.train`)."""
+    return rl.train(config, functools.partial(PromptTask, inputs=inputs), inputs)

@@ -25,6 +25,7 @@ from reroll.pipelines.common import (
     seed_everything,
     set_threads,
 )
+from reroll.pipelines.inputs import TaskInputs
 from reroll.rollout.sampling import encode_prompt
 from reroll.tracking import ProgressBar, Tracker
 from reroll.training.local import LocalStrategy
@@ -50,11 +51,12 @@ def sft_example(tokenizer, row: PromptRow, response_key: str, max_tokens: int) -
 class SFTPipeline:
     """The SFT run: same run directory, `steps`, `resume` and checkpoint semantics as RL runs."""
 
-    def __init__(self, config: SFTConfig):
+    def __init__(self, config: SFTConfig, inputs: TaskInputs | None = None):
         self.config = c = config
         set_threads(c.train.num_threads)
         seed_everything(c.seed)
         self.run_dir = RunDir.for_run(c.run_dir(), c.resume, c.overwrite)
+        (inputs or TaskInputs()).write_files(self.run_dir.path)  # datasets passed as objects
         self.tokenizer = load_tokenizer(c.model.path)
         self.train_set = self.load(c.data.train)
         self.eval_set = self.load(c.data.eval) if c.data.eval else []
@@ -159,10 +161,11 @@ class SFTPipeline:
         return summary
 
 
-def train_sft(config: SFTConfig) -> dict:
-    """Run SFT; resuming a run whose checkpoint is at its last step changes nothing."""
+def train_sft(config: SFTConfig, inputs: TaskInputs | None = None) -> dict:
+    """Run SFT; resuming a run whose checkpoint is at its last step changes nothing. `inputs`:
+    datasets passed as Python objects (`reroll.api.sft`)."""
     if config.steps is not None:  # else the step count needs the data: known once it is loaded
         done = RunDir(config.run_dir()).finished_summary(config.resume, config.steps)
         if done is not None:
             return done
-    return SFTPipeline(config).run()
+    return SFTPipeline(config, inputs).run()

@@ -28,12 +28,17 @@ def build_reward(config) -> RewardFn:
 
         return CustomRewardFn(config.function, config.timeout_s, config.num_workers,
                               _bytes(config.memory_mb))
+    if config.type == "python":
+        from reroll.rewards.python import python_reward, resolve_recorded
+
+        return python_reward(config, resolve_recorded(config))
     raise ValueError(f"reward.type {config.type!r} has no implementation")
 
 
-def build_runner(config) -> RewardRunner:
+def build_runner(config, reward_fn: RewardFn | None = None) -> RewardRunner:
     """The reward of a `reward:` config section behind its RewardRunner (time limit, failures
-    counted, failure-rate bounds)."""
-    return RewardRunner(build_reward(config), config.timeout_s,
+    counted, failure-rate bounds); `reward_fn`, when given, is the reward itself (objects passed
+    to `reroll.train`), the section then giving only the limits."""
+    return RewardRunner(reward_fn or build_reward(config), config.timeout_s,
                         bounds=FailureBounds(config.max_failure_rate_step,
                                              config.max_failure_rate_run))

@@ -1,4 +1,5 @@
-"""A user's reward function, named by import path in the config (`reward.function: pkg.mod:fn`)."""
+"""A user's reward function, named by import path in the config (`reward.function: pkg.mod:fn`)
+or passed as a Python object (`reroll.train(..., reward_funcs=[fn])`)."""
 
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ BLOCKED_GRACE_S = 0.5
 """How long past its limit an async call may go before its loop is taken for blocked."""
 
 
-def resolve(path: str) -> Callable:
+def resolve(path: str, field: str = "reward.function") -> Callable:
     module_name, _, attr = path.partition(":")
     if str(Path.cwd()) not in sys.path:
         sys.path.insert(0, str(Path.cwd()))  # like `python -m`: the working directory imports
@@ -28,12 +29,12 @@ def resolve(path: str) -> Callable:
         for part in attr.split("."):
             target = getattr(target, part)
     except (ImportError, AttributeError) as e:
-        raise ConfigError(f"reward.function {path!r} cannot be imported: {e}") from None
+        raise ConfigError(f"{field} {path!r} cannot be imported: {e}") from None
     except Exception as e:  # noqa: BLE001 - the module itself is broken: a syntax error, a raise
-        raise ConfigError(f"reward.function {path!r}: importing {_where(module_name, e)} failed "
+        raise ConfigError(f"{field} {path!r}: importing {_where(module_name, e)} failed "
                           f"({type(e).__name__}: {e})") from None
     if not callable(target):
-        raise ConfigError(f"reward.function {path!r} is not callable")
+        raise ConfigError(f"{field} {path!r} is not callable")
     return target
 
 
@@ -97,6 +98,28 @@ class LoopThread:
         self.loop.call_soon_threadsafe(self.loop.stop)
 
 
+class ByValue:
+    """A function sent to the reward worker processes pickled with cloudpickle: a lambda, a
+    closure or a function of a script run as `__main__` cannot be pickled by name (plain pickle)
+    for a process that never imported them. Pickled once, here; each call's frame carries the
+    bytes (keep such functions light: a closure over a large object is sent with every call)."""
+
+    def __init__(self, fn: Callable, name: str):
+        import cloudpickle
+
+        try:
+            self.payload = cloudpickle.dumps(fn)
+        except Exception as e:  # noqa: BLE001 - anything unpicklable it holds (a lock, a socket)
+            raise ConfigError(f"{name}: cannot be sent to the reward worker "
+                              f"processes ({type(e).__name__}: {e}); make it `async def` (it "
+                              f"then runs in this process) or drop what it holds") from None
+
+    def __call__(self, *args):
+        import cloudpickle
+
+        return cloudpickle.loads(self.payload)(*args)
+
+
 class CustomRewardFn:
     """Async functions run on an event loop of their own (in a thread); sync ones in worker
     processes (isolated, killable, memory-capped). Both are held to `timeout_s` per call."""
@@ -104,15 +127,18 @@ class CustomRewardFn:
     times_itself = True
     """Every call is bounded here (the pool's limit counts the call, not the wait for a worker)."""
 
-    def __init__(self, function: str, timeout_s: float, num_workers: int = 1,
-                 memory_bytes: int | None = None):
-        self.name = function
-        self.fn = resolve(function)
+    def __init__(self, function: str | Callable, timeout_s: float, num_workers: int = 1,
+                 memory_bytes: int | None = None, name: str | None = None):
+        """`function`: an import path, or the function itself (`name` then names it)."""
+        self.name = name or str(function)
+        self.fn = resolve(function) if isinstance(function, str) else function
         self.timeout_s = timeout_s
         if inspect.iscoroutinefunction(self.fn):
             self.pool, self.loop = None, LoopThread()
         else:
             self.pool, self.loop = ProcessPool(num_workers, memory_bytes=memory_bytes), None
+            if not isinstance(function, str):  # a lambda or a script's function: by value
+                self.fn = ByValue(self.fn, self.name)
             self.queue_metrics = self.pool.queue_metrics
 
     async def __call__(self, sample: RewardSample) -> RewardResult:
