@@ -47,6 +47,7 @@ ARITHMETIC_CHAIN = [
     "reroll train examples/arithmetic/grpo.yaml overwrite=true",
     "reroll view runs/arithmetic-grpo",
     "reroll view runs/arithmetic-grpo --out /tmp/r.html",
+    "reroll view runs/arithmetic-grpo runs/arithmetic-sft",
     "reroll eval --model runs/arithmetic-grpo/checkpoints/step_40 --task arithmetic --n 4",
     "reroll eval --model runs/arithmetic-grpo/checkpoints/step_40 --task data/arithmetic/eval.jsonl --n 4",
     "reroll eval --model models/tiny --task arithmetic",

@@ -199,7 +199,17 @@ def _rollout(raw: dict[str, Any], warnings: list[str], where: str) -> dict[str, 
                          "turn": t.get("turn") if isinstance(t.get("turn"), int) else None}
                         if isinstance(t, dict) else {"role": "", "text": _text(t, warnings, where)}
                         for t in turns]
+        row["num_turns"] = policy_turns(row["turns"])
     return row
+
+
+def policy_turns(turns: list[dict[str, Any]]) -> int:
+    """How many turns the policy took: its distinct turn numbers (a turn's text can come in
+    several pieces), or its pieces when the rows carry no numbers. Environment text is not a
+    turn of its own."""
+    policy = [t for t in turns if t.get("role") in ("policy", "assistant")]
+    numbers = {t["turn"] for t in policy if t.get("turn") is not None}
+    return len(numbers) if numbers else len(policy)
 
 
 def segments_to_turns(segments: list[Any]) -> list[dict[str, Any]]:

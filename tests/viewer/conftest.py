@@ -89,3 +89,9 @@ def spec() -> dict:
     """The synthetic run's shape, for the tests' expectations."""
     return {"steps": STEPS, "eval_every": EVAL_EVERY, "non_finite_step": NON_FINITE_STEP,
             "zebra_rows": ZEBRA_ROWS, "rollout_steps": ROLLOUT_STEPS, "rows_per_step": ROWS_PER_STEP}
+
+
+@pytest.fixture
+def make_run():
+    """`write_run` itself, for tests that need several synthetic runs."""
+    return write_run

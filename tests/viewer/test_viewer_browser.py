@@ -159,7 +159,7 @@ def test_agentic_trajectories_show_their_turns(browser, run_dir):
     open_report(browser, report)
     select(browser, "f-step", "20")
     row = browser.find_element("css selector", "#rollout-body tr.rollout-row")
-    assert "4 turns" in row.text
+    assert "2 turns" in row.text  # two guesses; the env's replies are not turns
     row.click()
     turns = browser.find_elements("css selector", "tr.rollout-detail .turn")
     assert [t.get_attribute("data-role") for t in turns] == ["policy", "env", "policy", "env"]
@@ -242,7 +242,7 @@ def test_agentic_segments_show_policy_tokens_against_env_tokens(browser, run_dir
 
     select(browser, "f-step", "30")
     row = browser.find_element("css selector", "#rollout-body tr.rollout-row")
-    assert "4 turns" in row.text  # consecutive policy segments of turn 1 are joined
+    assert "2 turns" in row.text  # policy turns 0 and 1 (turn 1 came in two segments)
     row.click()
     turns = browser.find_elements("css selector", "tr.rollout-detail .turn")
     assert [t.get_attribute("data-role") for t in turns] == ["policy", "env", "policy", "env"]
@@ -251,3 +251,23 @@ def test_agentic_segments_show_policy_tokens_against_env_tokens(browser, run_dir
         turns[1].value_of_css_property("background-color")
     set_value(browser, "f-text", "too high")
     assert visible_rows(browser) == 1
+
+
+def test_several_runs_are_overlaid_one_line_per_run(browser, tmp_path, make_run):
+    from reroll.viewer.compare import write_comparison
+
+    runs = []
+    for name in ("grpo", "dapo"):
+        path = make_run(tmp_path / name)
+        config = yaml.safe_load((path / "config.yaml").read_text()) | {"name": name}
+        (path / "config.yaml").write_text(yaml.safe_dump(config))
+        runs.append(path)
+    _, report = write_comparison(runs)
+    browser.get_log("browser")
+    open_report(browser, report)
+    assert console_problems(browser) == []
+    lines = {p.get_attribute("data-key")
+             for p in browser.find_elements("css selector", "#chart-reward path.series")}
+    assert {"grpo \u00b7 train/reward_mean", "dapo \u00b7 train/reward_mean"} <= lines
+    legend = browser.find_element("css selector", "#chart-reward").text
+    assert "grpo \u00b7 eval/reward_mean" in legend and "dapo \u00b7 eval/reward_mean" in legend

@@ -3,7 +3,7 @@
 import pytest
 
 from reroll.viewer.charts import plan_charts
-from reroll.viewer.rundata import segments_to_turns
+from reroll.viewer.rundata import policy_turns, segments_to_turns
 
 pytestmark = pytest.mark.unit
 
@@ -24,3 +24,13 @@ def test_async_staleness_and_step_time_are_charted():
                                             "async/staleness_max", "time/step_s"])}
     assert charts["staleness"].keys == ["async/staleness_mean", "async/staleness_max"]
     assert charts["time"].keys == ["time/step_s"]
+
+
+def test_the_turn_badge_counts_the_policy_turns_not_the_text_pieces():
+    """Two policy turns with the env's replies are four pieces of text: the badge said 4."""
+    turns = segments_to_turns([
+        {"text": "guess 4", "policy": True, "turn": 0}, {"text": "higher", "policy": False, "turn": 0},
+        {"text": "guess 6", "policy": True, "turn": 1}, {"text": "correct", "policy": False, "turn": 1}])
+    assert len(turns) == 4
+    assert policy_turns(turns) == 2
+    assert policy_turns([{"role": "policy", "text": "a"}, {"role": "env", "text": "b"}]) == 1

@@ -76,7 +76,7 @@ function rowNode(row) {
   const finish = el("td");
   finish.appendChild(finishBadge(row.finish_reason));
   tr.appendChild(finish);
-  const turns = row.turns ? el("span", "badge turns", row.turns.length + " turns") : null;
+  const turns = row.turns ? el("span", "badge turns", row.num_turns + (row.num_turns === 1 ? " turn" : " turns")) : null;
   const response = row.response || (row.turns || []).filter((t) => t.role === "policy").map((t) => t.text).join("\n\u2026\n");
   tr.append(textCell(row.prompt), textCell(response, turns), textCell(row.answer),
     textCell(row.reward_info === null ? "" : JSON.stringify(row.reward_info)));
