@@ -14,6 +14,8 @@ def rollout_metrics(trajectories: list[Trajectory], group_size: int) -> dict[str
     return {
         "train/reward_mean": float(rewards.mean()),
         "train/reward_std": float(rewards.std()) if len(rewards) > 1 else 0.0,
+        "train/reward_min": float(rewards.min()),
+        "train/reward_max": float(rewards.max()),
         # Groups whose rewards are all equal carry no GRPO signal.
         "train/groups_all_equal": float((groups.max(-1).values == groups.min(-1).values).float().mean()),
         "train/response_len_mean": float(lengths.mean()),

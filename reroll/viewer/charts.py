@@ -21,13 +21,18 @@ class GroupSpec:
     keys: tuple[str, ...] = ()
     prefix: str | tuple[str, ...] | None = None
     band: tuple[str, str] | None = None
+    band_range: tuple[str, str] | None = None
+    """Per-step lowest and highest value: the band is clipped to them (a reward's mean ± std
+    would otherwise reach below its smallest reward or above its largest)."""
     note: str = ""
 
 
 GROUPS: tuple[GroupSpec, ...] = (
     GroupSpec("reward", "Reward", ("train/reward_mean", "eval/reward_mean"),
               band=("train/reward_mean", "train/reward_std"),
-              note="train: mean over the step's rollouts (band: ± std); eval: held-out prompts"),
+              band_range=("train/reward_min", "train/reward_max"),
+              note="train: mean over the step's rollouts (band: ± std, within the step's lowest "
+                   "and highest reward); eval: held-out prompts"),
     GroupSpec("nll", "Negative log-likelihood", ("sft/nll", "eval/nll")),
     GroupSpec("kl", "KL", ("actor/kl_ref", "actor/approx_kl", "actor/approx_kl_k3",
                            "actor/behaviour_kl_k3")),
@@ -58,11 +63,13 @@ class Chart:
     band: tuple[str, str] | None = None
     note: str = ""
     extra: bool = False
+    band_range: tuple[str, str] | None = None
     non_finite: dict[str, list[int]] = field(default_factory=dict)
 
     def as_json(self) -> dict[str, Any]:
         return {"id": self.id, "title": self.title, "keys": self.keys,
                 "band": list(self.band) if self.band else None, "note": self.note,
+                "bandRange": list(self.band_range) if self.band_range else None,
                 "extra": self.extra, "nonFinite": self.non_finite}
 
 
@@ -82,8 +89,12 @@ def plan_charts(keys: list[str], non_finite: dict[str, list[int]] | None = None,
         band = spec.band if spec.band and set(spec.band) <= present else None
         if band:
             claimed.add(band[1])
+        band_range = spec.band_range if band and spec.band_range \
+            and set(spec.band_range) <= present else None
+        if band_range:
+            claimed.update(band_range)
         charts.append(Chart(spec.id, spec.title, chosen, band, spec.note,
-                            non_finite=_only(non_finite, chosen)))
+                            non_finite=_only(non_finite, chosen), band_range=band_range))
     for key in keys:
         if key not in claimed:
             charts.append(Chart("metric-" + _slug(key), key, [key], extra=True,

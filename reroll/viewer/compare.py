@@ -23,6 +23,7 @@ from reroll.viewer.report import (
     _card,
     _summary_table,
     _warnings,
+    constant,
     embed_json,
     payload,
 )
@@ -62,7 +63,7 @@ def compare_payload(runs: list[RunData]) -> dict[str, Any]:
                     non_finite[f"{label}{SEPARATOR}{key}"] = run.non_finite[key]
         chart.keys, chart.band = lines, None  # one band per run would hide the lines
         chart.non_finite = {k: non_finite[k] for k in lines if k in non_finite}
-        charts.append(chart.as_json())
+        charts.append(chart.as_json() | {"constant": constant(series, lines)})
     rollouts = [row | {"group_id": f"{label}/{row.get('group_id')}"}
                 for label, single in zip(labels, singles, strict=True) for row in single["rollouts"]]
     return {"series": series, "charts": charts, "rollouts": rollouts}

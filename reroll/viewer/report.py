@@ -45,6 +45,8 @@ PAGE = """<!DOCTYPE html>
 <div class="charts" id="charts"></div>
 <details class="more" id="more"><summary>More metrics (<span id="more-count">0</span>)</summary>
 <div class="charts" id="more-charts"></div></details>
+<details class="more" id="constant"><summary><span id="constant-count">0</span> constant metrics
+(the same value at every step)</summary><div class="charts" id="constant-charts"></div></details>
 </section>
 <section id="rollouts"><h2>Rollouts</h2>
 <p class="empty" id="rollout-none" hidden>No rollouts were recorded
@@ -134,8 +136,16 @@ def payload(run: RunData) -> dict[str, Any]:
         if key in series and _finite(start) and not any(s == 0 for s, _ in series[key]):
             series[key].insert(0, [0, float(start)])
     rollouts = [{"step": step, **row} for step, rows in sorted(run.rollouts.items()) for row in rows]
-    return {"series": series, "charts": [c.as_json() for c in plan_charts(keys, run.non_finite)],
-            "rollouts": rollouts}
+    charts = [c.as_json() | {"constant": constant(series, c.keys)}
+              for c in plan_charts(keys, run.non_finite)]
+    return {"series": series, "charts": charts, "rollouts": rollouts}
+
+
+def constant(series: dict[str, list[list[Any]]], keys: list[str]) -> bool:
+    """Whether every metric of a chart holds one value at every step (a fixed learning rate,
+    a filter that never fires): such charts fold away under "constant metrics"."""
+    values = [v for key in keys for _, v in series.get(key, [])]
+    return len(values) > 1 and None not in values and all(v == values[0] for v in values)
 
 
 def embed_json(value: Any) -> str:

@@ -11,6 +11,7 @@ import pytest
 
 from reroll.config.errors import ConfigError
 from reroll.viewer import add_view_parser, cmd_view, load_run, render_report, write_report
+from reroll.viewer.charts import plan_charts
 from reroll.viewer.report import embed_json, payload
 
 pytestmark = pytest.mark.unit
@@ -163,3 +164,15 @@ def test_cmd_view_errors_name_the_path(tmp_path):
     blocker.write_text("a file where a folder should be")
     with pytest.raises(ConfigError, match="cannot write the report"):
         cmd_view(cli(["view", str(tmp_path), "--out", str(blocker / "r.html")]))
+
+
+def test_constant_charts_fold_and_the_reward_band_is_clipped_to_the_rewards_range(tmp_path):
+    from reroll.viewer.report import constant
+
+    series = {"train/lr": [[1, 0.1], [2, 0.1]], "train/loss": [[1, 0.5], [2, 0.4]]}
+    assert constant(series, ["train/lr"]) and not constant(series, ["train/loss", "train/lr"])
+    assert not constant({"x": [[1, 1.0], [2, None]]}, ["x"])  # a non-finite step is news
+    keys = ["train/reward_mean", "train/reward_std", "train/reward_min", "train/reward_max"]
+    reward = plan_charts(keys)[0].as_json()
+    assert reward["keys"] == ["train/reward_mean"]  # min/max only bound the band
+    assert reward["bandRange"] == ["train/reward_min", "train/reward_max"]

@@ -47,9 +47,14 @@ function extent(values) {
 function bandPoints(chart) {
   if (!chart.band) return [];
   const std = new Map((data.series[chart.band[1]] || []).map(([s, v]) => [s, v]));
+  // Clipped to the step's lowest and highest value when the run logged them (bandRange).
+  const range = chart.bandRange || [null, null];
+  const lo = new Map((data.series[range[0]] || []).map(([s, v]) => [s, v]));
+  const hi = new Map((data.series[range[1]] || []).map(([s, v]) => [s, v]));
+  const clip = (m, s, v, pick) => (typeof m.get(s) === "number" ? pick(v, m.get(s)) : v);
   return (data.series[chart.band[0]] || [])
     .filter(([s, v]) => v !== null && typeof std.get(s) === "number")
-    .map(([s, v]) => [s, v - std.get(s), v + std.get(s)]);
+    .map(([s, v]) => [s, clip(lo, s, v - std.get(s), Math.max), clip(hi, s, v + std.get(s), Math.min)]);
 }
 
 /** The SVG markup of one chart and the scales used, for the hover read-out. */
@@ -177,12 +182,16 @@ function attachHover(card, chart, drawn) {
 function renderCharts() {
   const main = document.getElementById("charts");
   const more = document.getElementById("more-charts");
-  let extra = 0;
+  const fixed = document.getElementById("constant-charts");
+  let extra = 0, constant = 0;
   for (const chart of data.charts) {
+    if (chart.constant) { fixed.appendChild(renderChart(chart)); constant += 1; continue; }
     (chart.extra ? more : main).appendChild(renderChart(chart));
     if (chart.extra) extra += 1;
   }
-  if (!data.charts.some((c) => !c.extra)) main.appendChild(el("div", "empty", "no metrics to draw"));
+  if (!data.charts.some((c) => !c.extra && !c.constant)) main.appendChild(el("div", "empty", "no metrics to draw"));
   document.getElementById("more-count").textContent = String(extra);
   if (!extra) document.getElementById("more").hidden = true;
+  document.getElementById("constant-count").textContent = String(constant);
+  if (!constant) document.getElementById("constant").hidden = true;
 }
