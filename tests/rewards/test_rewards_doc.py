@@ -40,7 +40,7 @@ def test_the_documented_function_scores_by_the_contract(example):
     try:
         sample = RewardSample(prompt="Name a colour of the sky.", response="It is Blue.",
                               answer="blue", finish_reason="length", metadata={"keyword": "blue"})
-        result = asyncio.run(runner.score(sample))
+        result = asyncio.run(runner.reward(sample))
     finally:
         runner.close()
     assert result.score == 0.5
