@@ -88,9 +88,11 @@ class TrainConfig(Section):
 
     micro_batch_size: int = Field(16, ge=1)
     """Sequences per forward/backward pass. Gradients are accumulated so that the update equals
-    the full-batch update whatever this is (it trades memory for speed only)."""
+    the full-batch update whatever this is (it trades memory for speed only). Left unset, it
+    becomes the largest size up to 16 that splits each worker's mini-batch (SFT: batch) evenly."""
     bf16_autocast: bool = False
     """Run forward passes under bfloat16 autocast (weights and optimizer stay float32)."""
+
     gradient_checkpointing: bool = False
     """Activation checkpointing of the policy's decoder layers in its training forward
     (transformers' `gradient_checkpointing_enable`, non-reentrant): keeps each layer's input
@@ -103,6 +105,13 @@ class TrainConfig(Section):
     max_skipped_updates: int = Field(3, ge=1)
     """An optimizer update whose loss or gradient norm is NaN/inf is skipped (weights untouched,
     counted in `train/skipped_updates`); this many skipped in a row stop the run (exit 1)."""
+
+    def fit_unset_micro_batch(self, share: int) -> None:
+        """A small batch (2 prompts x 4 samples, 20 SFT rows) should not fail on a default the
+        user never wrote: an unset micro-batch size shrinks to the largest divisor of `share`,
+        the sequences one worker trains on per update."""
+        if "micro_batch_size" not in self.model_fields_set:
+            self.micro_batch_size = max(d for d in range(1, 17) if share % d == 0)
 
 
 class CheckpointConfig(Section):
@@ -347,6 +356,7 @@ class RLRunConfig(Section):
     def batch_errors(self) -> list[str]:
         """The step's batch must split into updates, data-parallel shards and micro-batches."""
         batch = self.rollout.prompts_per_step * self.rollout.group_size
+        self._fit_default_micro_batch(batch)
         updates, micro = self.algorithm.updates_per_batch, self.train.micro_batch_size
         shards = self.distributed.policy.num_workers * micro
         if batch % updates:
@@ -358,6 +368,11 @@ class RLRunConfig(Section):
                     f"split evenly into distributed.policy.num_workers x train.micro_batch_size "
                     f"= {shards}"]
         return self.algorithm.rollout_errors(self.rollout.group_size, self.rollout.max_new_tokens)
+
+    def _fit_default_micro_batch(self, batch: int) -> None:
+        workers = self.distributed.policy.num_workers
+        if batch % (self.algorithm.updates_per_batch * workers) == 0:  # else batch_errors says so
+            self.train.fit_unset_micro_batch(batch // self.algorithm.updates_per_batch // workers)
 
     def run_dir(self) -> Path:
         return Path(self.output_dir) if self.output_dir else Path("runs") / self.name
@@ -464,6 +479,7 @@ class SFTConfig(Section):
 
     @model_validator(mode="after")
     def _check_combinations(self) -> SFTConfig:
+        self.train.fit_unset_micro_batch(self.batch_size)
         if self.batch_size % self.train.micro_batch_size:
             raise ValueError(f"train.micro_batch_size ({self.train.micro_batch_size}) must divide "
                              f"batch_size ({self.batch_size})")

@@ -76,6 +76,16 @@ def test_batch_must_split_into_micro_batches(tmp_path):
     assert "train.micro_batch_size" in message and "9" in message
 
 
+@pytest.mark.parametrize(("prompts", "group", "workers", "micro"),
+                         [(2, 4, 1, 8), (8, 8, 1, 16), (3, 4, 1, 12), (3, 4, 2, 6), (8, 8, 2, 16)])
+def test_an_unset_micro_batch_fits_a_small_batch(tmp_path, prompts, group, workers, micro):
+    """A 2x4 batch failed on the default micro-batch of 16 that the user never wrote."""
+    config = load_config(write(tmp_path, MINIMAL), [
+        f"rollout.prompts_per_step={prompts}", f"rollout.group_size={group}",
+        f"distributed.policy.num_workers={workers}", "distributed.executor=ray"])
+    assert config.train.micro_batch_size == micro
+
+
 def test_grpo_needs_groups_of_two(tmp_path):
     message = error_of(tmp_path, MINIMAL, ["rollout.group_size=1", "train.micro_batch_size=1"])
     assert "group_size" in message
