@@ -162,6 +162,10 @@ class TrackingConfig(Section):
     record_rollouts: int = Field(8, ge=0)
     """Write this many trajectories of each step, as text, to `rollouts/step_N.jsonl` for
     `reroll view` (0: none)."""
+    record_eval_rollouts: int = Field(64, ge=0)
+    """Write up to this many held-out samples of each evaluation (in the eval set's order, so a
+    prompt can be followed from one evaluation to the next) to `rollouts/eval_step_N.jsonl`,
+    shown beside the training rollouts by `reroll view` (0: none). Step 0 is before training."""
     record_batch_every: int = Field(1, ge=0)
     """Every N steps, store the step's whole batch (token ids, behaviour logprobs, rewards) in
     `rollouts/step_N.batch.pt`, so `reroll replay --step N` can recompute its losses (0: never).

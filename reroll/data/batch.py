@@ -64,7 +64,8 @@ def trajectory_row(t: Trajectory) -> dict[str, Any]:
     files, evaluation samples): the one place this row is built; callers add their own keys."""
     return ({"prompt": t.prompt_text, "response": t.response_text, "answer": t.answer,
              "reward": t.reward, "reward_info": t.reward_info, "finish_reason": t.finish_reason}
-            | ({"segments": t.segments} if t.segments is not None else {}))
+            | ({"segments": t.segments} if t.segments is not None else {})
+            | ({"turn_rewards": t.turn_rewards} if t.turn_rewards is not None else {}))
 
 
 def collate(trajectories: list[Trajectory], pad_token_id: int) -> tuple[TensorDict, list[dict]]:

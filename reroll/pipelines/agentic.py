@@ -68,6 +68,7 @@ class EnvTask:
         """`inputs`: an environment passed as a Python object (`reroll.api.train`), built
         fresh for each episode instead of `env.id`."""
         self.config, self.tokenizer = config, tokenizer
+        self.eval_trajectories: list[Trajectory] = []
         env = config.env
         kwargs = env_arguments(env.id, env.kwargs, env.max_turns)
         given = (inputs or TaskInputs()).env_factory
@@ -104,6 +105,7 @@ class EnvTask:
         """Mean return and success rate on the held-out env seeds."""
         trajectories, stats = self.run(self.eval_seeds, self.config.eval.samples_per_prompt,
                                        params, step=-1)
+        self.eval_trajectories = trajectories
         returns = torch.tensor([t.reward for t in trajectories])
         success = torch.tensor([float(t.reward_info.get("success", False)) for t in trajectories])
         return {"eval/reward_mean": float(returns.mean()), "eval/success_rate": float(success.mean()),

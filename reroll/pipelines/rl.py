@@ -68,7 +68,7 @@ from reroll.pipelines.common import RunDir, Stopwatch, UpdateGuard, seed_everyth
 from reroll.pipelines.inputs import TaskInputs
 from reroll.pipelines.roles import build_roles, weight_sync_to
 from reroll.pipelines.supervisor import supervise
-from reroll.pipelines.task import Task
+from reroll.pipelines.task import Task, rollout_row
 from reroll.rollout.metrics import rollout_metrics
 from reroll.rollout.recording import batch_path, save_batch
 from reroll.tracking import ProgressBar, Tracker
@@ -82,6 +82,13 @@ KLController = algorithms.FixedKLController | algorithms.AdaptiveKLController
 TaskFactory = Callable[[Any, Any], Task]
 """make_task(config, tokenizer) -> Task: reads and checks the task's data and starts its reward
 before the models load (a bad row is refused at start, never at step N)."""
+
+
+def write_rows(path: Path, rows: list[dict]) -> None:
+    """JSON lines for `reroll view` (NaN/inf as null)."""
+    path.parent.mkdir(exist_ok=True)
+    with path.open("w") as f:
+        f.writelines(dumps(row) + "\n" for row in rows)
 
 
 class RLPipeline:
@@ -125,7 +132,7 @@ class RLPipeline:
     def run(self) -> dict:
         c, clock = self.config, Stopwatch()
         if self.eval_reward_start is None:
-            self.eval_reward_start = self.evaluate().get("eval/reward_mean")
+            self.eval_reward_start = self.evaluate(self.start_step).get("eval/reward_mean")
         bar = ProgressBar(c.steps, self.method_name(), self.start_step, c.tracking.progress)
         last_eval = None
         for n in range(self.start_step + 1, c.steps + 1):
@@ -135,7 +142,7 @@ class RLPipeline:
             metrics |= self.sync_weights(n)
             metrics |= rollout_metrics(trajectories, c.rollout.group_size) | self.task.metrics()
             if self.eval_due(n):
-                metrics |= self.evaluate()
+                metrics |= self.evaluate(n)
                 last_eval = metrics["eval/reward_mean"]
             metrics |= {"time/rollout_s": rollout_s, "time/step_s": timer.seconds()}
             self.tracker.log(n, metrics)
@@ -171,12 +178,18 @@ class RLPipeline:
         metrics = self.weight_sync(version) | self.turns.metrics()
         return metrics | ({"fault/restarts": self.restarts} if self.restarts else {})
 
-    def evaluate(self) -> dict[str, float]:
-        """The task's held-out metrics (the same sampling seeds at every evaluation)."""
+    def evaluate(self, n: int) -> dict[str, float]:
+        """The task's held-out metrics after step `n` (the same sampling seeds at every
+        evaluation); its samples go to `rollouts/eval_step_N.jsonl` for `reroll view`."""
         if not self.task.evaluates:
             return {}
         self.turns.rollout_turn()
-        return self.task.evaluate(self.sampling_params(self.config.eval.temperature))
+        metrics = self.task.evaluate(self.sampling_params(self.config.eval.temperature))
+        count = self.config.tracking.record_eval_rollouts
+        if count:
+            rows = [rollout_row(t) for t in self.task.eval_trajectories[:count]]
+            write_rows(self.run_dir.path / "rollouts" / f"eval_step_{n}.jsonl", rows)
+        return metrics
 
     # -- helpers ---------------------------------------------------------------------------------
 
@@ -199,11 +212,8 @@ class RLPipeline:
         `record_batch_every` steps, the step's whole batch for `reroll replay`."""
         tracking = self.config.tracking
         if tracking.record_rollouts:
-            folder = self.run_dir.path / "rollouts"
-            folder.mkdir(exist_ok=True)
             rows = self.task.record(n, trajectories, tracking.record_rollouts)
-            with (folder / f"step_{n}.jsonl").open("w") as f:
-                f.writelines(dumps(row) + "\n" for row in rows)
+            write_rows(self.run_dir.path / "rollouts" / f"step_{n}.jsonl", rows)
         every = tracking.record_batch_every
         if every and n % every == 0:
             save_batch(batch_path(self.run_dir.path, n), n, trajectories)

@@ -48,6 +48,7 @@ class PromptTask:
         self.stream = PromptStream(PromptSampler(self.train_rows, c.seed))
         self.source = None
         self.engine: Engine | None = None
+        self.eval_trajectories: list[Trajectory] = []
 
     @property
     def evaluates(self) -> bool:
@@ -69,6 +70,7 @@ class PromptTask:
         job = RolloutJob(self.engine, self.rewards, self.tokenizer, params,
                          c.data.max_prompt_tokens)
         trajectories = rollout(job, self.eval_rows, c.eval.samples_per_prompt, c.seed, step=-1)
+        self.eval_trajectories = trajectories
         rewards = torch.tensor([t.reward for t in trajectories])
         return {"eval/reward_mean": float(rewards.mean())}
 

@@ -17,6 +17,9 @@ from reroll.engines.base import Engine, SamplingParams
 class Task(Protocol):
     label: str
     """Shown before the algorithm's name on the progress bar ("" for none)."""
+    eval_trajectories: list[Trajectory]
+    """The held-out trajectories of the last `evaluate`, in the eval set's order (for the run
+    viewer's `rollouts/eval_step_N.jsonl`)."""
 
     @property
     def evaluates(self) -> bool:
@@ -59,5 +62,6 @@ class Task(Protocol):
 
 
 def rollout_row(t: Trajectory) -> dict[str, Any]:
-    """One trajectory as a `rollouts/step_N.jsonl` row (the keys `reroll view` reads)."""
+    """One trajectory as a `rollouts/step_N.jsonl` (or `eval_step_N.jsonl`) row (the keys
+    `reroll view` reads)."""
     return trajectory_row(t) | {"group_id": t.group_id}

@@ -54,12 +54,16 @@ PAGE = """<!DOCTYPE html>
 <div id="rollout-ui">
 <div class="filters">
 <label>Step<select id="f-step"><option value="all">all steps</option></select></label>
+<label>Samples<select id="f-split"><option value="all">training and held-out</option>
+<option value="train">training rollouts</option><option value="eval">held-out (eval)</option></select></label>
 <label>Search (all words)<input id="f-text" type="search" placeholder="prompt, response, answer, reward info"></label>
 <label>Reward &ge;<input id="f-min" type="number" step="any"></label>
 <label>Reward &le;<input id="f-max" type="number" step="any"></label>
 <label>Finish reason<select id="f-finish"><option value="all">any</option></select></label>
 <button id="f-clear" type="button">Clear</button>
 </div>
+<div class="following" id="following" hidden>Following one prompt across steps:
+<q id="following-prompt"></q> <button id="follow-clear" type="button">Stop following</button></div>
 <div class="count" id="rollout-count"></div>
 <div class="table-wrap"><table class="rollouts"><thead><tr>
 <th class="sortable" data-key="step">Step</th><th class="sortable" data-key="group_id">Group</th>
@@ -135,7 +139,9 @@ def payload(run: RunData) -> dict[str, Any]:
         start = summary.get(start_key)
         if key in series and _finite(start) and not any(s == 0 for s, _ in series[key]):
             series[key].insert(0, [0, float(start)])
-    rollouts = [{"step": step, **row} for step, rows in sorted(run.rollouts.items()) for row in rows]
+    rollouts = [{"step": step, "split": split, **row}
+                for split, by_step in (("train", run.rollouts), ("eval", run.eval_rollouts))
+                for step, rows in sorted(by_step.items()) for row in rows]
     charts = [c.as_json() | {"constant": constant(series, c.keys)}
               for c in plan_charts(keys, run.non_finite)]
     return {"series": series, "charts": charts, "rollouts": rollouts}

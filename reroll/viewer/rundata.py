@@ -18,6 +18,7 @@ from typing import Any
 from reroll.config.errors import ConfigError
 
 ROLLOUT_FILE = re.compile(r"^step_(\d+)\.jsonl$")
+EVAL_ROLLOUT_FILE = re.compile(r"^eval_step_(\d+)\.jsonl$")
 NON_FINITE = {"nan": math.nan, "inf": math.inf, "+inf": math.inf, "-inf": -math.inf,
               "infinity": math.inf, "+infinity": math.inf, "-infinity": -math.inf}
 MAX_TEXT_CHARS = 20_000
@@ -30,13 +31,16 @@ class RunData:
     `metrics` has one dict per step, sorted by step, with rows that share a step merged (an SFT
     run logs its final `eval/nll` on a line of its own). Values are floats, `None` for a
     non-finite value (its step is listed in `non_finite[key]`), or whatever else the line held.
-    `rollouts` maps a step to its recorded trajectories, normalised by `_rollout`.
+    `rollouts` maps a step to its recorded trajectories, normalised by `_rollout`;
+    `eval_rollouts` the same for the held-out samples of the evaluation after that step (step 0:
+    before training).
     """
 
     path: Path
     metrics: list[dict[str, Any]]
     non_finite: dict[str, list[int]] = field(default_factory=dict)
     rollouts: dict[int, list[dict[str, Any]]] = field(default_factory=dict)
+    eval_rollouts: dict[int, list[dict[str, Any]]] = field(default_factory=dict)
     summary: dict[str, Any] | None = None
     config_text: str | None = None
     config: dict[str, Any] = field(default_factory=dict)
@@ -82,7 +86,10 @@ def load_run(run_dir: str | Path, max_rollouts_per_step: int = 500) -> RunData:
     run.metrics, run.non_finite = _read_metrics(metrics_path, run.warnings)
     run.summary = _read_summary(path / "summary.json", run.warnings)
     run.config_text, run.config = _read_config(path / "config.yaml", run.warnings)
-    run.rollouts = _read_rollouts(path / "rollouts", max_rollouts_per_step, run.warnings)
+    run.rollouts = _read_rollouts(path / "rollouts", ROLLOUT_FILE, max_rollouts_per_step,
+                                  run.warnings)
+    run.eval_rollouts = _read_rollouts(path / "rollouts", EVAL_ROLLOUT_FILE,
+                                       max_rollouts_per_step, run.warnings)
     return run
 
 
@@ -147,11 +154,12 @@ def _read_config(path: Path, warnings: list[str]) -> tuple[str | None, dict[str,
     return text, parsed if isinstance(parsed, dict) else {}
 
 
-def _read_rollouts(folder: Path, limit: int, warnings: list[str]) -> dict[int, list[dict]]:
+def _read_rollouts(folder: Path, names: re.Pattern, limit: int,
+                   warnings: list[str]) -> dict[int, list[dict]]:
     if not folder.is_dir():
         return {}
     files = sorted((int(m.group(1)), p) for p in folder.iterdir()
-                   if p.is_file() and (m := ROLLOUT_FILE.match(p.name)))
+                   if p.is_file() and (m := names.match(p.name)))
     rollouts: dict[int, list[dict]] = {}
     for step, file in files:
         rows = []
@@ -177,7 +185,7 @@ def _read_rollouts(folder: Path, limit: int, warnings: list[str]) -> dict[int, l
 def _rollout(raw: dict[str, Any], warnings: list[str], where: str) -> dict[str, Any]:
     """The fields the table shows, with safe types; extra keys are kept under `extra`."""
     known = {"prompt", "response", "answer", "reward", "reward_info", "finish_reason",
-             "group_id", "turns", "segments"}
+             "group_id", "turns", "segments", "turn_rewards"}
     reward = _as_float(raw.get("reward"))
     row = {
         "prompt": _text(raw.get("prompt"), warnings, where),
@@ -200,6 +208,9 @@ def _rollout(raw: dict[str, Any], warnings: list[str], where: str) -> dict[str, 
                         if isinstance(t, dict) else {"role": "", "text": _text(t, warnings, where)}
                         for t in turns]
         row["num_turns"] = policy_turns(row["turns"])
+        rewards = raw.get("turn_rewards")
+        if isinstance(rewards, list):  # one per policy turn, by turn number
+            row["turn_rewards"] = [r if _is_number(r := _as_float(v)) else None for v in rewards]
     return row
 
 

@@ -62,6 +62,29 @@ def rollout_rows(step: int) -> list[dict]:
     return rows
 
 
+EVAL_STEPS = (0, 10, 20)
+EVAL_PROMPTS = 4
+
+
+def write_eval_rollouts(root: Path) -> None:
+    """Held-out samples of evaluations before training and after steps 10 and 20: the same
+    prompts each time (`Held-out k`), the reward of prompt k rising from one evaluation to the
+    next; and an agentic episode at step 30 with a reward for each of its two turns."""
+    for n, step in enumerate(EVAL_STEPS):
+        rows = [{"prompt": f"Held-out {k}: what is 2 + {k}?", "response": f"eval {step} says {k}",
+                 "answer": str(2 + k), "reward": float(n >= k), "finish_reason": "stop",
+                 "group_id": k} for k in range(EVAL_PROMPTS)]
+        (root / "rollouts" / f"eval_step_{step}.jsonl").write_text(
+            "".join(json.dumps(r) + "\n" for r in rows))
+    segments = [{"text": "<guess>50</guess>", "policy": True, "turn": 0},
+                {"text": "Too high.", "policy": False, "turn": 0},
+                {"text": "<guess>25</guess>", "policy": True, "turn": 1},
+                {"text": "Correct!", "policy": False, "turn": 1}]
+    (root / "rollouts" / "step_30.jsonl").write_text(json.dumps(
+        {"prompt": "Guess a number.", "response": "", "reward": 0.9, "segments": segments,
+         "turn_rewards": [-0.1, 1.0], "finish_reason": "stop", "group_id": 0}) + "\n")
+
+
 def write_run(root: Path, *, summary: bool = True, config: bool = True) -> Path:
     root.mkdir(parents=True, exist_ok=True)
     (root / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in metrics_rows()))
@@ -89,6 +112,14 @@ def spec() -> dict:
     """The synthetic run's shape, for the tests' expectations."""
     return {"steps": STEPS, "eval_every": EVAL_EVERY, "non_finite_step": NON_FINITE_STEP,
             "zebra_rows": ZEBRA_ROWS, "rollout_steps": ROLLOUT_STEPS, "rows_per_step": ROWS_PER_STEP}
+
+
+@pytest.fixture
+def held_out(run_dir) -> dict:
+    """`run_dir` with held-out samples and an agentic episode with turn rewards
+    (`write_eval_rollouts`); the shape of what was added."""
+    write_eval_rollouts(run_dir)
+    return {"eval_steps": EVAL_STEPS, "eval_prompts": EVAL_PROMPTS}
 
 
 @pytest.fixture

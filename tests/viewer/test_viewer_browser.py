@@ -206,6 +206,15 @@ def test_report_of_a_real_training_run(browser, tmp_path, tiny_model, arithmetic
     cards = browser.find_element("id", "overview").text
     assert f"STEPS\n{summary['steps']}" in cards and "finished" in cards
 
+    evaluated = [0] + [m["step"] for m in metrics if "eval/reward_mean" in m]
+    held_out = {n: (run_dir / "rollouts" / f"eval_step_{n}.jsonl").read_text().splitlines()
+                for n in evaluated}  # written by the run: before training and at each eval
+    assert all(len(rows) == 4 for rows in held_out.values())  # eval.max_prompts x 1 sample
+    assert [json.loads(r)["prompt"] for r in held_out[0]] == \
+        [json.loads(r)["prompt"] for r in held_out[evaluated[-1]]]  # the eval set's order
+    select(browser, "f-split", "eval")
+    assert visible_rows(browser) == 4 * len(evaluated)
+    select(browser, "f-split", "train")
     assert visible_rows(browser) == steps * recorded
     select(browser, "f-step", "2")
     assert visible_rows(browser) == recorded
@@ -251,6 +260,45 @@ def test_agentic_segments_show_policy_tokens_against_env_tokens(browser, run_dir
         turns[1].value_of_css_property("background-color")
     set_value(browser, "f-text", "too high")
     assert visible_rows(browser) == 1
+
+
+def test_held_out_samples_beside_training_a_prompt_followed_and_turn_rewards(
+        browser, run_dir, spec, held_out):
+    _, report = write_report(run_dir)
+    browser.get_log("browser")
+    open_report(browser, report)
+    train = len(spec["rollout_steps"]) * spec["rows_per_step"] + 1  # + the episode at step 30
+    evals = len(held_out["eval_steps"]) * held_out["eval_prompts"]
+    assert visible_rows(browser) == train + evals
+    select(browser, "f-split", "eval")
+    rows = browser.find_elements("css selector", "#rollout-body tr.rollout-row")
+    assert len(rows) == evals and all(r.get_attribute("data-split") == "eval" for r in rows)
+    assert all("eval" in r.find_element("css selector", "td").text for r in rows)
+
+    set_value(browser, "f-text", "Held-out 2:")
+    browser.find_element("css selector", "#rollout-body tr.rollout-row").click()
+    browser.find_element("css selector", "tr.rollout-detail button.follow").click()
+    assert browser.find_element("id", "following").is_displayed()
+    assert "Held-out 2: what is 2 + 2?" in browser.find_element("id", "following-prompt").text
+    set_value(browser, "f-text", "")
+    followed = browser.find_elements("css selector", "#rollout-body tr.rollout-row")
+    assert [int(r.get_attribute("data-step")) for r in followed] == list(held_out["eval_steps"])
+    rewards = [r.find_element("css selector", "td.reward").text for r in followed]
+    assert rewards == ["0", "0", "1"]  # prompt 2 is solved at the last evaluation
+    browser.find_element("id", "follow-clear").click()
+    assert not browser.find_element("id", "following").is_displayed()
+    select(browser, "f-split", "all")
+    assert visible_rows(browser) == train + evals
+
+    select(browser, "f-step", "30")
+    row = browser.find_element("css selector", "#rollout-body tr.rollout-row")
+    assert "2 turns: -0.1 \u00b7 1" in row.text
+    row.click()
+    turns = browser.find_elements("css selector", "tr.rollout-detail .turn")
+    labels = [t.find_element("css selector", ".role").get_attribute("textContent") for t in turns]
+    assert "reward -0.1" in labels[0] and "reward 1" in labels[2]
+    assert "reward" not in labels[1]  # the environment's text has no reward of its own
+    assert console_problems(browser) == []
 
 
 def test_several_runs_are_overlaid_one_line_per_run(browser, tmp_path, make_run):

@@ -8,6 +8,7 @@ import pytest
 
 from reroll.config.errors import ConfigError
 from reroll.viewer.charts import plan_charts
+from reroll.viewer.report import payload
 from reroll.viewer.rundata import load_run
 from reroll.viewer.summary import headline
 
@@ -145,3 +146,17 @@ def test_headline_of_a_finished_rl_run(run_dir):
     assert figures["eval reward"].value == "0.15 → 0.8" and figures["eval reward"].hint == "summary.json"
     assert figures["wall time"].value == "1 min 02 s"
     assert figures["status"].value == "finished"
+
+
+def test_held_out_samples_and_turn_rewards_are_read(run_dir, held_out):
+    run = load_run(run_dir)
+    assert list(run.eval_rollouts) == list(held_out["eval_steps"])  # eval_step_0 is before training
+    assert 30 in run.rollouts and 0 not in run.rollouts  # eval files are not training steps
+    assert [r["prompt"] for r in run.eval_rollouts[10]] == \
+        [r["prompt"] for r in run.eval_rollouts[0]]
+    assert run.rollouts[30][0]["turn_rewards"] == [-0.1, 1.0]
+    assert run.rollouts[30][0]["num_turns"] == 2
+    rows = payload(run)["rollouts"]
+    assert {r["split"] for r in rows} == {"train", "eval"}
+    assert sum(r["split"] == "eval" for r in rows) == \
+        len(held_out["eval_steps"]) * held_out["eval_prompts"]

@@ -1,9 +1,10 @@
-// The table of recorded rollouts: filters (step, text, reward range, finish reason), sorting by
-// column, and a detail view per row (click it) with the full texts and, for agentic
-// trajectories, the conversation turn by turn.
+// The table of recorded rollouts, training and held-out (eval) samples together: filters (step,
+// samples, text, reward range, finish reason), sorting by column, a detail view per row (click
+// it) with the full texts and, for agentic trajectories, the conversation turn by turn with each
+// turn's reward, and "follow this prompt" to see one prompt's samples at every step.
 
 const PAGE = 100;
-const table = { rows: [], sort: { key: "step", dir: 1 }, limit: PAGE, open: new Set() };
+const table = { rows: [], sort: { key: "step", dir: 1 }, limit: PAGE, open: new Set(), follow: null };
 
 function haystack(row) {
   const turns = (row.turns || []).map((t) => t.role + " " + t.text).join("\n");
@@ -18,6 +19,7 @@ function readFilters() {
   };
   return {
     step: document.getElementById("f-step").value,
+    split: document.getElementById("f-split").value,
     finish: document.getElementById("f-finish").value,
     terms: document.getElementById("f-text").value.toLowerCase().split(/\s+/).filter(Boolean),
     min: number("f-min"),
@@ -27,7 +29,9 @@ function readFilters() {
 
 /** Whether a row passes the filters: every search word must occur somewhere in the row. */
 function passes(row, f) {
+  if (table.follow !== null && row.prompt !== table.follow) return false;
   if (f.step !== "all" && String(row.step) !== f.step) return false;
+  if (f.split !== "all" && row.split !== f.split) return false;
   if (f.finish !== "all" && row.finish_reason !== f.finish) return false;
   if (f.min !== null && !(row.reward !== null && row.reward >= f.min)) return false;
   if (f.max !== null && !(row.reward !== null && row.reward <= f.max)) return false;
@@ -71,12 +75,15 @@ function rowNode(row) {
   const tr = el("tr", "rollout-row");
   tr.dataset.index = row.index;
   tr.dataset.step = row.step;
-  tr.append(el("td", "num", String(row.step)), el("td", "num", row.group_id === null ? "" : String(row.group_id)),
-    rewardCell(row));
+  tr.dataset.split = row.split;
+  const step = el("td", "num", String(row.step));
+  if (row.split === "eval") step.appendChild(el("span", "badge eval", "eval"));
+  tr.append(step, el("td", "num", row.group_id === null ? "" : String(row.group_id)), rewardCell(row));
   const finish = el("td");
   finish.appendChild(finishBadge(row.finish_reason));
   tr.appendChild(finish);
-  const turns = row.turns ? el("span", "badge turns", row.num_turns + (row.num_turns === 1 ? " turn" : " turns")) : null;
+  const turns = row.turns ? el("span", "badge turns", row.num_turns + (row.num_turns === 1 ? " turn" : " turns") +
+    (row.turn_rewards ? ": " + row.turn_rewards.map((r) => (r === null ? "\u2014" : fmt(r))).join(" \u00b7 ") : "")) : null;
   const response = row.response || (row.turns || []).filter((t) => t.role === "policy").map((t) => t.text).join("\n\u2026\n");
   tr.append(textCell(row.prompt), textCell(response, turns), textCell(row.answer),
     textCell(row.reward_info === null ? "" : JSON.stringify(row.reward_info)));
@@ -95,8 +102,9 @@ function block(title, text, full) {
   return box;
 }
 
-/** The conversation of an agentic trajectory: policy turns highlighted against env turns. */
-function turnsView(turns) {
+/** The conversation of an agentic trajectory: policy turns highlighted against env turns, each
+ * policy turn with the reward the environment gave it. */
+function turnsView(turns, turnRewards) {
   const box = el("div", "full");
   box.appendChild(el("h4", "", `turns (${turns.length})`));
   const list = el("div", "turns");
@@ -104,7 +112,10 @@ function turnsView(turns) {
     const kind = turn.role === "policy" ? "policy" : "env";
     const item = el("div", "turn turn-" + kind);
     item.dataset.role = turn.role;
-    const label = (turn.role || "?") + (turn.turn === null || turn.turn === undefined ? "" : " \u00b7 turn " + turn.turn);
+    const numbered = turn.turn !== null && turn.turn !== undefined;
+    let label = (turn.role || "?") + (numbered ? " \u00b7 turn " + turn.turn : "");
+    const reward = kind === "policy" && numbered && turnRewards ? turnRewards[turn.turn] : undefined;
+    if (reward !== undefined) label += " \u00b7 reward " + (reward === null ? "\u2014" : fmt(reward));
     item.append(el("div", "role", label), el("pre", "", visible(turn.text)));
     list.appendChild(item);
   }
@@ -117,8 +128,12 @@ function detailNode(row) {
   const td = el("td");
   td.colSpan = 8;
   const grid = el("div", "detail detail-grid");
+  const follow = el("button", "follow", table.follow === null ? "Follow this prompt across steps" : "Stop following");
+  follow.type = "button";
+  follow.addEventListener("click", (event) => { event.stopPropagation(); followPrompt(table.follow === null ? row.prompt : null); });
+  grid.appendChild(follow);
   grid.appendChild(block("prompt", row.prompt, true));
-  if (row.turns) grid.appendChild(turnsView(row.turns));
+  if (row.turns) grid.appendChild(turnsView(row.turns, row.turn_rewards));
   if (row.response || !row.turns) grid.appendChild(block("response", row.response, true));
   grid.appendChild(block("answer", row.answer));
   grid.appendChild(block("reward info", JSON.stringify(row.reward_info, null, 2)));
@@ -151,6 +166,21 @@ function renderRows() {
   }
 }
 
+/** Show only the rows of one prompt (null: all), every step and both kinds of samples, by step. */
+function followPrompt(prompt) {
+  table.follow = prompt;
+  table.limit = PAGE;
+  if (prompt !== null) {
+    document.getElementById("f-step").value = "all";
+    document.getElementById("f-split").value = "all";
+    table.sort = { key: "step", dir: 1 };
+  }
+  const banner = document.getElementById("following");
+  banner.hidden = prompt === null;
+  document.getElementById("following-prompt").textContent = prompt === null ? "" : visible(prompt);
+  renderRows();
+}
+
 function fillSelect(id, values, label) {
   const select = document.getElementById(id);
   for (const [value, count] of values) {
@@ -176,12 +206,14 @@ function renderTable() {
   fillSelect("f-step", counts(table.rows.map((r) => r.step)).sort((a, b) => a[0] - b[0]), (s) => "step " + s);
   fillSelect("f-finish", counts(table.rows.map((r) => r.finish_reason)), (r) => r || "(none)");
   const refilter = () => { table.limit = PAGE; renderRows(); };
-  for (const id of ["f-step", "f-finish"]) document.getElementById(id).addEventListener("change", refilter);
+  if (!table.rows.some((r) => r.split === "eval")) document.getElementById("f-split").closest("label").hidden = true;
+  for (const id of ["f-step", "f-split", "f-finish"]) document.getElementById(id).addEventListener("change", refilter);
+  document.getElementById("follow-clear").addEventListener("click", () => followPrompt(null));
   for (const id of ["f-text", "f-min", "f-max"]) document.getElementById(id).addEventListener("input", refilter);
   document.getElementById("f-clear").addEventListener("click", () => {
     for (const id of ["f-text", "f-min", "f-max"]) document.getElementById(id).value = "";
-    for (const id of ["f-step", "f-finish"]) document.getElementById(id).value = "all";
-    refilter();
+    for (const id of ["f-step", "f-split", "f-finish"]) document.getElementById(id).value = "all";
+    followPrompt(null);
   });
   document.getElementById("more-rows").addEventListener("click", () => { table.limit += PAGE; renderRows(); });
   for (const th of document.querySelectorAll("th.sortable")) {
