@@ -79,6 +79,40 @@ class RemoteEngineConfig(Section):
         return [url.rstrip("/") for url in endpoints]
 
 
+class ServingEndpointConfig(Section):
+    """ROSE (`rollout.serving_endpoint`): lend part of the rollouts to a serving endpoint while its
+    own traffic meets its latency objective (docs/engines.md, "Rollouts on a serving endpoint").
+    The endpoint must be reroll's server (`python -m reroll.engines.server`), which takes pushed
+    weights and reports its latency; the trainer verifies its weights by fingerprint every step."""
+
+    url: str
+    """Base URL of the endpoint, e.g. `http://10.0.0.5:8000/v1`."""
+    model: str | None = None
+    """The `model` field sent with each request (None: the endpoint's first listed model)."""
+    ttft_p99_s: float = Field(gt=0)
+    """The endpoint's objective: p99 time to first token of its own requests, in seconds."""
+    tpot_p99_s: float = Field(gt=0)
+    """The endpoint's objective: p99 time per output token of its own requests, in seconds."""
+    headroom: float = Field(0.8, gt=0, le=1)
+    """Stop lending when a p99 passes this fraction of its objective, before it is missed."""
+    control_interval_s: float = Field(0.5, gt=0, le=60)
+    """How often the endpoint's latency is read and the lending cap set (the back-off delay)."""
+    window_s: float = Field(2.0, gt=0, le=600)
+    """The past over which the p99s are taken."""
+    max_lent: int = Field(16, ge=1, le=4096)
+    """Most rollout requests the endpoint holds at once."""
+    dedicated_max_in_flight: int = Field(64, ge=1, le=100_000)
+    """Most rollout requests the dedicated engine holds at once; more go to the endpoint while
+    it has room, or wait."""
+
+    @field_validator("url")
+    @classmethod
+    def _url(cls, url: str) -> str:
+        if not url.startswith(("http://", "https://")):
+            raise ValueError(f"{url!r} must start with http:// or https://")
+        return url.rstrip("/")
+
+
 ENGINES = (HFEngineConfig, VLLMEngineConfig, RemoteEngineConfig)
 EngineConfig = choice("type", "hf", *ENGINES)
 ENGINE_TYPES = tuple(e.model_fields["type"].default for e in ENGINES)

@@ -17,7 +17,12 @@ from pydantic import Field, model_validator
 from reroll.config.algorithm import AlgorithmConfig
 from reroll.config.base import Section, choice
 from reroll.config.distributed import DistributedConfig
-from reroll.config.engines import EngineConfig, HFEngineConfig, engine_from_sections
+from reroll.config.engines import (
+    EngineConfig,
+    HFEngineConfig,
+    ServingEndpointConfig,
+    engine_from_sections,
+)
 from reroll.config.scheduling import (
     AsyncTrainingConfig,
     SchedulerConfig,
@@ -205,6 +210,16 @@ class RolloutConfig(Section):
     while training stays in `model.dtype`; weights synced from the trainer are cast on load.
     Behaviour logprobs then differ from the trainer's by bf16 rounding (see docs/engines.md);
     decoupled_ppo or `algorithm.correction` account for it."""
+    serving_endpoint: ServingEndpointConfig | None = None
+    """ROSE: also generate on a serving endpoint's spare capacity, within its latency objective
+    (None: the rollout engine alone). Not with `engine: remote`."""
+
+    @model_validator(mode="after")
+    def _lending_needs_an_owned_engine(self) -> RolloutConfig:
+        if self.serving_endpoint is not None and self.engine.type == "remote":
+            raise ValueError("rollout.serving_endpoint lends rollouts beside an hf or vllm "
+                             "engine; with engine: remote list the endpoint there instead")
+        return self
 
     @model_validator(mode="before")
     @classmethod

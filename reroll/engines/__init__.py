@@ -7,8 +7,14 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable
 
-from reroll.config.engines import HFEngineConfig, RemoteEngineConfig, VLLMEngineConfig
+from reroll.config.engines import (
+    HFEngineConfig,
+    RemoteEngineConfig,
+    ServingEndpointConfig,
+    VLLMEngineConfig,
+)
 from reroll.config.errors import ConfigError
+from reroll.engines.elastic import ElasticEngine, ServingObjective
 from reroll.engines.hf import HFEngine
 from reroll.engines.remote import RemoteEngine, RemoteEngineError, RemoteOptions
 from reroll.models.loading import DTYPES, load_model
@@ -23,13 +29,31 @@ def build_engine(rollout, model_path: str, dtype: str = "float32", pad_token_id:
     engine_dtype = dtype if getattr(rollout, "dtype", "auto") == "auto" else rollout.dtype
     match rollout.engine:
         case HFEngineConfig():
-            return HFEngine(load_model(model_path, dtype, attn_implementation).to(device),
-                            rollout.max_batch_size, pad_token_id, DTYPES[engine_dtype])
+            engine = HFEngine(load_model(model_path, dtype, attn_implementation).to(device),
+                              rollout.max_batch_size, pad_token_id, DTYPES[engine_dtype])
         case VLLMEngineConfig() as v:
-            return _build_vllm(v, rollout.max_batch_size, model_path, engine_dtype, seed)
+            engine = _build_vllm(v, rollout.max_batch_size, model_path, engine_dtype, seed)
         case RemoteEngineConfig() as r:
             return _build_remote(r)
-    raise ConfigError(f"rollout.engine: unknown engine {rollout.engine!r}; choose hf, vllm or remote")
+        case _:
+            raise ConfigError(f"rollout.engine: unknown engine {rollout.engine!r}; choose hf, "
+                              "vllm or remote")
+    lend = getattr(rollout, "serving_endpoint", None)
+    return engine if lend is None else _with_serving_endpoint(engine, lend)
+
+
+def _with_serving_endpoint(engine, s: ServingEndpointConfig):
+    """ROSE: `engine` plus the spare capacity of the serving endpoint `s` (checked reachable)."""
+    objective = ServingObjective(s.ttft_p99_s, s.tpot_p99_s, s.headroom, s.control_interval_s,
+                                 s.window_s, s.max_lent)
+    elastic = ElasticEngine(engine, s.url, objective, s.dedicated_max_in_flight, s.model)
+    try:
+        elastic.serving.check_reachable()
+    except RemoteEngineError as e:
+        elastic.close()
+        raise ConfigError(f"rollout.serving_endpoint.url: {e}; start it with `python -m "
+                          "reroll.engines.server MODEL_DIR --port PORT`") from None
+    return elastic
 
 
 def engine_factory(rollout, model_path: str, dtype: str = "float32", pad_token_id: int = 0,

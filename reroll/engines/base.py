@@ -55,6 +55,9 @@ class Completion:
     token_versions: list[int] | None = None
     """The version that sampled each token, when weights changed while the request ran (in-flight
     updates); None: all `policy_version`."""
+    first_token_s: float | None = None
+    """Seconds from submission to the first sampled token (time to first token), when the engine
+    measures it (the HF engine does); a serving endpoint's latency objective reads it."""
 
 
 @runtime_checkable

@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import itertools
+import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -60,6 +61,8 @@ class _Row:
     logits_version: int = 0
     """The version that computed the row's next-token logits, waiting to be sampled."""
     finish: str | None = None
+    submitted_at: float = field(default_factory=time.perf_counter)
+    first_token_s: float | None = None
 
 
 @dataclass
@@ -269,7 +272,8 @@ class HFEngine:
         self.generated_tokens += len(row.tokens)
         mixed = len(set(row.versions)) > 1
         return Completion(row.request.request_id, row.request.prompt_ids, row.tokens, row.logprobs,
-                          row.finish or "length", self.version, row.versions if mixed else None)
+                          row.finish or "length", self.version, row.versions if mixed else None,
+                          row.first_token_s)
 
     # -- decoding --------------------------------------------------------------------------------
 
@@ -322,6 +326,8 @@ class HFEngine:
         for row, token, logprob in zip(batch.rows, tokens.tolist(), logprobs.tolist(), strict=True):
             if row.finish is not None:  # ended earlier, its cache row not compacted away yet
                 continue
+            if not row.tokens:
+                row.first_token_s = time.perf_counter() - row.submitted_at
             row.tokens.append(token)
             row.logprobs.append(logprob)
             row.versions.append(row.logits_version)

@@ -46,6 +46,9 @@ class RemoteOptions:
     max_retries: int = 3
     backoff_s: float = 1.0
     api_key_env: str | None = None
+    request_kind: str | None = None
+    """Sent as `reroll_kind` in each request body: reroll's own server counts `rollout` requests
+    apart from its serving traffic (`reroll.engines.elastic`)."""
 
 
 class RemoteEngine:
@@ -205,7 +208,7 @@ class RemoteEngine:
             "seed": request.seed, "n": 1, "logprobs": 0, "stop_token_ids": list(p.stop_token_ids),
             "ignore_eos": True, "skip_special_tokens": False, "return_token_ids": True,
             "return_tokens_as_token_ids": True,
-        }
+        } | ({"reroll_kind": self.options.request_kind} if self.options.request_kind else {})
 
     async def _first_model(self, endpoint: Endpoint) -> str:
         response = await self._client.get(f"{endpoint.url}/models")

@@ -4,18 +4,79 @@ It speaks the subset of `/v1/completions` that the remote engine uses, with vLLM
 extensions: `prompt` as token ids, `return_token_ids`, `logprobs`, `seed`, `top_k`,
 `stop_token_ids`. Use it to serve a checkpoint to remote rollouts or judges where vLLM is not
 installed, and in tests. Run: `python -m reroll.engines.server MODEL_DIR --port 8000`.
+
+Because reroll owns this server, it can also lend its spare capacity to training (ROSE, see
+`reroll.engines.elastic`): a request whose body says `"reroll_kind": "rollout"` is a rollout, any
+other is the endpoint's own (serving) traffic. `GET /v1/load?window_s=S` reports each kind's
+p99 time to first token and time per output token over the last S seconds and the requests in
+flight; `POST /v1/weights` (a safetensors body, header `X-Reroll-Version`) loads new policy
+weights between two decoding steps; `GET /v1/weights_fingerprint` lets the trainer verify them.
 """
 
 from __future__ import annotations
 
 import argparse
+import collections
 import json
+import math
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from urllib.parse import parse_qs, urlparse
 
-from reroll.engines.base import Engine, Request, SamplingParams
+from reroll.engines.base import Completion, Engine, Request, SamplingParams
 from reroll.engines.loop import BackgroundLoop
+
+KINDS = ("serving", "rollout")
+
+
+class LatencyLog:
+    """Finished requests' latencies per kind, for the latency objective of the endpoint's own
+    traffic: (finish time, time to first token, time per output token)."""
+
+    def __init__(self, keep_s: float = 600.0):
+        self.keep_s = keep_s
+        self.done: collections.deque = collections.deque()
+        self.in_flight = dict.fromkeys(KINDS, 0)
+        self._lock = threading.Lock()
+
+    def started(self, kind: str) -> None:
+        with self._lock:
+            self.in_flight[kind] += 1
+
+    def finished(self, kind: str, latency_s: float, out: Completion) -> None:
+        """TTFT is the engine's own measure when it has one, else the whole latency (an upper
+        bound); TPOT spreads the rest over the tokens after the first."""
+        tokens = len(out.token_ids)
+        ttft = out.first_token_s if out.first_token_s is not None else latency_s
+        tpot = (latency_s - ttft) / (tokens - 1) if tokens > 1 else 0.0
+        now = time.perf_counter()
+        with self._lock:
+            self.in_flight[kind] -= 1
+            self.done.append((now, kind, ttft, max(tpot, 0.0)))
+            while self.done and self.done[0][0] < now - self.keep_s:
+                self.done.popleft()
+
+    def report(self, window_s: float) -> dict:
+        since = time.perf_counter() - window_s
+        with self._lock:
+            recent = [d for d in self.done if d[0] >= since]
+            in_flight = dict(self.in_flight)
+        out = {}
+        for kind in KINDS:
+            mine = [d for d in recent if d[1] == kind]
+            out[kind] = {"requests": len(mine), "in_flight": in_flight[kind],
+                         "ttft_p99_s": p99([d[2] for d in mine]),
+                         "tpot_p99_s": p99([d[3] for d in mine])}
+        return out
+
+
+def p99(values: list[float]) -> float | None:
+    """The 99th percentile (nearest rank); None without values."""
+    if not values:
+        return None
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, math.ceil(0.99 * len(ordered)) - 1)]
 
 
 class CompletionServer:
@@ -23,6 +84,7 @@ class CompletionServer:
 
     def __init__(self, engine: Engine, model_name: str, host: str = "127.0.0.1", port: int = 0):
         self.engine, self.model_name = engine, model_name
+        self.latency = LatencyLog()
         self._loop = BackgroundLoop("reroll-server")
         self._http = ThreadingHTTPServer((host, port), _handler(self))
         self._http.daemon_threads = True
@@ -44,7 +106,11 @@ class CompletionServer:
             top_k=max(0, int(body.get("top_k", 0))),
             stop_token_ids=tuple(body.get("stop_token_ids") or ()))
         request = Request(prompt, params, seed=int(body.get("seed") or 0))
+        kind = "rollout" if body.get("reroll_kind") == "rollout" else "serving"
+        self.latency.started(kind)
+        start = time.perf_counter()
         out = self._loop.run(self.engine.generate(request))
+        self.latency.finished(kind, time.perf_counter() - start, out)
         return {
             "id": f"cmpl-{out.request_id}", "object": "text_completion", "created": int(time.time()),
             "model": self.model_name,
@@ -53,7 +119,18 @@ class CompletionServer:
                          "logprobs": {"tokens": [f"token_id:{t}" for t in out.token_ids],
                                       "token_logprobs": out.logprobs}}],
             "usage": {"prompt_tokens": len(prompt), "completion_tokens": len(out.token_ids)},
-        }
+        } | ({"reroll_first_token_s": out.first_token_s} if out.first_token_s is not None else {})
+
+    def load_weights(self, data: bytes, version: int) -> dict:
+        """New weights (safetensors bytes), loaded on the engine's loop between decoding steps."""
+        from safetensors.torch import load
+
+        tensors = load(data)
+
+        async def apply():
+            self.engine.load_weights(tensors.items(), version)
+        self._loop.run(apply())
+        return {"version": version, "fingerprint": self.engine.weights_fingerprint()}
 
     def close(self) -> None:
         self._http.shutdown()
@@ -67,18 +144,29 @@ def _handler(server: CompletionServer) -> type[BaseHTTPRequestHandler]:
             pass
 
         def do_GET(self) -> None:
-            if self.path.rstrip("/") == "/v1/models":
+            url = urlparse(self.path)
+            route = url.path.rstrip("/")
+            if route == "/v1/models":
                 self._reply(200, {"object": "list", "data": [
                     {"id": server.model_name, "object": "model", "owned_by": "reroll"}]})
+            elif route == "/v1/load":
+                window = float(parse_qs(url.query).get("window_s", ["10"])[0])
+                self._reply(200, server.latency.report(window))
+            elif route == "/v1/weights_fingerprint":
+                self._reply(200, {"fingerprint": server.engine.weights_fingerprint()})
             else:
                 self._reply(404, {"error": {"message": f"no route {self.path}"}})
 
         def do_POST(self) -> None:
-            if self.path.rstrip("/") != "/v1/completions":
+            route = self.path.rstrip("/")
+            if route not in ("/v1/completions", "/v1/weights"):
                 return self._reply(404, {"error": {"message": f"no route {self.path}"}})
             try:
-                body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))))
-                self._reply(200, server.complete(body))
+                data = self.rfile.read(int(self.headers.get("Content-Length", 0)))
+                if route == "/v1/weights":
+                    version = int(self.headers.get("X-Reroll-Version", 0))
+                    return self._reply(200, server.load_weights(data, version))
+                self._reply(200, server.complete(json.loads(data)))
             except (ValueError, TypeError, KeyError) as e:
                 self._reply(400, {"error": {"message": str(e)}})
 
@@ -99,7 +187,12 @@ def main() -> None:
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8000)
     parser.add_argument("--max-batch-size", type=int, default=256)
+    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: all)")
     args = parser.parse_args()
+    if args.threads:
+        import torch
+
+        torch.set_num_threads(args.threads)
     from reroll.engines.hf import HFEngine
     from reroll.models.loading import load_model, load_tokenizer
 

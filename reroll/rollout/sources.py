@@ -71,6 +71,12 @@ def lifecycle_metrics(scheduler: RolloutScheduler) -> dict[str, float]:
     return counts
 
 
+def engine_metrics(engine) -> dict[str, float]:
+    """What an engine reports of itself, if it does (an ElasticEngine: how much it lent)."""
+    report = getattr(engine, "metrics", None)
+    return report() if callable(report) else {}
+
+
 def _shutdown(engine) -> None:
     shutdown = getattr(engine, "shutdown", None)  # an engine in its own process
     if shutdown is not None:
@@ -158,7 +164,7 @@ class SyncSource:
         return encode_prompt(self.tokenizer, row, self.config.data.max_prompt_tokens)
 
     def metrics(self) -> dict[str, float]:
-        return self._metrics
+        return self._metrics | engine_metrics(self.engine)
 
     def close(self) -> None:
         _shutdown(self.engine)

@@ -1,0 +1,183 @@
+"""ROSE's elastic rollouts: the lending cap's rule (hand-checked), the serving endpoint's latency
+log, and an ElasticEngine against reroll's real server on loopback around the tiny model's HF
+engine: rollouts are lent while the endpoint is idle, lending stops within a control interval
+once its own traffic nears the objective, and new weights reach both sides (fingerprint)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+import yaml
+from engine_checks import generate_all
+
+from reroll.engines.base import Completion, Request, SamplingParams, fingerprint
+from reroll.engines.elastic import ElasticEngine, ServingObjective, next_cap
+from reroll.engines.hf import HFEngine
+from reroll.engines.remote import RemoteEngine
+from reroll.engines.server import CompletionServer, LatencyLog, p99
+from reroll.models.loading import load_model
+
+pytestmark = pytest.mark.unit
+
+OBJECTIVE = ServingObjective(ttft_p99_s=1.0, tpot_p99_s=0.1, headroom=0.8, max_lent=8)
+
+
+@pytest.mark.parametrize(("cap", "serving", "expected"), [
+    (0, {"requests": 0, "ttft_p99_s": None, "tpot_p99_s": None}, 8),  # idle: lend the most
+    (0, {"requests": 5, "ttft_p99_s": 0.5, "tpot_p99_s": 0.05}, 1),  # within: start at 1
+    (3, {"requests": 5, "ttft_p99_s": 0.5, "tpot_p99_s": 0.05}, 6),  # within: double
+    (6, {"requests": 5, "ttft_p99_s": 0.5, "tpot_p99_s": 0.05}, 8),  # ... up to max_lent
+    (8, {"requests": 5, "ttft_p99_s": 0.81, "tpot_p99_s": 0.05}, 0),  # ttft past 0.8 x 1.0
+    (8, {"requests": 5, "ttft_p99_s": 0.5, "tpot_p99_s": 0.09}, 0),  # tpot past 0.8 x 0.1
+    (8, {"requests": 5, "ttft_p99_s": 0.8, "tpot_p99_s": 0.08}, 8),  # at the line: still fine
+])
+def test_the_lending_cap_follows_the_serving_latency(cap, serving, expected):
+    assert next_cap(cap, serving, OBJECTIVE) == expected
+
+
+def test_p99_is_the_nearest_rank():
+    assert p99([]) is None
+    assert p99([3.0]) == 3.0
+    assert p99([float(i) for i in range(1, 101)]) == 99.0  # rank ceil(0.99 x 100) = 99
+    assert p99([float(i) for i in range(1, 201)]) == 198.0
+
+
+def test_the_latency_log_splits_ttft_and_tpot_per_kind():
+    log = LatencyLog()
+    log.started("serving")
+    log.started("rollout")
+    assert log.report(10)["serving"]["in_flight"] == 1
+    out = Completion("a", [1], [5, 6, 7, 8, 9], [0.0] * 5, "length", 0, first_token_s=0.2)
+    log.finished("serving", 1.0, out)  # 0.2 s to the first token, then 0.8 s for 4 more
+    log.finished("rollout", 3.0, Completion("b", [1], [5], [0.0], "stop", 0))
+    report = log.report(10)
+    assert report["serving"] == {"requests": 1, "in_flight": 0, "ttft_p99_s": 0.2,
+                                 "tpot_p99_s": pytest.approx(0.2)}
+    assert report["rollout"]["ttft_p99_s"] == 3.0  # no engine measure: the whole latency
+    assert report["rollout"]["tpot_p99_s"] == 0.0
+
+
+def test_the_hf_engine_measures_time_to_first_token(tiny_model, tokenizer):
+    engine = HFEngine(load_model(tiny_model), 8, tokenizer.pad_token_id)
+    [out] = generate_all(engine, [Request([1, 2, 3], SamplingParams(6), seed=0)])
+    assert out.first_token_s is not None and 0 < out.first_token_s < 30
+
+
+def rollout_requests(n: int, length: int = 12) -> list[Request]:
+    return [Request([1, 5 + i % 7, 9], SamplingParams(length, temperature=1.0), seed=i)
+            for i in range(n)]
+
+
+@pytest.fixture
+def endpoint(tiny_model, tokenizer):
+    server = CompletionServer(HFEngine(load_model(tiny_model), 64, tokenizer.pad_token_id), "tiny")
+    yield server
+    server.close()
+
+
+def elastic(tiny_model, tokenizer, url: str, objective: ServingObjective) -> ElasticEngine:
+    dedicated = HFEngine(load_model(tiny_model), 64, tokenizer.pad_token_id)
+    return ElasticEngine(dedicated, url, objective, dedicated_max_in_flight=2, model="tiny")
+
+
+def test_rollouts_are_lent_to_an_idle_endpoint_and_weights_reach_both(
+        endpoint, tiny_model, tokenizer):
+    roomy = ServingObjective(ttft_p99_s=60, tpot_p99_s=60, control_interval_s=0.05, max_lent=4)
+    engine = elastic(tiny_model, tokenizer, endpoint.url, roomy)
+    try:
+        time.sleep(0.3)  # a few control intervals: the idle endpoint lends its most
+        assert engine.cap == 4
+        outs = generate_all(engine, rollout_requests(24))
+        assert all(len(o.token_ids) == 12 for o in outs)
+        assert engine.counters.lent > 0 and engine.counters.dedicated > 0
+        assert engine.counters.lent + engine.counters.dedicated == 24
+        assert endpoint.latency.report(60)["rollout"]["requests"] == engine.counters.lent
+        assert endpoint.latency.report(60)["serving"]["requests"] == 0
+
+        new = {n: t + 0.01 for n, t in load_model(tiny_model).state_dict().items()}
+        engine.load_weights(new.items(), version=1)
+        assert engine.weights_fingerprint() == fingerprint(new.items())
+        assert endpoint.engine.weights_fingerprint() == fingerprint(new.items())
+        engine.dedicated.load_weights(((n, t * 2) for n, t in new.items()), version=2)
+        assert engine.weights_fingerprint() != engine.dedicated.weights_fingerprint()
+        assert "serving endpoint" in engine.weights_fingerprint()  # a sync check would stop
+    finally:
+        engine.close()
+
+
+def test_lending_stops_within_a_control_interval_when_serving_latency_nears_the_objective(
+        endpoint, tiny_model, tokenizer):
+    strict = ServingObjective(ttft_p99_s=1e-6, tpot_p99_s=60, control_interval_s=0.05,
+                              window_s=5.0, max_lent=4)
+    engine = elastic(tiny_model, tokenizer, endpoint.url, strict)
+    users = RemoteEngine([endpoint.url])  # the endpoint's own traffic
+    try:
+        time.sleep(0.3)
+        assert engine.cap == 4  # idle so far
+        generate_all(users, rollout_requests(2, length=4))  # any TTFT passes 0.8 x 1e-6
+        deadline = time.perf_counter() + 2 * strict.control_interval_s + 0.5
+        while engine.cap and time.perf_counter() < deadline:
+            time.sleep(0.01)
+        assert engine.cap == 0 and engine.counters.backoffs == 1
+        lent_before = engine.counters.lent
+        generate_all(engine, rollout_requests(12))
+        assert engine.counters.lent == lent_before  # nothing more lent while threatened
+    finally:
+        users.close()
+        engine.close()
+
+
+def test_an_aborted_wait_does_not_block_the_queue(endpoint, tiny_model, tokenizer):
+    engine = elastic(tiny_model, tokenizer, endpoint.url,
+                     ServingObjective(ttft_p99_s=1e-6, tpot_p99_s=1e-6, control_interval_s=0.05))
+    try:
+        async def scenario():
+            waiting = [asyncio.create_task(engine.generate(r)) for r in rollout_requests(4, 200)]
+            await asyncio.sleep(0.05)  # two run on the dedicated engine, two wait for room
+            waiting[2].cancel()  # the third gives up before it gets room
+            return await asyncio.gather(waiting[0], waiting[1], waiting[3])
+
+        outs = asyncio.run(scenario())
+        assert [len(o.token_ids) for o in outs] == [200, 200, 200]
+    finally:
+        engine.close()
+
+
+
+@pytest.mark.e2e
+def test_grpo_lends_rollouts_to_a_serving_endpoint_and_keeps_it_on_the_policy(
+        tmp_path, endpoint, tiny_model, arithmetic):
+    """A 3-step GRPO run with `rollout.serving_endpoint`: the idle endpoint answers part of the
+    rollouts, gets the new weights after every update, and the run's fingerprint check passes."""
+    from reroll.config import load_config
+    from reroll.pipelines.rlvr import train
+    from reroll.tracking import read_metrics
+
+    config = tmp_path / "rl.yaml"
+    config.write_text(yaml.safe_dump({
+        "output_dir": str(tmp_path / "run"), "steps": 3, "model": {"path": tiny_model},
+        "data": {"train": arithmetic["train"], "eval": arithmetic["eval"]},
+        "rollout": {"prompts_per_step": 4, "group_size": 4, "max_new_tokens": 12,
+                    "serving_endpoint": {"url": endpoint.url, "ttft_p99_s": 60,
+                                         "tpot_p99_s": 60, "control_interval_s": 0.05,
+                                         "dedicated_max_in_flight": 4, "max_lent": 8}},
+        "eval": {"every_steps": 0, "max_prompts": 4}, "tracking": {"progress": False}}))
+    train(load_config(config))
+    rows = read_metrics(tmp_path / "run")
+    assert [r["step"] for r in rows] == [1, 2, 3]
+    assert all(r["elastic/lent_frac"] > 0 for r in rows)
+    trained = load_model(str(tmp_path / "run" / "checkpoints" / "step_3"))
+    assert endpoint.engine.weights_fingerprint() == fingerprint(trained.state_dict().items())
+
+
+def test_an_unreachable_serving_endpoint_is_a_config_error(tiny_model):
+    from reroll.config.errors import ConfigError
+    from reroll.config.schema import RolloutConfig
+    from reroll.engines import build_engine
+
+    rollout = RolloutConfig(serving_endpoint={"url": "http://127.0.0.1:9/v1", "ttft_p99_s": 1,
+                                              "tpot_p99_s": 1})
+    with pytest.raises(ConfigError, match="rollout.serving_endpoint.url: .*reroll.engines.server"):
+        build_engine(rollout, tiny_model)
