@@ -117,3 +117,19 @@ def test_unknown_lora_target_module_exits_2_naming_it(tmp_path, warm_model):
     assert result.returncode == 2, result.stderr
     assert "Traceback" not in result.stderr
     assert "c_attn" in result.stderr and "q_proj, up_proj, v_proj" in result.stderr
+
+
+def test_colocated_lora_policy_worker_reproduces_the_in_process_run(tmp_path, warm_model):
+    """The policy behind a worker (colocated with the engine: they take turns) gives the same
+    run as the in-process strategy, reference and merged-weight sync included."""
+    runs = {}
+    for name, distributed in (("plain", {}), ("colocated", {"rollout": {"colocate_with": "policy"}})):
+        data = lora_rl_config(tmp_path / name, warm_model, steps=2, distributed=distributed,
+                              algorithm={"kl": {"coef": 0.05}}, eval={"every_steps": 0},
+                              rollout={"prompts_per_step": 4, "group_size": 4},
+                              train={"micro_batch_size": 16})
+        (tmp_path / name).mkdir()
+        train(load_config(write(tmp_path / name / "rl.yaml", data)))
+        runs[name] = [{k: v for k, v in r.items() if not k.startswith(("time/", "colocation/"))}
+                      for r in read_metrics(tmp_path / name / "run")]
+    assert runs["plain"] == runs["colocated"]
