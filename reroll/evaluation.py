@@ -13,6 +13,7 @@ import argparse
 import json
 import math
 import re
+import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -108,7 +109,8 @@ def evaluate(spec: EvalSpec) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     if spec.threads:
         torch.set_num_threads(spec.threads)
     tokenizer = load_tokenizer(spec.model)
-    engine = _engine(spec, tokenizer)
+    scratch = tempfile.TemporaryDirectory(prefix="reroll-eval-")
+    engine = _engine(spec, tokenizer, Path(scratch.name))
     params = SamplingParams(spec.max_new_tokens, spec.sampling_temperature(), spec.top_p, 0,
                             (tokenizer.eos_token_id,))
     start = time.perf_counter()
@@ -122,6 +124,7 @@ def evaluate(spec: EvalSpec) -> tuple[dict[str, Any], list[dict[str, Any]]]:
         # vLLM's engine core is a process of its own: left to the interpreter's exit it dies
         # first and the client prints EngineDeadError.
         engine.close()
+        scratch.cleanup()
     seconds = time.perf_counter() - start
     results: dict[str, Any] = {"model": spec.model, "task": spec.task, "env": spec.env,
                                "engine": spec.engine, "n": spec.n,
@@ -229,9 +232,9 @@ def _reward_config(spec: EvalSpec):
                           f"{e.errors()[0]['msg']}") from None
 
 
-def _engine(spec: EvalSpec, tokenizer):
+def _engine(spec: EvalSpec, tokenizer, model_dir: Path):
     """The engine named by --engine, built as training builds its rollout engine (its other
-    settings, e.g. vLLM's, at their defaults)."""
+    settings, e.g. vLLM's, at their defaults); `model_dir`: scratch space (`_servable`)."""
     from pydantic import ValidationError
 
     from reroll.config.engines import ENGINE_TYPES
@@ -246,8 +249,21 @@ def _engine(spec: EvalSpec, tokenizer):
             from None
     # The HF engine on the GPU when there is one (`distributed.device: auto`, as training does).
     device = resolve_device("auto", machine_devices()[0])
-    return build_engine(rollout, spec.model, pad_token_id=tokenizer.pad_token_id, seed=spec.seed,
-                        device=device)
+    return build_engine(rollout, _servable(spec, model_dir), pad_token_id=tokenizer.pad_token_id,
+                        seed=spec.seed, device=device)
+
+
+def _servable(spec: EvalSpec, scratch: Path) -> str:
+    """The model folder the engine loads: a LoRA checkpoint (adapter only) is merged into
+    `scratch` first for engines that read folders themselves (vLLM); the hf engine merges on
+    load."""
+    from reroll.export import export
+    from reroll.models.lora import is_adapter_dir
+
+    if spec.engine == "hf" or not is_adapter_dir(spec.model):
+        return spec.model
+    export(spec.model, str(scratch / "merged"), merge=True)
+    return str(scratch / "merged")
 
 
 # -- command line ---------------------------------------------------------------------------------

@@ -23,6 +23,7 @@ from reroll.config.engines import (
     ServingEndpointConfig,
     engine_from_sections,
 )
+from reroll.config.lora import LoRAConfig
 from reroll.config.scheduling import (
     AsyncTrainingConfig,
     SchedulerConfig,
@@ -51,6 +52,8 @@ class ModelConfig(Section):
     dropout: bool = False
     """Keep the model's dropout during training. Off by default: RL needs the trainer's logprobs to
     be the ones the engine sampled with (with GPT-2's 0.1 dropout they differ by up to ~2 nats)."""
+    lora: LoRAConfig | None = None
+    """Train a LoRA adapter instead of all weights (None: full fine-tuning); see docs/lora.md."""
 
 
 class DataConfig(Section):
@@ -410,6 +413,10 @@ class RLRunConfig(Section):
                              "rollout.engine: hf or vllm, and keep remote endpoints for `reroll "
                              "eval`, judges and teachers")
         self.algorithm.resolve_correction(self.off_policy_reasons())
+        if self.model.lora is not None and self.distributed.policy.num_workers > 1:
+            raise ValueError("model.lora trains in one policy process: set "
+                             "distributed.policy.num_workers: 1 (FSDP2 sharding of a LoRA "
+                             "policy is not supported yet)")
         return self
 
 

@@ -30,6 +30,11 @@ class PolicyGroup:
     def forward_logprobs(self, batch: TensorDict, temperature: float = 1.0) -> torch.Tensor:
         return self.cluster.call("forward_logprobs", batch, temperature, dispatch=Dispatch.SPLIT)
 
+    def reference_logprobs(self, batch: TensorDict, temperature: float = 1.0) -> torch.Tensor:
+        """With `model.lora`: the base model's logprobs (the adapter switched off)."""
+        return self.cluster.call("reference_logprobs", batch, temperature,
+                                 dispatch=Dispatch.SPLIT)
+
     def train_step(self, batch: TensorDict, loss_fn: LossFn) -> dict[str, float]:
         per_rank = self.cluster.call("train_step", batch, loss_fn, dispatch=Dispatch.SPLIT)
         return combine_rank_metrics(per_rank)

@@ -20,6 +20,7 @@ from reroll import settings
 from reroll.config.errors import ConfigError
 from reroll.models.files import model_dir_problem, shape_mismatch
 from reroll.models.hints import is_run_output, missing_model_hint
+from reroll.models.lora import adapter_base_path, is_adapter_dir, merge_adapter_dir
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
@@ -39,7 +40,8 @@ def _clear_load_errors(what: str):
         @functools.wraps(load)
         def checked(path: str, *args, **kwargs):
             _check_path(path)
-            problem = model_dir_problem(Path(path).expanduser()) if Path(path).is_dir() else None
+            problem = model_dir_problem(Path(path).expanduser()) \
+                if Path(path).is_dir() and not is_adapter_dir(path) else None
             if problem:
                 raise ConfigError(f"model.path {path}: {problem}")
             try:
@@ -137,10 +139,14 @@ def refuse_unservable(config, path: str) -> None:
 def load_model(path: str, dtype: str = "float32", attn_implementation: str = "auto",
                dropout: bool = False) -> torch.nn.Module:
     """The causal LM at `path` in `dtype`, dropout off unless `dropout`, with an attention
-    implementation that keeps its attention features (`choose_attention`)."""
+    implementation that keeps its attention features (`choose_attention`). A LoRA adapter
+    folder (a LoRA run's checkpoint) loads as its base model with the adapter merged."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
     _check_path(path)
+    if is_adapter_dir(path):
+        base = load_model(adapter_base_path(path), dtype, attn_implementation, dropout)
+        return merge_adapter_dir(base, path)
     config = AutoConfig.from_pretrained(path)
     refuse_unservable(config, path)
     if not dropout:
@@ -159,7 +165,7 @@ def _check_path(path: str) -> None:
     if not local.exists() and path.count("/") == 1 and not path.startswith((".", "/", "~")) \
             and settings.allow_hub():
         return  # a hub id, fetched by transformers (opted in with REROLL_ALLOW_HUB=1)
-    if not (local / "config.json").is_file():
+    if not (local / "config.json").is_file() and not is_adapter_dir(local):
         hub = (f"; if {path!r} is a hub id, set {settings.ALLOW_HUB}=1 to download it"
                if path.count("/") == 1 and not local.parent.exists() and not is_run_output(path)
                else "")

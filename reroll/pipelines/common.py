@@ -20,6 +20,7 @@ from pydantic import BaseModel
 
 from reroll.config.errors import ConfigError, RunStopped
 from reroll.models.files import safetensors_problem
+from reroll.models.lora import is_adapter_dir
 from reroll.tracking.jsonsafe import dumps
 
 CHECKPOINTS = "checkpoints"
@@ -58,8 +59,8 @@ def writable_dir(path: Path, what: str) -> Path:
 def checkpoint_problem(directory: Path) -> str | None:
     """Why `directory` cannot be resumed from (a file missing or cut short), or None. Cheap: it
     reads only file headers (safetensors header vs file size, the zip directory of .pt files)."""
-    if not (directory / "config.json").is_file():
-        return "config.json is missing"
+    if not (directory / "config.json").is_file() and not is_adapter_dir(directory):
+        return "config.json is missing (nor is it a LoRA run's adapter_config.json)"
     shards = sorted(directory.rglob("*.safetensors"))
     if not shards:
         return "no *.safetensors weights"

@@ -31,8 +31,8 @@ from reroll.models.devices import RoleDevice, machine_devices, plan_devices
 from reroll.models.loading import load_model
 from reroll.training.critic import Critic
 from reroll.training.local import LocalStrategy
+from reroll.training.protocols import AdapterOffReference, Policy, Reference
 from reroll.training.protocols import Critic as CriticRole
-from reroll.training.protocols import Policy, Reference
 from reroll.workers.critic import CriticWorker
 from reroll.workers.policy import PolicyWorker
 from reroll.workers.reference import ReferenceWorker
@@ -74,7 +74,8 @@ def policy_spec(c: RLConfig, total_steps: int, plan: Plan) -> WorkerSpec:
         model_path=c.model.path, dtype=c.model.dtype, optimizer=c.optimizer, train=c.train,
         total_steps=total_steps, param_dtype=c.distributed.fsdp_param_dtype,
         attn_implementation=c.model.attn_implementation, dropout=c.model.dropout,
-        device=plan["policy"].device, autocast_bf16=plan["policy"].autocast_bf16), role="policy")
+        device=plan["policy"].device, autocast_bf16=plan["policy"].autocast_bf16,
+        lora=c.model.lora), role="policy")
 
 
 def reference_spec(c: RLConfig, plan: Plan) -> WorkerSpec:
@@ -115,10 +116,13 @@ def _local_roles(c: RLConfig, total_steps: int, pad_token_id: int, plan: Plan) -
     else:
         policy = LocalStrategy(load_model(c.model.path, c.model.dtype, c.model.attn_implementation,
                                           c.model.dropout), c.optimizer, c.train,
-                               total_steps, plan["policy"].device, plan["policy"].autocast_bf16)
+                               total_steps, plan["policy"].device, plan["policy"].autocast_bf16,
+                               c.model.lora)
     # The reference model exists only when a KL term needs it, the critic only for gae.
-    reference = ReferenceGroup(Cluster(reference_spec(c, plan), 1, LocalExecutor())) \
-        if c.algorithm.kl.coef else None
+    reference = None
+    if c.algorithm.kl.coef:
+        reference = AdapterOffReference(policy) if c.model.lora else \
+            ReferenceGroup(Cluster(reference_spec(c, plan), 1, LocalExecutor()))
     critic = Critic(c.algorithm.critic, c.model.path, c.model.dtype, c.optimizer, c.train,
                     total_steps, plan["critic"].device, plan["critic"].autocast_bf16) \
         if c.algorithm.critic else None
@@ -140,7 +144,8 @@ def _local_engine(c: RLConfig, pad_token_id: int, plan: Plan) -> Engine:
 def _ray_roles(c: RLConfig, total_steps: int, pad_token_id: int, plan: Plan) -> Roles:
     d = c.distributed
     ensure_ray(d.ray_address, d.num_cpus)
-    wanted = ("policy", "rollout") + (("reference",) if c.algorithm.kl.coef else ()) \
+    own_reference = bool(c.algorithm.kl.coef) and c.model.lora is None
+    wanted = ("policy", "rollout") + (("reference",) if own_reference else ()) \
         + (("critic",) if c.algorithm.critic else ())
     options = ray_options(d, wanted)
     prefix = f"reroll-{c.name}"
@@ -154,9 +159,11 @@ def _ray_roles(c: RLConfig, total_steps: int, pad_token_id: int, plan: Plan) -> 
     policy = PolicyGroup(cluster(policy_spec(c, total_steps, plan), "policy"))
     clusters = [policy.cluster]
     reference = critic = None
-    if c.algorithm.kl.coef:
+    if own_reference:
         reference = ReferenceGroup(cluster(reference_spec(c, plan), "reference"))
         clusters.append(reference.cluster)
+    elif c.algorithm.kl.coef:  # a LoRA policy: its base model, adapter off
+        reference = AdapterOffReference(policy)
     if c.algorithm.critic:
         critic = CriticProxy(cluster(critic_spec(c, total_steps, plan), "critic"))
         clusters.append(critic.cluster)

@@ -63,7 +63,8 @@ class SFTPipeline:
         self.steps = c.total_steps(len(self.train_set))
         model = load_model(c.model.path, c.model.dtype, c.model.attn_implementation,
                            c.model.dropout)
-        self.policy = LocalStrategy(model, c.optimizer, c.train, total_steps=self.steps)
+        self.policy = LocalStrategy(model, c.optimizer, c.train, total_steps=self.steps,
+                                    lora=c.model.lora)
         self.order: list[int] = []  # the rest of the current pass over the data
         self.data_rng = random.Random(c.seed)
         self.start_step, self.eval_start = 0, None
@@ -149,7 +150,7 @@ class SFTPipeline:
 
     def finish(self, eval_start: float | None, eval_end: float | None, wall_time_s: float) -> dict:
         final = self.run_dir.path / "final"
-        self.policy.model.save_pretrained(final)
+        self.policy.save_model(final)  # with model.lora: the merged model
         self.tokenizer.save_pretrained(final)
         self.tracker.close()
         summary = {"run_dir": str(self.run_dir.path), "steps": self.steps,

@@ -20,9 +20,11 @@ from safetensors.torch import load_file
 from tensordict import TensorDict
 
 from reroll.config.errors import ConfigError, RunStopped
+from reroll.config.lora import LoRAConfig
 from reroll.config.schema import OptimizerConfig, TrainConfig
 from reroll.data.batch import split_micro_batches
 from reroll.models.logprobs import batched_logprobs, load_weights
+from reroll.models.lora import LoRAAdapter
 from reroll.training.memory import limit_heap_fragmentation
 
 LossFn = Callable[[torch.nn.Module, TensorDict], tuple[torch.Tensor, dict[str, float]]]
@@ -121,17 +123,22 @@ class LocalStrategy:
     """One process holds the whole batch (see PolicyGroup.data_parallel_size)."""
 
     def __init__(self, model: torch.nn.Module, optimizer: OptimizerConfig, train: TrainConfig,
-                 total_steps: int, device: str = "cpu", autocast_bf16: bool | None = None):
+                 total_steps: int, device: str = "cpu", autocast_bf16: bool | None = None,
+                 lora: LoRAConfig | None = None):
         """`device`: where the model and its micro-batches go (batches come and results return
         on the CPU); `autocast_bf16`: None follows `train.bf16_autocast` (models.devices plans
-        both)."""
+        both); `lora`: train a LoRA adapter on the frozen model (`model.lora`)."""
         self.device = torch.device(device)
+        # The adapter is injected into `model` itself: the trainer calls the same module.
+        self.adapter = LoRAAdapter(model, lora) if lora is not None else None
         self.model = model.to(self.device).train() if self.device.type != "cpu" else model.train()
         self.autocast_bf16 = train.bf16_autocast if autocast_bf16 is None else autocast_bf16
         enable_gradient_checkpointing(model, train)
         limit_heap_fragmentation()
         self.train_config = train
-        self.optimizer = torch.optim.AdamW(model.parameters(), lr=optimizer.lr, betas=optimizer.betas,
+        # Only trained parameters get AdamW state (with LoRA: the adapter's, a few MB).
+        trained = [p for p in model.parameters() if p.requires_grad]
+        self.optimizer = torch.optim.AdamW(trained, lr=optimizer.lr, betas=optimizer.betas,
                                            weight_decay=optimizer.weight_decay)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer,
@@ -146,10 +153,20 @@ class LocalStrategy:
 
     def forward_logprobs(self, batch: TensorDict, temperature: float = 1.0) -> torch.Tensor:
         """Logprobs [B, L] of every token under the current weights, computed in micro-batches."""
+        if self.adapter is not None:
+            self.model.eval()  # no adapter dropout in scoring passes (train_step turns it back)
         with self.autocast():
             return batched_logprobs(self.model, batch["input_ids"], batch["attention_mask"],
                                     self.train_config.micro_batch_size, temperature,
                                     batch["response_mask"])
+
+    def reference_logprobs(self, batch: TensorDict, temperature: float = 1.0) -> torch.Tensor:
+        """With `model.lora`: logprobs [B, L] of the base model, the adapter switched off (the
+        reference policy of a KL term, without a second copy of the model)."""
+        if self.adapter is None:
+            raise RuntimeError("reference_logprobs needs model.lora (the adapter to switch off)")
+        with self.adapter.disabled():
+            return self.forward_logprobs(batch, temperature)
 
     def train_step(self, batch: TensorDict, loss_fn: LossFn) -> dict[str, float]:
         """One optimizer step over `batch`, accumulated over micro-batches."""
@@ -157,19 +174,34 @@ class LocalStrategy:
                               device=self.device if self.device.type != "cpu" else None)
 
     def state_dict_for_sync(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """The full weights under the plain model's names; with LoRA, merged (what the engines
+        must hold, and what the weight sync's fingerprint check compares)."""
+        if self.adapter is not None:
+            return iter(self.adapter.merged_state_dict().items())
         return iter(self.model.state_dict().items())
+
+    def save_model(self, directory: Path) -> None:
+        """A transformers model folder of the current weights (with LoRA: merged)."""
+        if self.adapter is not None:
+            self.adapter.save_merged(directory)
+        else:
+            self.model.save_pretrained(directory)
 
     # -- checkpoints -----------------------------------------------------------------------------
 
     def save(self, directory: Path, extra: dict[str, Any]) -> None:
-        """HF-format weights plus optimizer, scheduler, RNG states and `extra` (data position, ...).
-        Weights that are not all finite are never written (RunStopped)."""
+        """HF-format weights (with LoRA: the adapter in PEFT's format) plus optimizer, scheduler,
+        RNG states and `extra` (data position, ...). Weights that are not all finite are never
+        written (RunStopped)."""
         bad = next((name for name, p in self.model.named_parameters()
                     if not bool(torch.isfinite(p).all())), None)
         if bad is not None:
             raise RunStopped(f"checkpoint {directory} not written: parameter {bad} holds NaN/inf")
         directory.mkdir(parents=True, exist_ok=True)
-        self.model.save_pretrained(directory)
+        if self.adapter is not None:
+            self.adapter.save(directory)
+        else:
+            self.model.save_pretrained(directory)
         torch.save({
             "optimizer": self.optimizer.state_dict(),
             "scheduler": self.scheduler.state_dict(),
@@ -180,10 +212,13 @@ class LocalStrategy:
 
     def load(self, directory: Path) -> dict[str, Any]:
         """Restore everything `save` wrote; returns its `extra`."""
-        weights = {}
-        for shard in sorted(directory.glob("*.safetensors")):
-            weights.update(load_file(shard))
-        load_weights(self.model, weights, f"checkpoint {directory}")
+        if self.adapter is not None:
+            self.adapter.load(directory)
+        else:
+            weights = {}
+            for shard in sorted(directory.glob("*.safetensors")):
+                weights.update(load_file(shard))
+            load_weights(self.model, weights, f"checkpoint {directory}")
         state = torch.load(directory / TRAINER_STATE, weights_only=False)
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])

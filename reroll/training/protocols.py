@@ -58,6 +58,17 @@ class Reference(Protocol):
         ...
 
 
+class AdapterOffReference:
+    """The reference of a LoRA policy: the policy's own base model with the adapter switched
+    off (`reference_logprobs`), so a KL term needs no second copy of the model."""
+
+    def __init__(self, policy: Any):
+        self.policy = policy
+
+    def logprobs(self, batch: TensorDict, temperature: float = 1.0) -> torch.Tensor:
+        return self.policy.reference_logprobs(batch, temperature)
+
+
 @runtime_checkable
 class Critic(Protocol):
     """The value model(s) of token-level estimators (gae); M > 1 for AsyPPO's ensemble."""

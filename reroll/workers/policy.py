@@ -15,6 +15,7 @@ from typing import Any
 import torch
 from tensordict import TensorDict
 
+from reroll.config.lora import LoRAConfig
 from reroll.config.schema import OptimizerConfig, TrainConfig
 from reroll.distributed.collective import broadcast_buckets, join_group
 from reroll.distributed.packing import TensorSlot, pack
@@ -29,13 +30,14 @@ class PolicyWorker:
     def __init__(self, *, rank: int, world_size: int, model_path: str, dtype: str,
                  optimizer: OptimizerConfig, train: TrainConfig, total_steps: int,
                  param_dtype: str = "float32", attn_implementation: str = "auto",
-                 dropout: bool = False, device: str = "cpu", autocast_bf16: bool | None = None):
+                 dropout: bool = False, device: str = "cpu", autocast_bf16: bool | None = None,
+                 lora: LoRAConfig | None = None):
         self.rank = rank
         model = load_model(model_path, dtype, attn_implementation, dropout)
         if world_size == 1:
             self.strategy: Any = LocalStrategy(model, optimizer, train, total_steps, device,
-                                               autocast_bf16)
-        else:
+                                               autocast_bf16, lora)
+        else:  # (a LoRA policy has one rank: RLRunConfig refuses more)
             self.strategy = FSDP2Strategy(model, optimizer, train, total_steps, param_dtype)
         # LocalStrategy has no offload of its own; FSDP2Strategy's moves its DTensor shards.
         self.optimizer_offload = getattr(self.strategy, "optimizer_offload", None) \
@@ -45,6 +47,10 @@ class PolicyWorker:
 
     def forward_logprobs(self, shard: TensorDict, temperature: float = 1.0) -> torch.Tensor:
         return self.strategy.forward_logprobs(shard, temperature)
+
+    def reference_logprobs(self, shard: TensorDict, temperature: float = 1.0) -> torch.Tensor:
+        """With `model.lora`: the base model's logprobs (the adapter switched off)."""
+        return self.strategy.reference_logprobs(shard, temperature)
 
     def train_step(self, shard: TensorDict, loss_fn: LossFn) -> dict[str, float]:
         if self.optimizer_offload.offloaded:

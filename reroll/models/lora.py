@@ -1,0 +1,183 @@
+"""LoRA adapters on a causal LM, built with PEFT, and the merged weights the engines receive.
+
+`LoRAAdapter` injects PEFT's LoRA layers into the model in place: the trainer keeps calling the
+same transformers model (so the chunked LM head and prompt packing of `models/logprobs.py` work
+unchanged), and the PEFT wrapper is kept beside it for what PEFT does well: switching the adapter
+off (the reference policy), and the adapter's files (`adapter_config.json` +
+`adapter_model.safetensors`, which `PeftModel.from_pretrained` and vLLM's LoRA loader read).
+
+Engines never see LoRA layers: `merged_state_dict` is the plain model's state dict with every
+adapted weight replaced by `W + scale * B A`, under the plain model's names, so every weight sync
+path (in memory, object store, broadcast, vLLM's `reload_weights`) and the fingerprint check
+work on it as on a fully fine-tuned model.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import torch
+
+from reroll.config.errors import ConfigError
+from reroll.config.lora import LoRAConfig
+
+ADAPTER_CONFIG = "adapter_config.json"
+ADAPTER_NAME = "default"
+
+
+def is_adapter_dir(path: str | Path) -> bool:
+    """A folder holding a PEFT adapter (a LoRA run's checkpoint) rather than a full model."""
+    local = Path(path).expanduser()
+    return (local / ADAPTER_CONFIG).is_file() and not (local / "config.json").is_file()
+
+
+def adapter_base_path(path: str | Path) -> str:
+    """The base model an adapter folder was trained on (`base_model_name_or_path`)."""
+    file = Path(path).expanduser() / ADAPTER_CONFIG
+    try:
+        base = json.loads(file.read_text(encoding="utf-8")).get("base_model_name_or_path")
+    except (OSError, ValueError) as e:
+        raise ConfigError(f"{file}: cannot be read ({e})") from None
+    if not base:
+        raise ConfigError(f"{file}: names no base model (base_model_name_or_path)")
+    return str(base)
+
+
+def _linear_types() -> tuple[type, ...]:
+    from transformers.pytorch_utils import Conv1D  # GPT-2's linear layers
+
+    return torch.nn.Linear, Conv1D
+
+
+def linear_module_names(model: torch.nn.Module) -> list[str]:
+    """Full names of the model's leaf linear layers that can carry an adapter. An output head
+    tied to the input embeddings is left out: its merged weight would have to be the
+    embeddings' too."""
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    tied = head is not None and getattr(model.config, "tie_word_embeddings", False)
+    return [name for name, module in model.named_modules()
+            if isinstance(module, _linear_types()) and not (tied and module is head)]
+
+
+def check_targets(model: torch.nn.Module, targets: str | list[str], source: str) -> None:
+    """A ConfigError naming the first of `targets` that matches no linear layer of `model`,
+    with the model's real linear layer names listed."""
+    if isinstance(targets, str):
+        return  # all-linear
+    names = linear_module_names(model)
+    short = sorted({name.rsplit(".", 1)[-1] for name in names})
+    for target in targets:
+        if not any(name == target or name.endswith("." + target) for name in names):
+            kind = getattr(model.config, "model_type", type(model).__name__)
+            raise ConfigError(
+                f"model.lora.target_modules: {source} ({kind}) has no linear layer named "
+                f"{target!r}; its linear layers are {', '.join(short)}")
+
+
+def peft_config(config: LoRAConfig):
+    from peft import LoraConfig
+
+    return LoraConfig(r=config.rank, lora_alpha=config.alpha, lora_dropout=config.dropout,
+                      target_modules=config.target_modules, use_rslora=config.rslora,
+                      bias="none", task_type="CAUSAL_LM")
+
+
+class LoRAAdapter:
+    """The adapter of one trained model: `model` is the transformers model with LoRA layers
+    injected, `peft` the PEFT wrapper around the same modules."""
+
+    def __init__(self, model: torch.nn.Module, config: LoRAConfig):
+        from peft import get_peft_model
+
+        base = str(getattr(model, "name_or_path", "") or "")
+        source = f"model {base}" if base else "the model"
+        check_targets(model, config.target_modules, source)
+        if Path(base).expanduser().exists():  # the adapter's files name an absolute base path
+            model.name_or_path = str(Path(base).expanduser().resolve())
+        self.peft = get_peft_model(model, peft_config(config))
+        self.model = model
+
+    def trainable_parameters(self) -> list[torch.nn.Parameter]:
+        return [p for p in self.model.parameters() if p.requires_grad]
+
+    @contextlib.contextmanager
+    def disabled(self) -> Iterator[None]:
+        """The base model: every LoRA layer passes its input through the frozen weight only."""
+        with self.peft.disable_adapter():
+            yield
+
+    def merged_state_dict(self) -> dict[str, torch.Tensor]:
+        """The plain model's state dict with each adapted weight merged (`W + delta`, in W's
+        dtype, as PEFT's own merge computes it); the LoRA matrices are left out."""
+        from peft.tuners.lora import LoraLayer
+
+        merged = {}
+        for name, module in self.model.named_modules():
+            if isinstance(module, LoraLayer) and ADAPTER_NAME in module.lora_A:
+                base = module.get_base_layer()
+                with torch.no_grad():
+                    delta = module.get_delta_weight(ADAPTER_NAME)
+                    merged[f"{name}.weight"] = base.weight + delta.to(base.weight.dtype)
+        out = {}
+        for key, value in self.model.state_dict().items():
+            if ".lora_" in key:
+                continue
+            plain = key.replace(".base_layer.", ".")
+            out[plain] = merged.get(plain, value).detach()
+        return out
+
+    def adapter_state_dict(self) -> dict[str, torch.Tensor]:
+        from peft import get_peft_model_state_dict
+
+        return get_peft_model_state_dict(self.peft)
+
+    def save(self, directory: Path) -> None:
+        """`adapter_config.json` + `adapter_model.safetensors` (PEFT's format)."""
+        self.peft.save_pretrained(str(directory))
+
+    def load(self, directory: Path) -> None:
+        """The adapter weights `save` wrote, exactly."""
+        from peft import set_peft_model_state_dict
+        from safetensors.torch import load_file
+
+        file = directory / "adapter_model.safetensors"
+        if not file.is_file():
+            raise ConfigError(f"checkpoint {directory}: no adapter_model.safetensors (was it "
+                              f"written by a run without model.lora?)")
+        result = set_peft_model_state_dict(self.peft, load_file(file))
+        unexpected = getattr(result, "unexpected_keys", [])
+        if unexpected:
+            raise ConfigError(f"checkpoint {directory}: the adapter does not fit model.lora "
+                              f"(unexpected {unexpected[:3]})")
+
+    def save_merged(self, directory: Path) -> None:
+        """A plain transformers model folder with the merged weights."""
+        save_merged_model(self.model, self.merged_state_dict(), directory)
+
+
+def save_merged_model(model: torch.nn.Module, state: dict[str, torch.Tensor],
+                      directory: Path) -> None:
+    """`model`'s config with the weights `state` (plain names) as a transformers folder."""
+    from transformers import AutoModelForCausalLM
+
+    with torch.device("meta"):
+        plain = AutoModelForCausalLM.from_config(model.config)
+    plain.load_state_dict(state, strict=False, assign=True)
+    plain.tie_weights()
+    plain.save_pretrained(str(directory))
+
+
+def merge_adapter_dir(model: torch.nn.Module, directory: str | Path) -> torch.nn.Module:
+    """`model` (the base) with the adapter saved in `directory` merged into its weights."""
+    from peft import PeftModel
+
+    try:
+        peft = PeftModel.from_pretrained(model, str(directory))
+    except Exception as e:  # noqa: BLE001 - anything from reading the user's files
+        detail = (str(e).strip().splitlines() or [""])[0][:300]
+        raise ConfigError(f"{directory}: cannot load the LoRA adapter "
+                          f"({type(e).__name__}: {detail})") from None
+    return peft.merge_and_unload()
