@@ -26,9 +26,12 @@ def _mean_loss(per_pair: Tensor, num_pairs: int | None) -> Tensor:
 
 
 def _margin_metrics(chosen_reward: Tensor, rejected_reward: Tensor) -> Metrics:
+    """Mean rewards, margin, and accuracy: the share of pairs ranked right, a tie counting half
+    (a coin flip), so that a policy equal to its reference scores 0.5, not 0."""
     c, r = chosen_reward.detach(), rejected_reward.detach()
+    accuracy = (c > r).float() + 0.5 * (c == r).float()
     return {"reward_chosen": c.mean(), "reward_rejected": r.mean(),
-            "reward_margin": (c - r).mean(), "accuracy": (c > r).float().mean()}
+            "reward_margin": (c - r).mean(), "accuracy": accuracy.mean()}
 
 
 def dpo_loss(pi_c: Tensor, pi_r: Tensor, ref_c: Tensor, ref_r: Tensor, *, beta: float,
