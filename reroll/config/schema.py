@@ -13,7 +13,7 @@ import string
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from reroll.config.algorithm import AlgorithmConfig
 from reroll.config.base import Section, choice
@@ -358,6 +358,14 @@ class JudgeReward(RewardSection):
     timeout_s: float = Field(60.0, gt=0)
     """Per-call limit (retries included); a call past it scores 0 and counts in
     `reward/timeouts`."""
+
+    @field_validator("choices", mode="before")
+    @classmethod
+    def _quoted_words(cls, choices: Any) -> Any:
+        if isinstance(choices, dict) and any(isinstance(k, bool) for k in choices):
+            raise ValueError("YAML reads an unquoted yes/no/on/off/true/false as a boolean: quote "
+                             "the choice words, e.g. {'yes': 1.0, 'no': 0.0}")
+        return choices
 
     @model_validator(mode="after")
     def _check_template(self) -> JudgeReward:

@@ -96,6 +96,8 @@ def test_the_template_is_checked():
         reward_config(model="m", template="{question} {answer}")
     with pytest.raises(ValueError, match="template"):
         reward_config(model="m", template="{question} only")
+    with pytest.raises(ValueError, match="quote the choice words"):
+        reward_config(model="m", choices={True: 1.0, False: 0.0})  # YAML's `{yes: 1, no: 0}`
 
 
 def test_a_judge_on_the_hf_engine_of_the_tiny_model(tiny_model):
