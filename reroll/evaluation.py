@@ -158,13 +158,7 @@ def _sample_task(spec: EvalSpec, engine, tokenizer, params) -> tuple[list, dict[
     from reroll.rollout.sampling import RolloutJob, rollout
 
     rows = load_task(spec)
-    reward = _reward_config(spec)
-    if reward.type == "judge":  # its engine is built by the pipeline layer
-        from reroll.pipelines.judge import build_judge
-
-        rewards = build_runner(reward, build_judge(reward, spec.seed))
-    else:
-        rewards = build_runner(reward)
+    rewards = build_runner(_reward_config(spec))
     try:
         trajectories = rollout(RolloutJob(engine, rewards, tokenizer, params,
                                           spec.max_prompt_tokens), rows, spec.n, spec.seed, step=0)
