@@ -110,7 +110,7 @@ def test_dpo_resume_is_exact_and_reuses_the_reference(tmp_path, tiny_model, pair
 @pytest.mark.parametrize("loss", [{"name": "sigmoid", "label_smoothing": 0.1},
                                   {"name": "ipo", "beta": 0.5},
                                   {"name": "simpo"}, {"name": "orpo"}],
-                         ids=lambda loss: loss["name"] + ("_cdpo" if len(loss) > 1 else ""))
+                         ids=lambda loss: loss["name"] + ("_cdpo" if "label_smoothing" in loss else ""))
 def test_every_loss_trains_and_ranks_better(tmp_path, tiny_model, pairs, loss):
     path = config(tmp_path, tiny_model, pairs, loss=loss, steps=15, eval_every_steps=0,
                   optimizer={"lr": 3e-3})
