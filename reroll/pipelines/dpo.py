@@ -18,7 +18,14 @@ from reroll.algorithms.preference import dpo_loss, ipo_loss, orpo_loss, simpo_lo
 from reroll.config.preference import REFERENCE_FREE, DPOConfig
 from reroll.models.loading import load_model, load_tokenizer
 from reroll.models.logprobs import batched_logprobs, forward_logprobs
-from reroll.pipelines.preference import Pair, PreferencePipeline, chunks, finished, pair_batch
+from reroll.pipelines.preference import (
+    SCORE_MICRO_FACTOR,
+    Pair,
+    PreferencePipeline,
+    chunks,
+    finished,
+    pair_batch,
+)
 from reroll.training.local import LocalStrategy
 
 REFERENCE_FILE = "reference_logprobs.pt"
@@ -106,7 +113,8 @@ class DPOObjective:
         c = self.config
         model = self.strategy.model if c.reference is None else load_model(
             c.reference, c.model.dtype, c.model.attn_implementation)
-        self.reference[name] = score_pairs(model, pairs, self.pad_id, c.train.micro_batch_size)
+        self.reference[name] = score_pairs(model, pairs, self.pad_id,
+                                           SCORE_MICRO_FACTOR * c.train.micro_batch_size)
         self.cache[name] = self.reference[name]
         torch.save(self.cache, self.cache_path)
 
@@ -131,7 +139,8 @@ class DPOObjective:
         """Loss, implicit-reward accuracy and margin on held-out pairs; `logprob_accuracy`: the
         share of pairs whose chosen response the policy itself finds likelier."""
         model = self.strategy.model
-        sums = score_pairs(model, pairs, self.pad_id, self.config.train.micro_batch_size)
+        sums = score_pairs(model, pairs, self.pad_id,
+                           SCORE_MICRO_FACTOR * self.config.train.micro_batch_size)
         counts, ref = token_counts(pairs).reshape(-1), self.reference[name].reshape(-1)
         loss, metrics = PREFERENCE_LOSSES[self.config.loss.name](
             self.config.loss, sums.reshape(-1), counts, ref, None)

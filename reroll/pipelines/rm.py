@@ -17,7 +17,14 @@ from torch import Tensor
 from reroll.algorithms.preference import bradley_terry_loss
 from reroll.config.preference import RMConfig
 from reroll.models.loading import load_scalar_model, load_tokenizer
-from reroll.pipelines.preference import Pair, PreferencePipeline, chunks, finished, pair_batch
+from reroll.pipelines.preference import (
+    SCORE_MICRO_FACTOR,
+    Pair,
+    PreferencePipeline,
+    chunks,
+    finished,
+    pair_batch,
+)
 from reroll.rewards.model import sequence_scores
 from reroll.training.local import LocalStrategy
 
@@ -73,7 +80,7 @@ class RewardModelObjective:
         """Bradley–Terry loss, pairwise accuracy and score margin on held-out pairs."""
         self.strategy.model.eval()
         scores = score_pairs(self.strategy.model, pairs, self.pad_id,
-                             self.config.train.micro_batch_size)
+                             SCORE_MICRO_FACTOR * self.config.train.micro_batch_size)
         loss, metrics = bradley_terry_loss(scores[:, 0], scores[:, 1],
                                            center_coef=self.config.center_coef)
         return {"eval/loss": float(loss)} | {f"eval/{k}": float(v) for k, v in metrics.items()}
