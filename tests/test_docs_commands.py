@@ -120,6 +120,7 @@ ALLOWLIST = {
         "a benchmark on the 135M model (minutes)",
     ".venv/bin/python benchmarks/vs_trl.py": "a benchmark (minutes)",
     ".venv/bin/python benchmarks/vs_trl.py --model small": "a benchmark (minutes)",
+    ".venv/bin/python benchmarks/dpo_vs_trl.py": "a benchmark (minutes)",
     # Run by the tests of their own docs, which write the files the commands need.
     "reroll envs --describe my_envs:MyEnv": "the section's example, my_envs:RepeatCode, is "
                                             "run in a fresh folder with the doc's my_"
