@@ -107,6 +107,22 @@ def cmd_sft(args: argparse.Namespace) -> None:
     show_summary("SFT run finished", train_sft(config))
 
 
+def cmd_dpo(args: argparse.Namespace) -> None:
+    from reroll.config import load_config
+    from reroll.pipelines.dpo import train_dpo
+
+    config = load_config(args.config, args.overrides, expect="dpo")
+    show_summary("DPO run finished", train_dpo(config))
+
+
+def cmd_rm(args: argparse.Namespace) -> None:
+    from reroll.config import load_config
+    from reroll.pipelines.rm import train_rm
+
+    config = load_config(args.config, args.overrides, expect="rm")
+    show_summary("reward model run finished", train_rm(config))
+
+
 def cmd_make_model(args: argparse.Namespace) -> None:
     if args.from_gguf:
         from reroll.models.gguf import import_gguf
@@ -156,8 +172,14 @@ def cmd_make_data(args: argparse.Namespace) -> None:
     for flag in ("direct_frac", "direct_accuracy"):
         if not 0 <= getattr(args, flag) <= 1:
             raise ConfigError(f"--{flag.replace('_', '-')} {getattr(args, flag)}: must be between 0 and 1")
-    paths = write_arithmetic(args.out, args.train_size, args.eval_size, args.seed, levels,
-                             args.direct_frac, args.direct_accuracy)
+    if args.preferences:
+        from reroll.data.preferences import write_arithmetic_preferences
+
+        paths = write_arithmetic_preferences(args.out, args.train_size, args.eval_size,
+                                             args.seed, levels)
+    else:
+        paths = write_arithmetic(args.out, args.train_size, args.eval_size, args.seed, levels,
+                                 args.direct_frac, args.direct_accuracy)
     console.print(f"wrote {paths['train']} and {paths['eval']}")
 
 
@@ -176,7 +198,11 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     for name, fn, text in (("train", cmd_train, "run an RL pipeline (GRPO on verifiable rewards)"),
-                           ("sft", cmd_sft, "supervised fine-tuning on prompt/response data")):
+                           ("sft", cmd_sft, "supervised fine-tuning on prompt/response data"),
+                           ("dpo", cmd_dpo, "preference optimisation on chosen/rejected pairs "
+                            "(DPO, cDPO, IPO, SimPO, ORPO)"),
+                           ("rm", cmd_rm, "train a Bradley-Terry reward model on "
+                            "chosen/rejected pairs")):
         p = sub.add_parser(name, help=text, description=text)
         p.add_argument("config", help="YAML config file")
         p.add_argument("overrides", nargs="*", help="dotted overrides, e.g. optimizer.lr=1e-4 resume=true")
@@ -215,6 +241,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--direct-accuracy", type=float, default=1.0,
                    help="share of those direct answers that are right (the rest copy a number "
                         "from the question)")
+    p.add_argument("--preferences", action="store_true",
+                   help="write preference pairs instead (prompt, chosen: the worked answer, "
+                        "rejected: a wrong one) for `reroll dpo` and `reroll rm`")
     p.add_argument("--seed", type=int, default=0)
     p.set_defaults(fn=cmd_make_data)
 

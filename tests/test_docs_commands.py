@@ -70,12 +70,24 @@ AGENTIC_CHAIN = [
 ]
 """docs/agentic.md's demo commands and docs/eval.md's env evaluation of its run (e2e)."""
 
+PREFERENCES_CHAIN = [
+    "reroll make-model --out models/tiny",
+    "reroll make-data --out data/arithmetic",
+    "reroll sft examples/arithmetic/sft.yaml",
+    "reroll make-data --preferences --out data/arithmetic-pairs",
+    "reroll dpo examples/preferences/dpo.yaml",
+    "reroll rm examples/preferences/rm.yaml",
+]
+"""docs/preferences.md's commands, after the SFT run whose model they start from (e2e)."""
+
 SMALL_BATCH = ["rollout.prompts_per_step=4", "rollout.group_size=2", "train.micro_batch_size=8"]
 SHRINK = {
     "examples/arithmetic/sft.yaml": ["epochs=0.02"],
     "examples/arithmetic/grpo.yaml": [*SMALL_BATCH, "eval.max_prompts=8"],
     "examples/agentic/guess_number_sft.yaml": ["epochs=0.05"],
     "examples/agentic/demo.yaml": [*SMALL_BATCH, "env.eval_episodes=4"],
+    "examples/preferences/dpo.yaml": ["steps=3"],
+    "examples/preferences/rm.yaml": ["steps=3"],
 }
 """Overrides appended to a documented `reroll train|sft CONFIG ...` when it runs here, after the
 documented ones (so they win): fewer SFT epochs and smaller batches, the same code paths. RL
@@ -108,6 +120,7 @@ ALLOWLIST = {
         "a benchmark on the 135M model (minutes)",
     ".venv/bin/python benchmarks/vs_trl.py": "a benchmark (minutes)",
     ".venv/bin/python benchmarks/vs_trl.py --model small": "a benchmark (minutes)",
+    ".venv/bin/python benchmarks/dpo_vs_trl.py": "a benchmark (minutes)",
     # Run by the tests of their own docs, which write the files the commands need.
     "reroll envs --describe my_envs:MyEnv": "the section's example, my_envs:RepeatCode, is "
                                             "run in a fresh folder with the doc's my_"
@@ -185,7 +198,8 @@ def test_commands_are_found_with_continuations_and_comments_stripped():
 def test_every_doc_command_is_run_or_allowlisted():
     """A new documented command must be run by a test here or allowlisted with a reason."""
     commands = doc_commands()
-    known = set(CHEAP) | set(ARITHMETIC_CHAIN) | set(AGENTIC_CHAIN) | set(ALLOWLIST)
+    known = set(CHEAP) | set(ARITHMETIC_CHAIN) | set(AGENTIC_CHAIN) | set(PREFERENCES_CHAIN) \
+        | set(ALLOWLIST)
     unknown = {c: where for c, where in commands.items() if c not in known}
     assert not unknown, f"documented commands neither run nor allowlisted: {unknown}"
     stale = known - set(commands)
@@ -198,7 +212,7 @@ def _training_configs() -> list[tuple[str, list[str]]]:
     found = []
     for command in doc_commands():
         words = shlex.split(command)
-        if words[0] == "reroll" and words[1] in ("train", "sft") and "/" in words[2]:
+        if words[0] == "reroll" and words[1] in ("train", "sft", "dpo", "rm") and "/" in words[2]:
             found.append((words[2], words[3:]))
     return found
 
@@ -250,7 +264,7 @@ def run_documented(command: str, cwd: Path, timeout: int = 600) -> subprocess.Co
     words = shlex.split(command)
     words[0] = words[0].removeprefix(".venv/bin/")
     assert words[0] == "reroll", command
-    if len(words) > 2 and words[1] in ("train", "sft"):
+    if len(words) > 2 and words[1] in ("train", "sft", "dpo", "rm"):
         words += SHRINK.get(words[2], [])
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "2"}
     return subprocess.run([sys.executable, "-c", WITHOUT_EXTRAS, *words[1:]], cwd=cwd, env=env,
@@ -289,6 +303,14 @@ def test_readme_arithmetic_commands_work_in_order(tmp_path):
     grpo = json.loads((cwd / "runs/arithmetic-grpo/summary.json").read_text())
     assert figures["eval_reward_end"] == grpo["eval_reward_end"] and figures["grpo_steps"] == 40
     assert result.stdout.strip() == _figures_tool().render(figures)
+
+
+@pytest.mark.e2e
+def test_preferences_doc_commands_work_in_order(tmp_path):
+    cwd = _project(tmp_path)
+    _run_chain(PREFERENCES_CHAIN, cwd)
+    for run in ("arithmetic-dpo", "arithmetic-rm"):
+        assert (cwd / "runs" / run / "final" / "config.json").is_file()
 
 
 @pytest.mark.e2e

@@ -11,10 +11,12 @@ from pydantic import BaseModel, ValidationError
 
 from reroll.config.agentic import AgenticConfig
 from reroll.config.errors import ConfigError
+from reroll.config.preference import DPOConfig, RMConfig
 from reroll.config.schema import RLConfig, SFTConfig
 
 PIPELINES: dict[str, type[BaseModel]] = {"rlvr": RLConfig, "sft": SFTConfig,
-                                         "agentic": AgenticConfig}
+                                         "agentic": AgenticConfig, "dpo": DPOConfig,
+                                         "rm": RMConfig}
 
 T = TypeVar("T", bound=BaseModel)
 FLOAT = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+")

@@ -10,6 +10,7 @@ from pydantic import BaseModel
 from pydantic_core import PydanticUndefined
 
 from reroll.config.agentic import AgenticConfig
+from reroll.config.preference import DPOConfig, RMConfig
 from reroll.config.schema import RLConfig, SFTConfig
 
 
@@ -81,7 +82,8 @@ def render_markdown() -> str:
              "Generated from the schemas in `reroll/config/` (`python -m reroll.config.reference`).",
              "Unknown keys are errors; a union section picks its variant by `name` (or `type`).", ""]
     for title, model in (("`reroll train` (RLVR)", RLConfig), ("`reroll sft`", SFTConfig),
-                         ("`reroll train` with `pipeline: agentic`", AgenticConfig)):
+                         ("`reroll train` with `pipeline: agentic`", AgenticConfig),
+                         ("`reroll dpo`", DPOConfig), ("`reroll rm`", RMConfig)):
         parts += [f"## {title}", "", *render(model)]
     return "\n".join(parts)
 
@@ -153,5 +155,6 @@ def doc_anchor(schema: type[BaseModel], section: str, model: type[BaseModel]) ->
 
 def _part_title(schema: type[BaseModel]) -> str:
     titles = {"RLConfig": "`reroll train` (RLVR)", "SFTConfig": "`reroll sft`",
-              "AgenticConfig": "`reroll train` with `pipeline: agentic`"}
+              "AgenticConfig": "`reroll train` with `pipeline: agentic`",
+              "DPOConfig": "`reroll dpo`", "RMConfig": "`reroll rm`"}
     return f"## {titles.get(schema.__name__, schema.__name__)}"

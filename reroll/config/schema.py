@@ -9,10 +9,11 @@ owns both fields.
 from __future__ import annotations
 
 import math
+import string
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from reroll.config.algorithm import AlgorithmConfig
 from reroll.config.base import Section, choice
@@ -319,7 +320,100 @@ class PythonReward(RewardSection):
         return self
 
 
-RewardConfig = choice("type", "math", MathReward, CodeReward, CustomReward, PythonReward)
+class ModelReward(RewardSection):
+    """A reward model's score of the response (`reroll rm` trains one): a causal LM with a scalar
+    head, loaded as `AutoModelForSequenceClassification` in a thread of its own, scoring the
+    calls that arrive together in batches."""
+
+    type: Literal["model"] = "model"
+    path: str
+    """Folder of the reward model in Hugging Face format (`runs/<rm run>/final`), with its
+    tokenizer and chat template: the prompt is templated as `reroll rm` did in training."""
+    system_prompt: str | None = None
+    """Prepended as a system message, as `data.system_prompt` was when the model was trained."""
+    batch_size: int = Field(16, ge=1)
+    """Most responses scored in one forward."""
+    max_wait_s: float = Field(0.02, ge=0)
+    """How long a call waits for others to fill a batch before its batch is scored anyway."""
+    max_tokens: int = Field(1024, ge=8)
+    """Longer prompt + response sequences keep their last `max_tokens` tokens."""
+    timeout_s: float = Field(30.0, gt=0)
+    """Per-call limit, the wait for the batch included; a call past it scores 0 and counts in
+    `reward/timeouts`."""
+
+
+JUDGE_TEMPLATE = ("Question: {question}\nReference answer: {reference}\nResponse: {response}\n"
+                  "Is the response correct? Answer yes or no.")
+
+
+class JudgeReward(RewardSection):
+    """A generative judge (an LLM) scores the response: the judge prompt is `template` filled
+    with the question, the response and the row's reference `answer`; its reply is parsed into
+    a verdict, a score on [`score_min`, `score_max`] or one of `choices`, mapped to a reward in
+    the run. The judge runs on a reroll engine of its own (`engine`: a local `hf` model on this
+    event loop, or `remote` endpoints)."""
+
+    type: Literal["judge"] = "judge"
+    model: str
+    """Folder of the judge model (Hugging Face format) with its tokenizer and chat template;
+    with a `remote` engine, the folder of its tokenizer (the prompt is sent as token ids)."""
+    engine: EngineConfig = Field(default_factory=HFEngineConfig)
+    """The judge's engine: `hf` (default; the model in this process) or `remote` endpoints
+    serving it (`python -m reroll.engines.server`, vLLM's OpenAI server)."""
+    max_batch_size: int = Field(64, ge=1)
+    """`hf` engine: most judge requests decoded together."""
+    template: str = JUDGE_TEMPLATE
+    """The judge prompt (sent as the user message of the judge's chat template); fields
+    `{question}`, `{response}` and `{reference}` (the row's `answer`, empty when it has none)."""
+    verdict: Literal["choice", "score"] = "choice"
+    """`choice`: the first of `choices` the reply names; `score`: a number (see `score_pattern`)
+    on [`score_min`, `score_max`], mapped to [0, 1]."""
+    choices: dict[str, float] = Field(default_factory=lambda: {"yes": 1.0, "no": 0.0})
+    """`verdict: choice`: word -> reward (matched as a whole word, case-insensitive)."""
+    score_min: float = 0.0
+    """`verdict: score`: the lowest score of the scale (reward 0)."""
+    score_max: float = 10.0
+    """`verdict: score`: the highest score of the scale (reward 1)."""
+    score_pattern: str | None = None
+    """`verdict: score`: a regex whose first group is the score (None: the reply's last number)."""
+    max_new_tokens: int = Field(32, ge=1)
+    """Longest judge reply."""
+    temperature: float = Field(0.0, ge=0)
+    """Judge sampling temperature (0: greedy; a retry then gets the same reply, so use > 0 when
+    `retries` should help)."""
+    retries: int = Field(2, ge=0, le=10)
+    """Asks again when a reply holds no verdict; past them the call fails (`reward/errors`;
+    every unparseable reply counts in `reward/judge_parse_failures`)."""
+    cache: bool = True
+    """Answer identical judge prompts once (same question, response and reference)."""
+    timeout_s: float = Field(60.0, gt=0)
+    """Per-call limit (retries included); a call past it scores 0 and counts in
+    `reward/timeouts`."""
+
+    @field_validator("choices", mode="before")
+    @classmethod
+    def _quoted_words(cls, choices: Any) -> Any:
+        if isinstance(choices, dict) and any(isinstance(k, bool) for k in choices):
+            raise ValueError("YAML reads an unquoted yes/no/on/off/true/false as a boolean: quote "
+                             "the choice words, e.g. {'yes': 1.0, 'no': 0.0}")
+        return choices
+
+    @model_validator(mode="after")
+    def _check_template(self) -> JudgeReward:
+        fields = {n for _, n, _, _ in string.Formatter().parse(self.template) if n}
+        unknown = fields - {"question", "response", "reference"}
+        if unknown or "response" not in fields:
+            raise ValueError(f"reward.template: fields are {{question}}, {{response}} (required) "
+                             f"and {{reference}}; got {sorted(fields)}")
+        if self.score_max <= self.score_min:
+            raise ValueError("reward.score_max must be above reward.score_min")
+        if self.verdict == "choice" and not self.choices:
+            raise ValueError("reward.choices: name at least one choice")
+        return self
+
+
+RewardConfig = choice("type", "math", MathReward, CodeReward, CustomReward, PythonReward,
+                      ModelReward, JudgeReward)
 
 
 class EvalConfig(Section):
@@ -428,8 +522,9 @@ class RLConfig(RLRunConfig):
     data: DataConfig
     reward: RewardConfig = Field(default_factory=MathReward)
     """How a response is scored, chosen by `type`: `math` (default; math-verify against the
-    row's `answer`), `code` (the row's tests run in the sandbox) or `custom` (your function,
-    `module:function`; the contract is in docs/rewards.md). Each type's keys are below."""
+    row's `answer`), `code` (the row's tests run in the sandbox), `custom` (your function,
+    `module:function`; the contract is in docs/rewards.md), `model` (a reward model's score,
+    docs/preferences.md) or `judge` (an LLM judge's verdict). Each type's keys are below."""
     scheduler: SchedulerConfig = Field(default_factory=SchedulerConfig)
     async_training: AsyncTrainingConfig = Field(default_factory=AsyncTrainingConfig)
     tail_batching: TailBatchingConfig = Field(default_factory=TailBatchingConfig)

@@ -160,6 +160,29 @@ def load_model(path: str, dtype: str = "float32", attn_implementation: str = "au
     return model
 
 
+@_clear_load_errors("model")
+def load_scalar_model(path: str, dtype: str = "float32", attn_implementation: str = "auto",
+                      pad_token_id: int | None = None) -> torch.nn.Module:
+    """A causal LM at `path` (or a reward model saved by `reroll rm`) as
+    `AutoModelForSequenceClassification` with one output: the backbone's weights, a new scalar
+    head when `path` has none. Dropout off; `pad_token_id` recorded in its config, which
+    transformers' own forward needs to find a sequence's last token."""
+    from transformers import AutoConfig, AutoModelForSequenceClassification
+
+    _check_path(path)
+    config = AutoConfig.from_pretrained(path, num_labels=1)
+    refuse_unservable(config, path)
+    without_dropout(config)
+    if pad_token_id is not None:
+        config.pad_token_id = pad_token_id
+    model = AutoModelForSequenceClassification.from_pretrained(
+        path, config=config, dtype=DTYPES[dtype],
+        attn_implementation=choose_attention(config, attn_implementation))
+    disable_dropout(model)
+    model.config.use_cache = False
+    return model
+
+
 def _check_path(path: str) -> None:
     local = Path(path).expanduser()
     if not local.exists() and path.count("/") == 1 and not path.startswith((".", "/", "~")) \

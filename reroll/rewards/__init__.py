@@ -32,6 +32,14 @@ def build_reward(config) -> RewardFn:
         from reroll.rewards.python import python_reward, resolve_recorded
 
         return python_reward(config, resolve_recorded(config))
+    if config.type == "model":
+        from reroll.rewards.model import ModelRewardFn
+
+        return ModelRewardFn(config.path, config.batch_size, config.max_wait_s,
+                             config.max_tokens, config.system_prompt)
+    if config.type == "judge":
+        raise ValueError("reward.type judge needs an engine: the pipeline builds it "
+                         "(reroll.pipelines.judge.build_judge)")
     raise ValueError(f"reward.type {config.type!r} has no implementation")
 
 

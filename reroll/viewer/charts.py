@@ -34,6 +34,11 @@ GROUPS: tuple[GroupSpec, ...] = (
               note="train: mean over the step's rollouts (band: ± std, within the step's lowest "
                    "and highest reward); eval: held-out prompts"),
     GroupSpec("nll", "Negative log-likelihood", ("sft/nll", "eval/nll")),
+    GroupSpec("preference", "Preference accuracy", ("pref/accuracy", "eval/accuracy"),
+              note="share of pairs whose chosen response gets the higher reward (DPO: implicit "
+                   "reward; reward model: score); a tie counts half"),
+    GroupSpec("margin", "Reward margin (chosen - rejected)",
+              ("pref/reward_margin", "eval/reward_margin")),
     GroupSpec("kl", "KL", ("actor/kl_ref", "actor/approx_kl", "actor/approx_kl_k3",
                            "actor/behaviour_kl_k3")),
     GroupSpec("entropy", "Entropy", ("actor/entropy",)),

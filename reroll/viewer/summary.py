@@ -32,6 +32,10 @@ def headline(run: RunData) -> list[Figure]:
     if run.pipeline == "sft":
         figures += [_first_last(run, "train NLL", "sft/nll"),
                     _start_end(run, "eval NLL", "eval/nll", "eval_nll_start", "eval_nll_end")]
+    elif run.pipeline in ("dpo", "rm"):
+        figures += [_first_last(run, "train preference accuracy", "pref/accuracy"),
+                    _start_end(run, "eval preference accuracy", "eval/accuracy",
+                               "eval_accuracy_start", "eval_accuracy_end")]
     else:
         figures += [_first_last(run, "train reward", "train/reward_mean"),
                     _start_end(run, "eval reward", "eval/reward_mean", "eval_reward_start",

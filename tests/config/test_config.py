@@ -104,9 +104,10 @@ def test_sft_config_rejected_by_train(tmp_path):
 @pytest.mark.parametrize("path", sorted((ROOT / "examples").rglob("*.yaml")), ids=lambda p: p.name)
 def test_every_example_config_parses(path):
     from reroll.config.agentic import AgenticConfig
+    from reroll.config.preference import DPOConfig, RMConfig
 
     config = load_config(path)
-    assert isinstance(config, (RLConfig, SFTConfig, AgenticConfig))
+    assert isinstance(config, (RLConfig, SFTConfig, AgenticConfig, DPOConfig, RMConfig))
 
 
 def test_cli_config_error_exits_2_without_traceback(tmp_path):

@@ -1,0 +1,186 @@
+"""reroll dpo vs TRL's DPOTrainer: the same DPO work on the same tiny model and pairs, on CPU.
+
+    .venv/bin/python benchmarks/dpo_vs_trl.py [--steps 60] [--rounds 2] [--threads 2]
+
+Both sides start from the same warm-started model (a short reroll SFT of a freshly built tiny
+model on worked arithmetic solutions) and train on the same preference pairs (`reroll make-data
+--preferences`: chosen the worked right answer, rejected a wrong one), with the same loss (sigmoid
+DPO, beta 0.1), batch (16 pairs), steps, learning rate (constant after 2 warm-up steps, AdamW,
+gradient clip 1.0) and reference (the starting model). TRL gets the pairs in its conversational
+format (it applies the same chat template).
+
+Each training run is a fresh process with the same torch thread count; the sides alternate
+(TRL, reroll, TRL, reroll, ...) so drift of the machine cancels. Timed: TRL's `trainer.train()`;
+reroll's pipeline from its construction (which includes scoring every pair with the reference
+once) to the end of `run()`. Throughput: pairs trained per second. After training, every final
+model is evaluated the same way: held-out preference accuracy of DPO's implicit reward
+beta * log(pi / pi_ref) against the starting model, with reroll's tokenisation.
+
+The last line printed is one JSON object; `throughput_ratio` is reroll's pairs/s over TRL's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+BATCH_PAIRS, BETA, LR = 16, 0.1, 1e-3
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--steps", type=int, default=60, help="training steps per run")
+    p.add_argument("--rounds", type=int, default=2, help="runs per side, alternating")
+    p.add_argument("--threads", type=int, default=2, help="torch threads of each process")
+    p.add_argument("--side", choices=["trl", "reroll"], help=argparse.SUPPRESS)
+    p.add_argument("--work", help=argparse.SUPPRESS)
+    p.add_argument("--out", help=argparse.SUPPRESS)
+    return p.parse_args(argv)
+
+
+def prepare(work: Path, threads: int) -> dict[str, str]:
+    """The warm-started model and the pairs, built once."""
+    import torch
+
+    from reroll.config.schema import SFTConfig
+    from reroll.data.preferences import write_arithmetic_preferences
+    from reroll.data.tasks import write_arithmetic
+    from reroll.models.factory import make_model
+    from reroll.pipelines.sft import train_sft
+
+    torch.set_num_threads(threads)
+    tiny = make_model(work / "tiny", "tiny", seed=0)
+    data = write_arithmetic(work / "arithmetic", 4000, 20, seed=0)
+    sft = train_sft(SFTConfig.model_validate({
+        "output_dir": str(work / "sft"), "model": {"path": str(tiny)},
+        "data": {"train": str(data["train"]), "response_key": "solution"}, "steps": 150,
+        "batch_size": 32, "optimizer": {"lr": 3e-3, "warmup_steps": 10, "schedule": "cosine"},
+        "train": {"micro_batch_size": 32, "num_threads": threads},
+        "tracking": {"progress": False, "tensorboard": False}}))
+    pairs = write_arithmetic_preferences(work / "pairs", 1000, 200, seed=0)
+    return {"model": sft["final_model"], "train": str(pairs["train"]),
+            "eval": str(pairs["eval"])}
+
+
+def run_reroll(paths: dict, steps: int, threads: int, out: Path) -> float:
+    from reroll.config.preference import DPOConfig
+    from reroll.models.loading import load_tokenizer
+    from reroll.pipelines.dpo import DPOObjective
+    from reroll.pipelines.preference import PreferencePipeline
+
+    config = DPOConfig.model_validate({
+        "output_dir": str(out), "model": {"path": paths["model"]},
+        "data": {"train": paths["train"]}, "steps": steps, "batch_size": BATCH_PAIRS,
+        "loss": {"name": "sigmoid", "beta": BETA},
+        "optimizer": {"lr": LR, "warmup_steps": 2, "grad_clip": 1.0},
+        "train": {"micro_batch_size": 2 * BATCH_PAIRS, "num_threads": threads},
+        "tracking": {"progress": False, "tensorboard": False}})
+    tokenizer = load_tokenizer(paths["model"])
+    start = time.perf_counter()
+    PreferencePipeline(config, tokenizer, DPOObjective).run()
+    return time.perf_counter() - start
+
+
+def run_trl(paths: dict, steps: int, threads: int, out: Path) -> float:
+    import torch
+    from datasets import Dataset
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from trl import DPOConfig, DPOTrainer
+
+    torch.set_num_threads(threads)
+    tokenizer = AutoTokenizer.from_pretrained(paths["model"])
+    rows = [json.loads(line) for line in open(paths["train"])]
+    dataset = Dataset.from_list([{
+        "prompt": [{"role": "user", "content": r["prompt"]}],
+        "chosen": [{"role": "assistant", "content": r["chosen"]}],
+        "rejected": [{"role": "assistant", "content": r["rejected"]}]} for r in rows])
+    args = DPOConfig(output_dir=str(out / "trainer"), per_device_train_batch_size=BATCH_PAIRS,
+                     max_steps=steps, learning_rate=LR, lr_scheduler_type="constant_with_warmup",
+                     warmup_steps=2, max_grad_norm=1.0, beta=BETA, loss_type="sigmoid",
+                     report_to="none", save_strategy="no", logging_steps=steps, use_cpu=True,
+                     dataloader_num_workers=0, disable_tqdm=True, seed=0)
+    model = AutoModelForCausalLM.from_pretrained(paths["model"])
+    trainer = DPOTrainer(model=model, args=args, train_dataset=dataset,
+                         processing_class=tokenizer)
+    start = time.perf_counter()
+    trainer.train()
+    seconds = time.perf_counter() - start
+    model.save_pretrained(out / "final")
+    return seconds
+
+
+def held_out_accuracy(paths: dict, model_dir: str, threads: int) -> float:
+    """Share of held-out pairs whose chosen response gets the higher implicit DPO reward (a tie
+    counts half), against the starting model as reference."""
+    import torch
+
+    from reroll.data.preferences import load_preferences
+    from reroll.models.loading import load_model, load_tokenizer
+    from reroll.pipelines.dpo import score_pairs
+    from reroll.pipelines.preference import tokenize_pair
+
+    torch.set_num_threads(threads)
+    tokenizer = load_tokenizer(paths["model"])
+    pairs = [tokenize_pair(tokenizer, row, 512) for row in load_preferences(paths["eval"])]
+    ref = score_pairs(load_model(paths["model"]), pairs, tokenizer.pad_token_id, 64)
+    policy = score_pairs(load_model(model_dir), pairs, tokenizer.pad_token_id, 64)
+    margin = (policy[:, 0] - ref[:, 0]) - (policy[:, 1] - ref[:, 1])
+    return float(((margin > 0).float() + 0.5 * (margin == 0).float()).mean())
+
+
+def child(args: argparse.Namespace) -> None:
+    paths = json.loads(Path(args.work, "paths.json").read_text())
+    out = Path(args.out)
+    run = run_trl if args.side == "trl" else run_reroll
+    seconds = run(paths, args.steps, args.threads, out)
+    accuracy = held_out_accuracy(paths, str(out / "final"), args.threads)
+    print(json.dumps({"seconds": seconds, "accuracy": accuracy}))
+
+
+def main() -> None:
+    args = parse_args()
+    if args.side:
+        child(args)
+        return
+    work = Path(tempfile.mkdtemp(prefix="dpo-vs-trl-"))
+    paths = prepare(work, args.threads)
+    (work / "paths.json").write_text(json.dumps(paths))
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": str(args.threads),
+           "TOKENIZERS_PARALLELISM": "false"}
+    results: dict[str, list[dict]] = {"trl": [], "reroll": []}
+    for i in range(args.rounds):
+        for side in ("trl", "reroll"):
+            done = subprocess.run(
+                [sys.executable, __file__, "--side", side, "--work", str(work), "--out",
+                 str(work / f"{side}-{i}"), "--steps", str(args.steps), "--threads",
+                 str(args.threads)], env=env, capture_output=True, text=True, check=False)
+            if done.returncode != 0:
+                sys.exit(f"{side} run failed:\n{done.stderr[-3000:]}")
+            result = json.loads(done.stdout.strip().splitlines()[-1])
+            results[side].append(result)
+            print(f"{side} round {i}: {result['seconds']:.2f} s, held-out accuracy "
+                  f"{result['accuracy']:.3f}", flush=True)
+    pairs = args.steps * BATCH_PAIRS
+    speed = {s: pairs / statistics.median(r["seconds"] for r in results[s]) for s in results}
+    accuracy = {s: statistics.mean(r["accuracy"] for r in results[s]) for s in results}
+    print(json.dumps({
+        "throughput_ratio": round(speed["reroll"] / speed["trl"], 3),
+        "reroll_pairs_per_s": round(speed["reroll"], 1), "trl_pairs_per_s": round(speed["trl"], 1),
+        "reroll_accuracy": round(accuracy["reroll"], 3),
+        "trl_accuracy": round(accuracy["trl"], 3),
+        "steps": args.steps, "batch_pairs": BATCH_PAIRS, "rounds": args.rounds,
+        "threads": args.threads}))
+
+
+if __name__ == "__main__":
+    main()

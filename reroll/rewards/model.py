@@ -1,0 +1,146 @@
+"""Reward models: a causal LM with a scalar head (`AutoModelForSequenceClassification`,
+`num_labels=1`), as `reroll rm` trains and saves it.
+
+The score of a sequence is the head's output at its last attended token. That is what
+transformers' own sequence-classification forward returns for an unpadded sequence; computing it
+here from the hidden states makes it independent of the pad token (a tokenizer whose pad is its
+EOS would otherwise hide the response's closing EOS).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import torch
+from torch import Tensor
+
+from reroll.config.errors import ConfigError
+from reroll.rewards.base import RewardResult, RewardSample
+
+
+def sequence_scores(model: torch.nn.Module, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
+    """[B] scalar scores of right-padded sequences: the score head at each row's last token."""
+    position_ids = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
+    hidden = model.base_model(input_ids=input_ids, attention_mask=attention_mask,
+                              position_ids=position_ids).last_hidden_state
+    last = attention_mask.long().sum(-1) - 1
+    rows = torch.arange(input_ids.shape[0], device=input_ids.device)
+    return score_head(model)(hidden[rows, last]).squeeze(-1).float()
+
+
+def score_head(model: torch.nn.Module) -> torch.nn.Module:
+    """The scalar head of a transformers sequence-classification model (`score` for the decoder
+    LMs: Llama, Qwen2, Mistral, GPT-2, ...)."""
+    head = getattr(model, "score", None)
+    if head is None:
+        raise ValueError(f"{type(model).__name__} has no `score` head: not a decoder "
+                         f"sequence-classification model")
+    return head
+
+
+class ModelRewardFn:
+    """`reward: {type: model}`: a reward model's score of (prompt, response).
+
+    Calls are gathered into batches: a call waits until `batch_size` calls are pending or
+    `max_wait_s` has passed, then its batch is scored in the model's own thread (one forward,
+    torch releasing the GIL), so scoring never blocks the event loop that runs the engines. The
+    runner's time limit covers the wait and the forward; a failed forward fails the calls of its
+    batch, each counted by the runner."""
+
+    name = "model"
+
+    def __init__(self, path: str, batch_size: int = 16, max_wait_s: float = 0.02,
+                 max_tokens: int = 1024, system_prompt: str | None = None):
+        self.model, self.tokenizer = load_reward_model(path)
+        self.batch_size, self.max_wait_s, self.max_tokens = batch_size, max_wait_s, max_tokens
+        self.system_prompt = system_prompt
+        self.executor = ThreadPoolExecutor(1, thread_name_prefix="reward-model")
+        self.pending: list[tuple[RewardSample, asyncio.Future]] = []
+        self.timer: asyncio.TimerHandle | None = None
+        self.batches = 0
+
+    async def __call__(self, sample: RewardSample) -> RewardResult:
+        loop = asyncio.get_running_loop()
+        future = loop.create_future()
+        self.pending.append((sample, future))
+        if len(self.pending) >= self.batch_size:
+            self._flush(loop)
+        elif self.timer is None:
+            self.timer = loop.call_later(self.max_wait_s, self._flush, loop)
+        score = await future
+        return RewardResult(score, {"reward_model_score": score})
+
+    def _flush(self, loop: asyncio.AbstractEventLoop) -> None:
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
+        batch, self.pending = self.pending, []
+        if not batch:
+            return
+        self.batches += 1
+        work = loop.run_in_executor(self.executor, self.score, [s for s, _ in batch])
+        futures = [f for _, f in batch]
+
+        def deliver(done: asyncio.Future) -> None:
+            error = done.exception()
+            for i, future in enumerate(futures):
+                if future.done():  # its call timed out meanwhile
+                    continue
+                if error is not None:
+                    future.set_exception(error)
+                else:
+                    future.set_result(done.result()[i])
+
+        work.add_done_callback(deliver)
+
+    def encode(self, sample: RewardSample) -> list[int]:
+        """Prompt templated as `reroll rm` trained on it, then the response, closed with EOS
+        unless it was cut at the length limit; the last `max_tokens` tokens."""
+        messages = [{"role": "user", "content": sample.prompt}]
+        if self.system_prompt:
+            messages.insert(0, {"role": "system", "content": self.system_prompt})
+        ids = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True,
+                                                 tokenize=True)
+        ids = list(ids["input_ids"] if hasattr(ids, "keys") else ids)
+        ids += self.tokenizer.encode(sample.response, add_special_tokens=False)
+        if sample.finish_reason != "length":
+            ids.append(self.tokenizer.eos_token_id)
+        return ids[-self.max_tokens:]
+
+    def score(self, samples: list[RewardSample]) -> list[float]:
+        """[B] scores of `samples` (one right-padded forward, no gradients)."""
+        rows = [self.encode(s) for s in samples]
+        width = max(map(len, rows))
+        ids = torch.full((len(rows), width), self.tokenizer.pad_token_id, dtype=torch.long)
+        mask = torch.zeros((len(rows), width), dtype=torch.long)
+        for i, row in enumerate(rows):
+            ids[i, :len(row)], mask[i, :len(row)] = torch.tensor(row), 1
+        with torch.no_grad():
+            return sequence_scores(self.model, ids, mask).tolist()
+
+    def queue_metrics(self) -> dict[str, float]:
+        return {"reward/model_batches": float(self.batches)}
+
+    def close(self) -> None:
+        self.executor.shutdown(wait=False, cancel_futures=True)
+
+
+def load_reward_model(path: str) -> tuple[torch.nn.Module, object]:
+    """The reward model and its tokenizer at `path`; a folder that is not one is a ConfigError."""
+    from transformers import AutoConfig, AutoModelForSequenceClassification, AutoTokenizer
+
+    if not (Path(path) / "config.json").is_file():
+        raise ConfigError(f"reward.path {path}: no Hugging Face model there (config.json "
+                          f"missing); train one with `reroll rm` (its run's `final/`)")
+    config = AutoConfig.from_pretrained(path)
+    if getattr(config, "num_labels", None) != 1:
+        raise ConfigError(f"reward.path {path}: not a reward model (num_labels is "
+                          f"{getattr(config, 'num_labels', None)}, expected 1); train one with "
+                          f"`reroll rm`")
+    model = AutoModelForSequenceClassification.from_pretrained(path).eval()
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return model, tokenizer

@@ -1,0 +1,80 @@
+"""Preference pairs: accepted formats, malformed pairs named by file and line, the arithmetic set."""
+
+import json
+
+import pytest
+
+from reroll.cli import main
+from reroll.config.errors import ConfigError
+from reroll.data.preferences import (
+    arithmetic_preference_rows,
+    load_preferences,
+    write_arithmetic_preferences,
+)
+from reroll.rewards.math import verify_boxed
+
+pytestmark = pytest.mark.unit
+
+GOOD = {"prompt": "2 + 2?", "chosen": "4", "rejected": "5"}
+
+
+def write(tmp_path, *rows) -> str:
+    path = tmp_path / "pairs.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return str(path)
+
+
+def test_prompt_and_messages_rows_with_string_or_message_responses(tmp_path):
+    path = write(tmp_path, GOOD, {
+        "messages": [{"role": "system", "content": "Be brief."},
+                     {"role": "user", "content": "3 + 3?"}],
+        "chosen": [{"role": "assistant", "content": "6"}],
+        "rejected": [{"role": "assistant", "content": "7"}]})
+    rows = load_preferences(path, system_prompt="S")
+    assert [(r.chosen, r.rejected) for r in rows] == [("4", "5"), ("6", "7")]
+    assert rows[0].prompt.messages[0] == {"role": "system", "content": "S"}
+    assert rows[1].prompt.messages[0]["content"] == "Be brief."
+    assert rows[1].prompt.source.endswith("pairs.jsonl:2")
+
+
+@pytest.mark.parametrize("bad, problem", [
+    ({"prompt": "q", "chosen": "", "rejected": "b"}, "`chosen` is empty"),
+    ({"prompt": "q", "chosen": "  ", "rejected": "b"}, "`chosen` is empty"),
+    ({"prompt": "q", "chosen": "a", "rejected": "a "}, "are the same response"),
+    ({"prompt": "q", "chosen": "a"}, "missing `rejected`"),
+    ({"chosen": "a", "rejected": "b"}, "needs a non-empty string `prompt`"),
+    ({"prompt": "q", "chosen": 3, "rejected": "b"}, "`chosen` must be a string"),
+    ({"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}],
+      "chosen": "a", "rejected": "b"}, "must end before the answer"),
+])
+def test_malformed_pairs_name_file_and_line(tmp_path, bad, problem):
+    path = write(tmp_path, GOOD, bad)
+    with pytest.raises(ConfigError) as error:
+        load_preferences(path)
+    assert f"{path}:2" in str(error.value) and problem in str(error.value)
+
+
+def test_a_malformed_pair_exits_2_from_the_cli(tmp_path, capsys, tiny_model):
+    data = write(tmp_path, GOOD, {"prompt": "q", "chosen": "same", "rejected": "same"})
+    config = tmp_path / "dpo.yaml"
+    config.write_text(f"pipeline: dpo\noutput_dir: {tmp_path / 'run'}\nmodel: {{path: {tiny_model}}}\n"
+                      f"data: {{train: {data}}}\ntrain: {{micro_batch_size: 2}}\n")
+    assert main(["dpo", str(config)]) == 2
+    err = capsys.readouterr().err
+    assert "pairs.jsonl:2" in err and "same response" in err and "Traceback" not in err
+
+
+def test_arithmetic_pairs_prefer_the_right_answer():
+    for row in arithmetic_preference_rows(30, seed=3):
+        assert verify_boxed(row["chosen"], row["answer"])[0] == 1.0
+        assert verify_boxed(row["rejected"], row["answer"])[0] == 0.0
+
+
+def test_make_data_preferences_writes_disjoint_splits(tmp_path):
+    assert main(["make-data", "--preferences", "--out", str(tmp_path), "--train-size", "40",
+                 "--eval-size", "10"]) == 0
+    train, held_out = (load_preferences(tmp_path / f"{s}.jsonl") for s in ("train", "eval"))
+    assert len(train) == 40 and len(held_out) == 10
+    assert not {r.prompt.prompt_text for r in train} & {r.prompt.prompt_text for r in held_out}
+    assert write_arithmetic_preferences(tmp_path / "again", 40, 10)["train"].read_text() == \
+        (tmp_path / "train.jsonl").read_text()

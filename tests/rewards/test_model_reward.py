@@ -1,0 +1,83 @@
+"""`reward: {type: model}`: batched scoring in the model's own thread, the same scores as
+transformers' forward, and the runner's time limit and failure counting."""
+
+import asyncio
+
+import pytest
+import torch
+
+from reroll.config.errors import ConfigError
+from reroll.config.schema import RLConfig
+from reroll.models.loading import load_scalar_model, load_tokenizer
+from reroll.rewards import build_reward, build_runner
+from reroll.rewards.base import RewardSample
+from reroll.rewards.model import ModelRewardFn
+
+pytestmark = pytest.mark.unit
+
+SAMPLES = [RewardSample("Sam has 2 apples. How many?", f"The answer is \\boxed{{{n}}}.")
+           for n in range(5)]
+
+
+@pytest.fixture(scope="module")
+def reward_model(tmp_path_factory, tiny_model) -> str:
+    """A reward model as `reroll rm` saves one (here with its head freshly initialised)."""
+    torch.manual_seed(0)
+    out = tmp_path_factory.mktemp("rm")
+    tokenizer = load_tokenizer(tiny_model)
+    load_scalar_model(tiny_model, pad_token_id=tokenizer.pad_token_id).save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    return str(out)
+
+
+def config(reward: dict) -> RLConfig:
+    return RLConfig.model_validate({"steps": 1, "model": {"path": "m"},
+                                    "data": {"train": "t.jsonl"}, "reward": reward})
+
+
+def test_batched_scores_are_transformers_scores(reward_model):
+    from transformers import AutoModelForSequenceClassification
+
+    fn = ModelRewardFn(reward_model, batch_size=4, max_wait_s=0.05)
+
+    async def score_all():
+        return await asyncio.gather(*(fn(s) for s in SAMPLES))
+
+    try:
+        results = asyncio.run(score_all())
+    finally:
+        fn.close()
+    assert fn.batches == 2  # 4 together, then the fifth after max_wait_s
+    model = AutoModelForSequenceClassification.from_pretrained(reward_model).eval()
+    for sample, result in zip(SAMPLES, results, strict=True):
+        ids = torch.tensor([fn.encode(sample)])  # unpadded: transformers pools its last token
+        with torch.no_grad():
+            assert result.score == pytest.approx(float(model(input_ids=ids).logits[0, 0]),
+                                                 abs=1e-5)
+    assert len({r.score for r in results}) == len(SAMPLES)
+    assert fn.encode(SAMPLES[0])[-1] == fn.tokenizer.eos_token_id
+    cut = RewardSample(SAMPLES[0].prompt, SAMPLES[0].response, finish_reason="length")
+    assert fn.encode(cut) == fn.encode(SAMPLES[0])[:-1]
+
+
+def test_a_call_past_the_time_limit_is_a_counted_timeout(reward_model):
+    runner = build_runner(config({"type": "model", "path": reward_model, "timeout_s": 0.2,
+                                  "max_wait_s": 3.0, "batch_size": 8}).reward)
+    try:
+        result = asyncio.run(runner.reward(SAMPLES[0]))
+    finally:
+        runner.close()
+    assert result.score == 0.0 and "timeout" in result.info["error"]
+    assert runner.metrics()["reward/timeouts"] == 1.0
+
+
+def test_the_config_builds_it_and_bad_paths_are_config_errors(reward_model, tiny_model, tmp_path):
+    fn = build_reward(config({"type": "model", "path": reward_model}).reward)
+    assert isinstance(fn, ModelRewardFn) and fn.batch_size == 16
+    fn.close()
+    with pytest.raises(ConfigError, match="config.json missing"):
+        ModelRewardFn(str(tmp_path))
+    with pytest.raises(ConfigError, match="not a reward model"):
+        ModelRewardFn(tiny_model)
+    with pytest.raises(ValueError, match="path"):
+        config({"type": "model"})
