@@ -123,6 +123,14 @@ def cmd_rm(args: argparse.Namespace) -> None:
     show_summary("reward model run finished", train_rm(config))
 
 
+def cmd_distill(args: argparse.Namespace) -> None:
+    from reroll.config import load_config
+    from reroll.pipelines.distill import train_distill
+
+    config = load_config(args.config, args.overrides, expect="distill")
+    show_summary("distillation run finished", train_distill(config))
+
+
 def cmd_make_model(args: argparse.Namespace) -> None:
     if args.from_gguf:
         from reroll.models.gguf import import_gguf
@@ -202,7 +210,9 @@ def build_parser() -> argparse.ArgumentParser:
                            ("dpo", cmd_dpo, "preference optimisation on chosen/rejected pairs "
                             "(DPO, cDPO, IPO, SimPO, ORPO)"),
                            ("rm", cmd_rm, "train a Bradley-Terry reward model on "
-                            "chosen/rejected pairs")):
+                            "chosen/rejected pairs"),
+                           ("distill", cmd_distill, "distil a teacher model's next-token "
+                            "distribution into the model, on SFT data")):
         p = sub.add_parser(name, help=text, description=text)
         p.add_argument("config", help="YAML config file")
         p.add_argument("overrides", nargs="*", help="dotted overrides, e.g. optimizer.lr=1e-4 resume=true")

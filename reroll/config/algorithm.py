@@ -14,6 +14,7 @@ from typing import ClassVar, Literal
 from pydantic import Field, model_validator
 
 from reroll.config.base import Section, choice
+from reroll.config.teacher import TeacherConfig
 
 NormLevel = Literal["group", "batch", "none"]
 LossAgg = Literal["token_mean", "seq_mean_token_mean", "seq_mean_token_sum",
@@ -426,6 +427,19 @@ class CriticConfig(Section):
 # The section
 
 
+class OnPolicyDistillConfig(Section):
+    """On-policy distillation: a teacher scores the student's own samples token by token, and
+    A_t = log pi_teacher(y_t) - log pi_student(y_t) (the per-token reverse KL, negated) is the
+    advantage (docs/distillation.md)."""
+
+    teacher: TeacherConfig
+    mode: Literal["pure", "mixed"] = "pure"
+    """`pure`: the teacher's advantage replaces the task's (no reward needed to learn);
+    `mixed`: it is added to the task's advantage times `coef`."""
+    coef: float = Field(1.0, gt=0)
+    """`mixed` only: the weight of the teacher's per-token advantage."""
+
+
 class AlgorithmConfig(Section):
     """The RL objective: advantage estimator, policy loss and everything around them (KL, entropy,
     normalisation, filters, off-policy corrections, critic). See docs/algorithms.md."""
@@ -465,6 +479,8 @@ class AlgorithmConfig(Section):
     On by default (token TIS, cap 2) whenever the samples can be off-policy; `none` turns it off."""
     critic: CriticConfig | None = None
     """The value model that `advantage: {name: gae}` needs; None: no critic."""
+    distill: OnPolicyDistillConfig | None = None
+    """On-policy distillation from a teacher model (None: none)."""
 
     @model_validator(mode="after")
     def _check_combinations(self) -> AlgorithmConfig:

@@ -10,13 +10,14 @@ import yaml
 from pydantic import BaseModel, ValidationError
 
 from reroll.config.agentic import AgenticConfig
+from reroll.config.distill import DistillConfig
 from reroll.config.errors import ConfigError
 from reroll.config.preference import DPOConfig, RMConfig
 from reroll.config.schema import RLConfig, SFTConfig
 
 PIPELINES: dict[str, type[BaseModel]] = {"rlvr": RLConfig, "sft": SFTConfig,
                                          "agentic": AgenticConfig, "dpo": DPOConfig,
-                                         "rm": RMConfig}
+                                         "rm": RMConfig, "distill": DistillConfig}
 
 T = TypeVar("T", bound=BaseModel)
 FLOAT = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+")

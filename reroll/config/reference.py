@@ -10,6 +10,7 @@ from pydantic import BaseModel
 from pydantic_core import PydanticUndefined
 
 from reroll.config.agentic import AgenticConfig
+from reroll.config.distill import DistillConfig
 from reroll.config.preference import DPOConfig, RMConfig
 from reroll.config.schema import RLConfig, SFTConfig
 
@@ -83,7 +84,8 @@ def render_markdown() -> str:
              "Unknown keys are errors; a union section picks its variant by `name` (or `type`).", ""]
     for title, model in (("`reroll train` (RLVR)", RLConfig), ("`reroll sft`", SFTConfig),
                          ("`reroll train` with `pipeline: agentic`", AgenticConfig),
-                         ("`reroll dpo`", DPOConfig), ("`reroll rm`", RMConfig)):
+                         ("`reroll dpo`", DPOConfig), ("`reroll rm`", RMConfig),
+                         ("`reroll distill`", DistillConfig)):
         parts += [f"## {title}", "", *render(model)]
     return "\n".join(parts)
 
@@ -156,5 +158,6 @@ def doc_anchor(schema: type[BaseModel], section: str, model: type[BaseModel]) ->
 def _part_title(schema: type[BaseModel]) -> str:
     titles = {"RLConfig": "`reroll train` (RLVR)", "SFTConfig": "`reroll sft`",
               "AgenticConfig": "`reroll train` with `pipeline: agentic`",
-              "DPOConfig": "`reroll dpo`", "RMConfig": "`reroll rm`"}
+              "DPOConfig": "`reroll dpo`", "RMConfig": "`reroll rm`",
+              "DistillConfig": "`reroll distill`"}
     return f"## {titles.get(schema.__name__, schema.__name__)}"

@@ -37,6 +37,7 @@ Keys this step adds to the Batch of `reroll.data.batch.collate`:
   multi-turn trajectories bring their own (see `reroll.data.batch`).
 - `index_in_group` [B]: the response's position in its group (AsyPPO's critic shards).
 - `ref_logprobs`, `old_logprobs` [B, T]: the reference's and pi_old's logprobs.
+- `teacher_logprobs` [B, T]: on-policy distillation's teacher's logprobs of the sampled tokens.
 - `is_weights` [B, T]: truncated importance-sampling weights, when `correction.tis` is on.
 - `token_kl` [B, T]: KL(pi_old || pi_ref) per token, when `kl.mode` is `reward`.
 - `values`, `old_values_{m}` [B, T]: the critics' values (mean, each); `advantages`, `returns`.
@@ -115,7 +116,7 @@ class RLPipeline:
         announce_correction(c.algorithm, c.off_policy_reasons())
         self.learner = Learner(self.policy, self.reference, self.critic,
                                     objective.kl_controller(c.algorithm.kl),
-                                    UpdateGuard(c.train.max_skipped_updates))
+                                    UpdateGuard(c.train.max_skipped_updates), self.roles.teacher)
         self.engine = self.task.start(self.roles.engine)
         self.weight_sync = weight_sync_to(self.roles, self.engine)
         # Rollout colocated with the policy: they take turns on the devices at phase boundaries.
@@ -227,7 +228,8 @@ class RLPipeline:
             self.critic.save(directory)
         self.policy.save(directory, {"step": n, **self.task.state_dict(),
                                      "eval_reward_start": self.eval_reward_start,
-                                     "kl_coef": self.learner.kl.value})
+                                     "kl_coef": self.learner.kl.value,
+                                     "teacher_tokens": self.learner.teacher_tokens})
         self.tokenizer.save_pretrained(directory)
         self.run_dir.commit(n)
         prune_checkpoints(self.run_dir, c.checkpoint)
@@ -237,6 +239,7 @@ class RLPipeline:
             self.critic.load(directory)
         extra = self.policy.load(directory)  # last: its RNG state is the one to continue from
         self.learner.kl.value = extra.get("kl_coef", self.learner.kl.value)
+        self.learner.teacher_tokens = extra.get("teacher_tokens", 0)
         self.task.load_state_dict(extra)
         self.start_step, self.eval_reward_start = n, extra["eval_reward_start"]
         self.weight_sync(n)
@@ -286,6 +289,9 @@ class Learner:
     critic: Critic | None
     kl: KLController
     guard: UpdateGuard
+    teacher: Reference | None = None
+    teacher_tokens: int = 0
+    """Response tokens the teacher has scored so far (on-policy distillation's cost)."""
 
 
 def train_on(trajectories: list[Trajectory], config: RLRunConfig, learner: Learner,
@@ -306,7 +312,8 @@ def make_batch(trajectories: list[Trajectory], config: RLRunConfig, learner: Lea
     if not batch.batch_size[0]:
         return batch, metrics | filtered
     kl_coef = learner.kl.value
-    if objective.advantages_before_logprobs(a, learner.reference is not None):
+    if objective.advantages_before_logprobs(a, learner.reference is not None) \
+            and learner.teacher is None:
         # pi_old is then needed only on the samples the update will run on.
         batch, estimated = estimate(batch, a, group_size, kl_coef)
         rows = objective.samples_with_gradient(a, batch, kl_coef,
@@ -315,7 +322,21 @@ def make_batch(trajectories: list[Trajectory], config: RLRunConfig, learner: Lea
     else:
         batch, logprobs = compute_logprobs_and_values(batch, config, learner)
         batch, estimated = estimate(batch, a, group_size, kl_coef)
+        if a.distill is not None:
+            estimated |= distill_advantages(batch, a.distill)
     return batch, metrics | logprobs | estimated | filtered
+
+
+def distill_advantages(batch: TensorDict, cfg) -> dict[str, float]:
+    """On-policy distillation: the teacher's per-token advantage on the student's own tokens
+    (log pi_T - log pi_old) replaces (`pure`) or joins (`mixed`, x `coef`) the task's."""
+    student = batch["old_logprobs"] if "old_logprobs" in batch.keys() \
+        else batch["behaviour_logprobs"]
+    mask = batch["response_mask"]
+    teacher = algorithms.on_policy_distill_advantages(batch["teacher_logprobs"], student, mask)
+    batch["advantages"] = teacher if cfg.mode == "pure" else \
+        batch["advantages"] + cfg.coef * teacher
+    return {"distill/reverse_kl": float(algorithms.masked_mean(-teacher, mask))}
 
 
 # -- collate and filter -------------------------------------------------------------------------
@@ -401,6 +422,10 @@ def compute_logprobs_and_values(batch: TensorDict, config: RLRunConfig, learner:
     metrics: dict[str, float] = {}
     if reference is not None:
         batch["ref_logprobs"] = reference.logprobs(batch, temperature)
+    if learner.teacher is not None:
+        batch["teacher_logprobs"] = learner.teacher.logprobs(batch, temperature)
+        learner.teacher_tokens += int(batch["response_mask"].sum())
+        metrics["distill/teacher_tokens"] = float(learner.teacher_tokens)
     if objective.needs_old_logprobs(a):
         if rows is None:
             batch["old_logprobs"] = policy.forward_logprobs(batch, temperature)

@@ -47,6 +47,8 @@ class Roles:
     clusters: list[Cluster]
     weight_sync: WeightSync
     """Policy -> `engine`, chosen with the roles (in memory, object store or broadcast)."""
+    teacher: Reference | None = None
+    """On-policy distillation's teacher (`algorithm.distill`): logprobs of the samples."""
 
     def shutdown(self) -> None:
         for cluster in self.clusters:
@@ -105,8 +107,24 @@ def rollout_engine_factory(c: RLConfig, pad_token_id: int, plan: Plan):
 def build_roles(c: RLConfig, total_steps: int, pad_token_id: int) -> Roles:
     plan = plan_devices(c, *machine_devices())
     if c.distributed.executor == "ray":
-        return _ray_roles(c, total_steps, pad_token_id, plan)
-    return _local_roles(c, total_steps, pad_token_id, plan)
+        roles = _ray_roles(c, total_steps, pad_token_id, plan)
+    else:
+        roles = _local_roles(c, total_steps, pad_token_id, plan)
+    if c.algorithm.distill is not None:
+        roles.teacher = ReferenceGroup(Cluster(teacher_spec(c, plan), 1, LocalExecutor()))
+    return roles
+
+
+def teacher_spec(c: RLConfig, plan: Plan) -> WorkerSpec:
+    """The teacher of on-policy distillation: a reference worker over the teacher's weights, in
+    the driver's process, on the reference's device."""
+    teacher = c.algorithm.distill.teacher
+    return WorkerSpec(ReferenceWorker, dict(model_path=teacher.path, dtype=teacher.dtype,
+                                            micro_batch_size=c.train.micro_batch_size,
+                                            attn_implementation=c.model.attn_implementation,
+                                            device=plan["reference"].device,
+                                            autocast_bf16=plan["reference"].autocast_bf16),
+                      role="teacher")
 
 
 def _local_roles(c: RLConfig, total_steps: int, pad_token_id: int, plan: Plan) -> Roles:

@@ -1,5 +1,8 @@
 """SFT: token cross-entropy on response tokens, the prompt masked out.
 
+The same run with another loss per step (offline distillation's teacher: `pipelines/distill.py`)
+passes a `step`: it makes each batch's loss, adds its metrics and keeps its state in checkpoints.
+
 A row is `prompt` + a target response (the field named by `data.response_key`), or `messages`
 ending with the assistant's message. The response is tokenised on its own after the templated
 prompt and closed with EOS, exactly the token sequence the RL engine later generates.
@@ -51,7 +54,9 @@ def sft_example(tokenizer, row: PromptRow, response_key: str, max_tokens: int) -
 class SFTPipeline:
     """The SFT run: same run directory, `steps`, `resume` and checkpoint semantics as RL runs."""
 
-    def __init__(self, config: SFTConfig, inputs: TaskInputs | None = None):
+    def __init__(self, config: SFTConfig, inputs: TaskInputs | None = None, step=None):
+        """`step(config, tokenizer, model)`: the step that replaces plain cross-entropy (its
+        `loss(batch)`, `metrics()`, `state_dict()`, `load_state_dict()`, `label`)."""
         self.config = c = config
         set_threads(c.train.num_threads)
         seed_everything(c.seed)
@@ -65,6 +70,7 @@ class SFTPipeline:
                            c.model.dropout)
         self.policy = LocalStrategy(model, c.optimizer, c.train, total_steps=self.steps,
                                     lora=c.model.lora)
+        self.step = step(c, self.tokenizer, model) if step is not None else None
         self.order: list[int] = []  # the rest of the current pass over the data
         self.data_rng = random.Random(c.seed)
         self.start_step, self.eval_start = 0, None
@@ -88,18 +94,21 @@ class SFTPipeline:
             return self.run_dir.finished_summary(c.resume, self.steps)
         if self.start_step == 0:
             self.eval_start = self.eval_nll()
-        bar = ProgressBar(self.steps, "SFT", self.start_step, enabled=c.tracking.progress)
+        label = self.step.label if self.step is not None else "SFT"
+        bar = ProgressBar(self.steps, label, self.start_step, enabled=c.tracking.progress)
         guard = UpdateGuard(c.train.max_skipped_updates)
         for step in range(self.start_step + 1, self.steps + 1):
             timer = Stopwatch()
             batch, _ = collate(self.next_examples(), self.tokenizer.pad_token_id)
-            metrics = self.policy.train_step(batch, objective.sft_loss(batch))
+            loss = objective.sft_loss(batch) if self.step is None else self.step.loss(batch)
+            metrics = self.policy.train_step(batch, loss)
             guard.check(step, metrics)
-            metrics |= guard.metrics()
+            metrics |= guard.metrics() | (self.step.metrics() if self.step is not None else {})
             metrics["time/step_s"] = timer.seconds()
             self.tracker.log(step, metrics)
             self.checkpoint(step)
-            bar.update(step, f"nll {metrics['sft/nll']:.3f}")
+            bar.update(step, f"nll {metrics['sft/nll']:.3f}" if "sft/nll" in metrics
+                       else f"divergence {metrics['distill/divergence']:.3f}")
         bar.close()
         eval_end = self.eval_nll()
         if eval_end is not None:
@@ -123,7 +132,8 @@ class SFTPipeline:
         directory = self.run_dir.staging_dir(step)  # renamed to step_N/ once complete
         self.policy.save(directory, {"step": step, "order": list(self.order),
                                      "data_rng": self.data_rng.getstate(),
-                                     "eval_nll_start": self.eval_start})
+                                     "eval_nll_start": self.eval_start,
+                                     "step_state": self.step.state_dict() if self.step else None})
         self.tokenizer.save_pretrained(directory)
         self.run_dir.commit(step)
         prune_checkpoints(self.run_dir, c.checkpoint)
@@ -136,6 +146,8 @@ class SFTPipeline:
         self.order = list(extra["order"])
         self.data_rng.setstate(extra["data_rng"])
         self.start_step, self.eval_start = step, extra["eval_nll_start"]
+        if self.step is not None:
+            self.step.load_state_dict(extra["step_state"])
 
     def eval_nll(self) -> float | None:
         """Mean response-token negative log-likelihood on the eval set."""
@@ -162,11 +174,11 @@ class SFTPipeline:
         return summary
 
 
-def train_sft(config: SFTConfig, inputs: TaskInputs | None = None) -> dict:
+def train_sft(config: SFTConfig, inputs: TaskInputs | None = None, step=None) -> dict:
     """Run SFT; resuming a run whose checkpoint is at its last step changes nothing. `inputs`:
-    datasets passed as Python objects (`reroll.api.sft`)."""
+    datasets passed as Python objects (`reroll.api.sft`); `step`: see `SFTPipeline`."""
     if config.steps is not None:  # else the step count needs the data: known once it is loaded
         done = RunDir(config.run_dir()).finished_summary(config.resume, config.steps)
         if done is not None:
             return done
-    return SFTPipeline(config, inputs).run()
+    return SFTPipeline(config, inputs, step).run()

@@ -1,0 +1,72 @@
+"""Knowledge distillation losses on a teacher's top-k next-token distribution.
+
+A teacher's full next-token distribution is V numbers per token (49k-152k for real vocabularies);
+the teacher gives its k most likely token ids and their log-probabilities instead, and every loss
+here compares the two models on k + 1 buckets: the teacher's k tokens, and one "tail" bucket
+holding all the other tokens' probability (1 - the k probabilities, for each model). Bucketing
+can only merge probability, so each divergence below is a lower bound of the full-vocabulary one,
+exact when the tail is empty (k = V), and the gap shrinks as the teacher's tail mass does.
+
+Shapes: `student_logprobs` [N, k] are the student's log-probabilities *of the teacher's top-k
+ids* (gathered from its full log-softmax, so they carry gradients), `teacher_logprobs` [N, k];
+every function returns one value per token [N]. Pure tensor functions; hand-checked in
+tests/algorithms/test_distillation.py.
+"""
+
+from __future__ import annotations
+
+import torch
+
+TAIL_FLOOR = 1e-12
+"""Smallest tail probability (the top-k can hold all the mass up to float rounding)."""
+
+
+def bucketed(logprobs: torch.Tensor) -> torch.Tensor:
+    """[N, k] log-probabilities -> [N, k + 1] log-probabilities, the last bucket the rest:
+    log(1 - sum_k p_k), floored at TAIL_FLOOR. The sum is taken in float64: a small tail is the
+    difference of two numbers near 1."""
+    tail = (1 - logprobs.double().exp().sum(-1)).clamp_min(TAIL_FLOOR).log().to(logprobs.dtype)
+    return torch.cat([logprobs, tail[..., None]], -1)
+
+
+def _kl(log_p: torch.Tensor, log_q: torch.Tensor) -> torch.Tensor:
+    """KL(p || q) = sum_i p_i (log p_i - log q_i) over the last dimension."""
+    return (log_p.exp() * (log_p - log_q)).sum(-1)
+
+
+def forward_kl(student_logprobs: torch.Tensor, teacher_logprobs: torch.Tensor) -> torch.Tensor:
+    """KL(teacher || student) per token: mass-covering (the student spreads over every token the
+    teacher finds likely); with one-hot teachers it is cross-entropy. Classic (Hinton) KD."""
+    return _kl(bucketed(teacher_logprobs), bucketed(student_logprobs))
+
+
+def reverse_kl(student_logprobs: torch.Tensor, teacher_logprobs: torch.Tensor) -> torch.Tensor:
+    """KL(student || teacher) per token: mode-seeking (the student may drop teacher modes but is
+    punished for mass where the teacher has little); MiniLLM's objective."""
+    return _kl(bucketed(student_logprobs), bucketed(teacher_logprobs))
+
+
+def generalized_jsd(student_logprobs: torch.Tensor, teacher_logprobs: torch.Tensor,
+                    beta: float = 0.5) -> torch.Tensor:
+    """GKD's generalized Jensen-Shannon divergence per token, with M = beta T + (1 - beta) S:
+    JSD_beta = beta KL(T || M) + (1 - beta) KL(S || M). beta = 0.5 is the symmetric JSD; it moves
+    from forward-KL-like (beta -> 0, in gradient) to reverse-KL-like (beta -> 1)."""
+    if not 0.0 < beta < 1.0:
+        raise ValueError(f"beta must be in (0, 1), got {beta}")
+    log_t, log_s = bucketed(teacher_logprobs), bucketed(student_logprobs)
+    log_m = torch.logsumexp(torch.stack([log_t + torch.log(torch.tensor(beta)),
+                                         log_s + torch.log(torch.tensor(1 - beta))]), 0)
+    return beta * _kl(log_t, log_m) + (1 - beta) * _kl(log_s, log_m)
+
+
+DIVERGENCES = {"forward_kl": forward_kl, "reverse_kl": reverse_kl, "jsd": generalized_jsd}
+
+
+def on_policy_distill_advantages(teacher_logprobs: torch.Tensor, student_logprobs: torch.Tensor,
+                                 mask: torch.Tensor) -> torch.Tensor:
+    """On-policy distillation's per-token advantage, A_t = log pi_T(y_t) - log pi_S(y_t) on the
+    student's own sampled tokens (0 off `mask`): the negative of the single-sample estimate of the
+    per-token reverse KL, so a policy-gradient step on it lowers KL(student || teacher) where the
+    student actually goes (Agarwal et al., GKD; Thinking Machines' on-policy distillation).
+    Shapes [B, T]; no gradient (advantages are constants)."""
+    return ((teacher_logprobs - student_logprobs) * mask).detach()
