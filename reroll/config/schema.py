@@ -288,7 +288,30 @@ class PythonReward(RewardSection):
         return self
 
 
-RewardConfig = choice("type", "math", MathReward, CodeReward, CustomReward, PythonReward)
+class RulesReward(RewardSection):
+    """Instruction-following checks in the IFEval style (word, sentence and paragraph counts,
+    keywords, letter case, JSON or list format, start/end phrases, a language's script), taken
+    from each row's `constraints` column and from `checks`; score = the share of checks passed,
+    optionally mixed with a `<think>...</think>`-then-answer format reward. The check names and
+    their arguments are in docs/multidomain.md (reroll/rewards/rules.py)."""
+
+    type: Literal["rules"] = "rules"
+    checks: list[str | dict[str, Any]] = Field(default_factory=list)
+    """Checks applied to every prompt besides the row's own: a name (`lowercase`) or
+    `{check: NAME, ARG: VALUE}` (`{check: word_count, max: 50}`)."""
+    field: str = Field("constraints", min_length=1)
+    """The dataset column holding each row's list of checks (same forms as `checks`)."""
+    credit: Literal["fractional", "all_or_nothing"] = "fractional"
+    """fractional: the share of checks passed; all_or_nothing: 1.0 only if every check passes."""
+    format_weight: float = Field(0.0, ge=0, le=1)
+    """Weight of the format reward (`<think>` reasoning `</think>` then a non-empty answer);
+    score = (1-w)*checks + w*format. The checks read the answer after `</think>`."""
+    timeout_s: float = Field(5.0, gt=0)
+    """Per-call limit (the checks are pure and fast; this bounds a pathological response)."""
+
+
+RewardConfig = choice("type", "math", MathReward, CodeReward, CustomReward, PythonReward,
+                      RulesReward)
 
 
 class EvalConfig(Section):

@@ -32,6 +32,10 @@ def build_reward(config) -> RewardFn:
         from reroll.rewards.python import python_reward, resolve_recorded
 
         return python_reward(config, resolve_recorded(config))
+    if config.type == "rules":
+        from reroll.rewards.rules import RulesRewardFn
+
+        return RulesRewardFn(config.checks, config.field, config.credit, config.format_weight)
     raise ValueError(f"reward.type {config.type!r} has no implementation")
 
 
