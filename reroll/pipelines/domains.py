@@ -116,7 +116,12 @@ def check_domain(config: RLConfig, tokenizer, spec: DomainConfig, where: str,
 
 def build_domain(config: RLConfig, tokenizer, k: int, spec: DomainConfig) -> Domain:
     where = f"data.domains[{k}] ({spec.name})"
-    rows, eval_rows = read_rows(spec, where, spec.system_prompt or config.data.system_prompt)
+    try:
+        rows, eval_rows = read_rows(spec, where, spec.system_prompt or config.data.system_prompt)
+    except ConfigError as e:
+        message = str(e)
+        raise ConfigError(message if message.startswith(where) else
+                          f"{where}: {message}") from None
     eval_rows = eval_rows[: config.eval.max_prompts]
     check_domain(config, tokenizer, spec, where, {"train": rows, "eval": eval_rows})
     own = config.model_copy(deep=True)
