@@ -188,6 +188,9 @@ class DomainTask:
         if failures and not batch:
             raise RunStopped("every domain's reward failed this step: "
                              + "; ".join(str(f) for f in failures))
+        if not batch:
+            raise RunStopped(f"step {step}: the domains' dynamic-sampling filters dropped every "
+                             f"group of the step (scheduler.refill_filtered: true refills them)")
         self._metrics = metrics | self.overall(metrics)
         return batch
 

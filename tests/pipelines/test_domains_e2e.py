@@ -55,7 +55,7 @@ def domain_config(tmp_path, d, **overrides) -> dict:
             {"name": "add", "train": d["add"][0], "eval": d["add"][1], "weight": 1.0,
              "reward": {"type": "math"}},
             {"name": "rules", "train": d["rules"][0], "eval": d["rules"][1], "weight": 3.0,
-             "reward": {"type": "rules"}}]},
+             "reward": {"type": "rules"}, "dynamic_sampling": {"drop_all_equal": True}}]},
         "rollout": {"prompts_per_step": 4, "group_size": 8, "max_new_tokens": 24},
         "optimizer": {"lr": 3e-4}, "train": {"micro_batch_size": 32},
         "eval": {"every_steps": 3, "temperature": 1.0, "samples_per_prompt": 2},
@@ -82,6 +82,9 @@ def test_two_domains_share_the_batch_by_weight_and_report_their_metrics(tmp_path
                         "groups_filtered", "reward_errors"):
                 assert f"train/{name}/{key}" in r, (name, key)
             assert f"time/{name}/rollout_s" in r
+    # the rules domain's own filter dropped (and refilled) its all-equal groups; add has none
+    assert sum(r["train/rules/groups_filtered"] for r in rows) > 0
+    assert all(r["train/add/groups_filtered"] == 0 for r in rows)
     for name in ("add", "rules"):
         series = [r[f"train/{name}/reward_mean"] for r in rows]
         assert len(set(series)) > 1, (name, series)  # the metric moves
