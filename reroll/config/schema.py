@@ -15,7 +15,7 @@ from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from reroll.config.algorithm import AlgorithmConfig
+from reroll.config.algorithm import AlgorithmConfig, DynamicSamplingConfig
 from reroll.config.base import Section, choice
 from reroll.config.distributed import DistributedConfig
 from reroll.config.engines import (
@@ -58,10 +58,11 @@ class ModelConfig(Section):
 
 
 class DataConfig(Section):
-    """Prompt datasets."""
+    """Prompt datasets: one training set (`train`), or several domains (`domains`)."""
 
-    train: str
-    """Training prompts: a .jsonl or .parquet file with `prompt` and `answer` (or `messages`)."""
+    train: str | None = None
+    """Training prompts: a .jsonl or .parquet file with `prompt` and `answer` (or `messages`).
+    Required unless `domains` is set (then each domain has its own)."""
     eval: str | None = None
     """Held-out prompts in the same format; evaluated every `eval.every_steps`."""
     system_prompt: str | None = None
@@ -71,6 +72,38 @@ class DataConfig(Section):
     file and line (never silently cut). Every train and eval row is checked when loaded, also
     against the model's context (`max_position_embeddings`) with `rollout.max_new_tokens`; a
     `math` or `code` reward also needs every row's `answer`."""
+    domains: list[DomainConfig] | None = None
+    """Multi-domain RLVR (docs/multidomain.md): several domains trained together, each with its
+    prompts (files or a reasoning-gym task), its reward, its share of every step's prompts, its
+    eval set and its dynamic-sampling filter; metrics per domain under `train/<name>/` and
+    `eval/<name>/`. Replaces `train`/`eval`."""
+    reweight: Literal["fixed", "mean_reward"] = "fixed"
+    """How the domains share each step's `rollout.prompts_per_step`: `fixed`: in proportion to
+    their `weight` (shares that do not divide evenly are carried over, so over steps each
+    domain's count stays within one prompt of its share); `mean_reward`: in proportion to
+    `weight * max(reweight_floor, 1 - r)` where r is the domain's moving mean train reward
+    (rewards in [0, 1]): domains with more left to learn get more prompts."""
+    reweight_floor: float = Field(0.1, gt=0, le=1)
+    """`mean_reward`: the smallest factor a solved domain's weight is multiplied by."""
+    reweight_momentum: float = Field(0.8, ge=0, lt=1)
+    """`mean_reward`: r <- momentum * r + (1 - momentum) * the step's mean reward."""
+
+    @model_validator(mode="after")
+    def _train_or_domains(self) -> DataConfig:
+        if self.domains is None:
+            if self.train is None:
+                raise ValueError("data.train is required (or data.domains, a list of domains)")
+            return self
+        if self.train is not None or self.eval is not None:
+            raise ValueError("data.train/data.eval and data.domains exclude each other: with "
+                             "domains, each domain has its own `train` and `eval`")
+        if not self.domains:
+            raise ValueError("data.domains is empty")
+        names = [d.name for d in self.domains]
+        twice = sorted({n for n in names if names.count(n) > 1})
+        if twice:
+            raise ValueError(f"data.domains: names must be unique ({', '.join(twice)} repeated)")
+        return self
 
 
 class OptimizerConfig(Section):
@@ -412,8 +445,90 @@ class JudgeReward(RewardSection):
         return self
 
 
+
+class RulesReward(RewardSection):
+    """Instruction-following checks in the IFEval style (word, sentence and paragraph counts,
+    keywords, letter case, JSON or list format, start/end phrases, a language's script), taken
+    from each row's `constraints` column and from `checks`; score = the share of checks passed,
+    optionally mixed with a `<think>...</think>`-then-answer format reward. The check names and
+    their arguments are in docs/multidomain.md (reroll/rewards/rules.py)."""
+
+    type: Literal["rules"] = "rules"
+    checks: list[str | dict[str, Any]] = Field(default_factory=list)
+    """Checks applied to every prompt besides the row's own: a name (`lowercase`) or
+    `{check: NAME, ARG: VALUE}` (`{check: word_count, max: 50}`)."""
+    field: str = Field("constraints", min_length=1)
+    """The dataset column holding each row's list of checks (same forms as `checks`)."""
+    credit: Literal["fractional", "all_or_nothing"] = "fractional"
+    """fractional: the share of checks passed; all_or_nothing: 1.0 only if every check passes."""
+    format_weight: float = Field(0.0, ge=0, le=1)
+    """Weight of the format reward (`<think>` reasoning `</think>` then a non-empty answer);
+    score = (1-w)*checks + w*format. The checks read the answer after `</think>`."""
+    timeout_s: float = Field(5.0, gt=0)
+    """Per-call limit (the checks are pure and fast; this bounds a pathological response)."""
+
+
 RewardConfig = choice("type", "math", MathReward, CodeReward, CustomReward, PythonReward,
-                      ModelReward, JudgeReward)
+                      ModelReward, JudgeReward, RulesReward)
+
+
+class ReasoningGymSource(Section):
+    """A task of the `reasoning-gym` library, generated procedurally and scored by the
+    library's own `score_answer`."""
+
+    task: str = Field(..., min_length=1)
+    """The task's name in reasoning-gym (`basic_arithmetic`, `leg_counting`, ...; an unknown
+    name is refused at start with the close matches)."""
+    size: int = Field(1000, ge=1)
+    """Training problems generated (the sampler goes round them epoch after epoch)."""
+    seed: int = 0
+    """Generator seed of the training problems."""
+    eval_size: int = Field(0, ge=0)
+    """Held-out problems generated with another seed (`seed + 1000003`); 0: no eval set."""
+    config: dict[str, Any] = Field(default_factory=dict)
+    """The task's own generator options (reasoning-gym's config fields, e.g. `min_terms`)."""
+    answer_format: Literal["tag", "boxed"] = "tag"
+    """How the model is asked to give its answer: `tag`: inside `<answer></answer>`;
+    `boxed`: in `\\boxed{}`. The instruction is appended to every question."""
+
+
+class DomainConfig(Section):
+    """One domain of a multi-domain run: its prompts, reward, share and filter."""
+
+    name: str = Field(..., pattern=r"^[A-Za-z0-9_-]+$")
+    """Names the domain's metrics (`train/<name>/reward_mean`) and its errors."""
+    train: str | list[str] | None = None
+    """Training prompts: a .jsonl/.parquet file or a list of them (rows as in `data.train`).
+    Exactly one of `train` and `reasoning_gym`."""
+    eval: str | None = None
+    """Held-out prompts of the domain (`eval/<name>/reward_mean`)."""
+    reasoning_gym: ReasoningGymSource | None = None
+    """Generate the domain's prompts with reasoning-gym instead of reading files."""
+    reward: RewardConfig | None = None
+    """The domain's reward, any `reward:` type. None: the run's `reward:` section for file
+    domains, reasoning-gym's `score_answer` for `reasoning_gym` domains."""
+    weight: float = Field(1.0, gt=0)
+    """The domain's share of each step's prompts is weight / (sum of the weights)."""
+    dynamic_sampling: DynamicSamplingConfig | None = None
+    """The domain's own dynamic-sampling filter (applied to its groups, refilled from its own
+    prompts when `scheduler.refill_filtered`); None: `algorithm.dynamic_sampling`. The run's
+    `algorithm.dynamic_sampling`, when set, still applies to the whole batch after it."""
+    system_prompt: str | None = None
+    """Prepended as a system message to the domain's rows that have only `prompt` (None:
+    `data.system_prompt`)."""
+
+    @model_validator(mode="after")
+    def _one_source(self) -> DomainConfig:
+        if (self.train is None) == (self.reasoning_gym is None):
+            raise ValueError(f"domain {self.name!r}: give exactly one of `train` (files) and "
+                             f"`reasoning_gym` (a generated task)")
+        if self.reasoning_gym is not None and self.eval is not None:
+            raise ValueError(f"domain {self.name!r}: a reasoning_gym domain's eval set is "
+                             f"generated (reasoning_gym.eval_size), not read from `eval`")
+        return self
+
+
+DataConfig.model_rebuild()
 
 
 class EvalConfig(Section):
@@ -536,9 +651,18 @@ class RLConfig(RLRunConfig):
                            f"{self.async_training.max_staleness} versions old")
         return reasons
 
+    def domain_errors(self) -> list[str]:
+        """Multi-domain runs draw each domain's groups in synchronous rounds of their own."""
+        if self.data.domains is None:
+            return []
+        return [f"data.domains cannot be combined with {name}.enabled (each domain's prompts are "
+                f"drawn in synchronous rounds of their own); turn it off"
+                for name, section in (("async_training", self.async_training),
+                                      ("tail_batching", self.tail_batching)) if section.enabled]
+
     @model_validator(mode="after")
     def _check_combinations(self) -> RLConfig:
-        problems = self.batch_errors() + scheduling_errors(self)
+        problems = self.batch_errors() + scheduling_errors(self) + self.domain_errors()
         if problems:
             raise ValueError("; ".join(problems))
         return self

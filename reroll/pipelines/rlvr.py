@@ -18,6 +18,7 @@ from reroll.data.batch import Trajectory
 from reroll.data.datasets import PromptSampler, load_prompts
 from reroll.engines.base import Engine, SamplingParams
 from reroll.pipelines import rl
+from reroll.pipelines.domains import DomainTask
 from reroll.pipelines.inputs import TaskInputs
 from reroll.pipelines.judge import build_judge
 from reroll.pipelines.task import rollout_row
@@ -98,9 +99,16 @@ class PromptTask:
         self.rewards.close()
 
 
+def prompt_task(config: RLConfig, tokenizer, inputs: TaskInputs | None = None):
+    """The task of an RLVR config: its prompts and reward, or its domains (`data.domains`)."""
+    if config.data.domains is not None:
+        return DomainTask(config, tokenizer, inputs)
+    return PromptTask(config, tokenizer, inputs)
+
+
 def rlvr_pipeline(config: RLConfig, inputs: TaskInputs | None = None) -> rl.RLPipeline:
     """The RL pipeline on the config's prompts and reward."""
-    return rl.RLPipeline(config, functools.partial(PromptTask, inputs=inputs), inputs)
+    return rl.RLPipeline(config, functools.partial(prompt_task, inputs=inputs), inputs)
 
 
 RLVRPipeline = rlvr_pipeline
@@ -110,4 +118,4 @@ RLVRPipeline = rlvr_pipeline
 def train(config: RLConfig, inputs: TaskInputs | None = None) -> dict:
     """Run RLVR under the restart supervisor (`rl.train`); `inputs`: a reward and datasets
     passed as Python objects (`reroll.api.train`)."""
-    return rl.train(config, functools.partial(PromptTask, inputs=inputs), inputs)
+    return rl.train(config, functools.partial(prompt_task, inputs=inputs), inputs)

@@ -11,6 +11,7 @@ from __future__ import annotations
 from reroll.config.errors import ConfigError
 from reroll.data.datasets import PromptRow
 from reroll.models.files import model_context
+from reroll.rewards.rules import check_rows
 from reroll.rollout.sampling import encode_prompt
 
 NEEDS_ANSWER = {"math": "the reference answer", "code": "the test cases"}
@@ -26,6 +27,7 @@ def check_prompts(config, tokenizer, splits: dict[str, list[PromptRow]]) -> None
                           f"{context} tokens ({config.model.path}/config.json)")
     for field, rows in splits.items():
         check_answers(config.reward.type, field, rows)
+        check_rules(config.reward, rows)
         lengths = prompt_lengths(tokenizer, rows)
         check_lengths(field, rows, lengths, config.data.max_prompt_tokens, max_new, context)
 
@@ -38,6 +40,12 @@ def check_answers(reward_type: str, field: str, rows: list[PromptRow]) -> None:
         raise ConfigError(f"{field}: reward.type={reward_type} needs an `answer` column "
                           f"({NEEDS_ANSWER[reward_type]}) in every row; {missing[0].source} has "
                           f"none ({len(missing)} of {len(rows)} rows lack it)")
+
+
+def check_rules(reward, rows: list[PromptRow], where: str = "reward") -> None:
+    """A `rules` reward's checks, per row: unknown names or arguments name the file and line."""
+    if reward.type == "rules":
+        check_rows(rows, reward.field, reward.checks, where)
 
 
 def check_lengths(field: str, rows: list[PromptRow], lengths: list[int], max_prompt: int,

@@ -40,6 +40,10 @@ def build_reward(config) -> RewardFn:
     if config.type == "judge":
         raise ValueError("reward.type judge needs an engine: the pipeline builds it "
                          "(reroll.pipelines.judge.build_judge)")
+    if config.type == "rules":
+        from reroll.rewards.rules import RulesRewardFn
+
+        return RulesRewardFn(config.checks, config.field, config.credit, config.format_weight)
     raise ValueError(f"reward.type {config.type!r} has no implementation")
 
 

@@ -82,6 +82,7 @@ def plan_charts(keys: list[str], non_finite: dict[str, list[int]] | None = None,
                 groups: tuple[GroupSpec, ...] = GROUPS) -> list[Chart]:
     """Charts for the metric names in `keys` (in the order of `groups`, then the unclaimed ones)."""
     non_finite = non_finite or {}
+    groups = with_domains(groups, keys)
     present, claimed, charts = set(keys), set(), []
     for spec in groups:
         chosen = [k for k in spec.keys if k in present]
@@ -105,6 +106,29 @@ def plan_charts(keys: list[str], non_finite: dict[str, list[int]] | None = None,
             charts.append(Chart("metric-" + _slug(key), key, [key], extra=True,
                                 non_finite=_only(non_finite, [key])))
     return charts
+
+
+DOMAIN_CHARTS = (("reward", "Reward by domain", ("train/{}/reward_mean", "eval/{}/reward_mean")),
+                 ("pass", "Pass rate by domain", ("train/{}/pass_rate", "eval/{}/pass_rate")),
+                 ("length", "Response length by domain (tokens)", ("train/{}/response_len_mean",)),
+                 ("truncation", "Truncated responses by domain", ("train/{}/truncated_frac",)),
+                 ("share", "Share of the step's prompts by domain", ("train/{}/share",)),
+                 ("filtered", "Filtered groups by domain", ("train/{}/groups_filtered",)),
+                 ("errors", "Reward errors by domain (cumulative)", ("train/{}/reward_errors",)))
+"""Charts of a multi-domain run (`data.domains`), one curve per domain and split."""
+
+
+def with_domains(groups: tuple[GroupSpec, ...], keys: list[str]) -> tuple[GroupSpec, ...]:
+    """`groups` with the per-domain charts after the first (the overall reward), when the run
+    has domains (metrics `train/<domain>/reward_mean`)."""
+    domains = [k.split("/")[1] for k in keys
+               if k.startswith("train/") and k.endswith("/reward_mean") and k.count("/") == 2]
+    if not domains:
+        return groups
+    extra = tuple(GroupSpec(f"domain-{id_}", title,
+                            tuple(p.format(d) for p in patterns for d in domains))
+                  for id_, title, patterns in DOMAIN_CHARTS)
+    return groups[:1] + extra + groups[1:]
 
 
 def _only(non_finite: dict[str, list[int]], keys: list[str]) -> dict[str, list[int]]:

@@ -69,3 +69,8 @@ def allocates_3gb(sample) -> float:
     """Tries to hold 3 GB (lazily zeroed pages: cheap when it succeeds)."""
     block = bytearray(3 << 30)
     return float(len(block) > 0)
+
+
+def always_raises(sample) -> float:
+    """A verifier that is broken for every sample (a domain whose reward keeps failing)."""
+    raise RuntimeError("broken verifier")
