@@ -55,8 +55,11 @@ ARITHMETIC_CHAIN = [
     "reroll replay runs/arithmetic-grpo --step 11",
     "reroll replay runs/arithmetic-grpo --step 21",
     "reroll replay runs/arithmetic-grpo --step 21 algorithm.loss_agg=seq_mean_token_mean",
+    "reroll distill examples/distill/offline.yaml",
+    "reroll train examples/distill/on_policy.yaml",
 ]
-"""README's and docs/eval.md's arithmetic commands, run in this order (e2e)."""
+"""README's, docs/eval.md's and docs/distillation.md's arithmetic commands, run in this order
+(e2e)."""
 
 AGENTIC_CHAIN = [
     "reroll make-episodes --env guess_number --out data/guess_number/sft.jsonl --episodes 600 "
@@ -84,6 +87,9 @@ SMALL_BATCH = ["rollout.prompts_per_step=4", "rollout.group_size=2", "train.micr
 SHRINK = {
     "examples/arithmetic/sft.yaml": ["epochs=0.02"],
     "examples/arithmetic/grpo.yaml": [*SMALL_BATCH, "eval.max_prompts=8"],
+    "examples/distill/offline.yaml": ["steps=3"],
+    "examples/distill/on_policy.yaml": ["steps=2", "rollout.prompts_per_step=4",
+                                        "eval.max_prompts=8"],
     "examples/agentic/guess_number_sft.yaml": ["epochs=0.05"],
     "examples/agentic/demo.yaml": [*SMALL_BATCH, "env.eval_episodes=4"],
     "examples/preferences/dpo.yaml": ["steps=3"],
@@ -219,7 +225,7 @@ def _training_configs() -> list[tuple[str, list[str]]]:
     found = []
     for command in doc_commands():
         words = shlex.split(command)
-        if words[0] == "reroll" and words[1] in ("train", "sft", "dpo", "rm") and "/" in words[2]:
+        if words[0] == "reroll" and words[1] in ("train", "sft", "dpo", "rm", "distill") and "/" in words[2]:
             found.append((words[2], words[3:]))
     return found
 
@@ -271,7 +277,7 @@ def run_documented(command: str, cwd: Path, timeout: int = 600) -> subprocess.Co
     words = shlex.split(command)
     words[0] = words[0].removeprefix(".venv/bin/")
     assert words[0] == "reroll", command
-    if len(words) > 2 and words[1] in ("train", "sft", "dpo", "rm"):
+    if len(words) > 2 and words[1] in ("train", "sft", "dpo", "rm", "distill"):
         words += SHRINK.get(words[2], [])
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "2"}
     return subprocess.run([sys.executable, "-c", WITHOUT_EXTRAS, *words[1:]], cwd=cwd, env=env,
