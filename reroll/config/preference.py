@@ -164,3 +164,10 @@ class RMConfig(PreferenceRunConfig):
     center_coef: float = Field(0.0, ge=0)
     """Weight of (s_chosen + s_rejected)^2, which keeps the scores centred on 0 (TRL's
     `center_rewards_coefficient`; 0.01 is common). 0: off."""
+
+    @model_validator(mode="after")
+    def _whole_model(self) -> RMConfig:
+        if self.model.lora is not None:
+            raise ValueError("model.lora: `reroll rm` trains the whole reward model (its new "
+                             "scalar head with the backbone); remove the lora section")
+        return self

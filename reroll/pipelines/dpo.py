@@ -95,7 +95,10 @@ class DPOObjective:
         self.label = f"DPO {c.loss.name}"
         model = load_model(c.model.path, c.model.dtype, c.model.attn_implementation,
                            c.model.dropout)
-        self.strategy = LocalStrategy(model, c.optimizer, c.train, total_steps=total_steps)
+        # With model.lora the adapter starts as a no-op, so the reference scored before the
+        # first step (below) is the base model, as without it.
+        self.strategy = LocalStrategy(model, c.optimizer, c.train, total_steps=total_steps,
+                                      lora=c.model.lora)
         self.cache_path = run_dir / REFERENCE_FILE
         self.cache = torch.load(self.cache_path) if self.cache_path.is_file() else {}
         self.reference: dict[str, Tensor] = {}
@@ -150,7 +153,7 @@ class DPOObjective:
         return out
 
     def save_final(self, directory: Path) -> None:
-        self.strategy.model.save_pretrained(directory)
+        self.strategy.save_model(directory)  # with model.lora: the merged model
 
 
 def train_dpo(config: DPOConfig) -> dict:

@@ -120,6 +120,21 @@ def test_every_loss_trains_and_ranks_better(tmp_path, tiny_model, pairs, loss):
     assert (Path(summary["run_dir"]) / REFERENCE_FILE).exists() is not reference_free
 
 
+def test_dpo_with_a_lora_adapter_ranks_better_and_writes_the_merged_model(tmp_path, tiny_model,
+                                                                          pairs):
+    path = config(tmp_path, tiny_model, pairs, steps=15, eval_every_steps=0,
+                  optimizer={"lr": 1e-2})
+    data = yaml.safe_load(path.read_text())
+    data["model"]["lora"] = {"rank": 8, "alpha": 16}
+    path.write_text(yaml.safe_dump(data))
+    summary = train_dpo(load_config(path, expect="dpo"))
+    assert summary["eval_accuracy_end"] > summary["eval_accuracy_start"] + 0.1
+    run = Path(summary["run_dir"])
+    assert (run / "checkpoints" / "step_15" / "adapter_model.safetensors").is_file()
+    merged = load_file(str(run / "final" / "model.safetensors"))  # a plain transformers model
+    assert not any("lora" in name for name in merged)
+
+
 def test_reward_model_ranks_held_out_pairs_and_loads_in_transformers(tmp_path, sft_model, pairs,
                                                                      capsys):
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
