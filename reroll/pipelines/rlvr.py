@@ -19,6 +19,7 @@ from reroll.data.datasets import PromptSampler, load_prompts
 from reroll.engines.base import Engine, SamplingParams
 from reroll.pipelines import rl
 from reroll.pipelines.inputs import TaskInputs
+from reroll.pipelines.roles import remote_reward
 from reroll.pipelines.task import rollout_row
 from reroll.pipelines.validation import check_prompts
 from reroll.rewards import build_runner
@@ -44,7 +45,10 @@ class PromptTask:
         self.eval_rows = load_prompts(c.data.eval, c.data.system_prompt)[: c.eval.max_prompts] \
             if c.data.eval else []
         check_prompts(c, tokenizer, {"data.train": self.train_rows, "data.eval": self.eval_rows})
-        self.rewards = build_runner(c.reward, (inputs or TaskInputs()).reward_fn())
+        inputs = inputs or TaskInputs()
+        # With `distributed.reward` placed, the reward runs in Ray actors on its nodes.
+        self.rewards = build_runner(c.reward, remote_reward(c, inputs.reward_factory)
+                                    or inputs.reward_fn())
         self.stream = PromptStream(PromptSampler(self.train_rows, c.seed))
         self.source = None
         self.engine: Engine | None = None

@@ -9,7 +9,7 @@ from reroll.config import ConfigError
 from reroll.config.distributed import DistributedConfig
 from reroll.config.loading import validate
 from reroll.config.schema import RLConfig
-from reroll.distributed.placement import check_resources, colocated_with_policy
+from reroll.distributed.placement import check_nodes, check_resources, colocated_with_policy
 from reroll.distributed.weight_sync import sync_method
 
 pytestmark = pytest.mark.unit
@@ -115,3 +115,61 @@ def test_colocation_and_weight_sync_method_follow_the_placement():
     assert sync_method(DistributedConfig(executor="ray")) == ("object_store", "gloo")
     assert sync_method(DistributedConfig(executor="ray", weight_sync="broadcast")) == (
         "broadcast", "gloo")
+
+
+# Multi-node placement by custom node resources (no Ray needed: `check_nodes` takes each live
+# node's total resources).
+THREE_NODES = [{"CPU": 1.0, "train": 1.0, "node:10.0.0.1": 1.0, "memory": 1e9},
+               {"CPU": 2.0, "rollout": 1.0},
+               {"CPU": 1.0, "reward": 2.0}]
+
+
+def nodes_error(distributed: dict, roles=("policy", "rollout"), nodes=THREE_NODES) -> str:
+    with pytest.raises(ConfigError) as info:
+        check_nodes(DistributedConfig(**distributed), roles, nodes)
+    return str(info.value)
+
+
+def test_roles_pinned_to_the_nodes_that_offer_their_resources():
+    placed = {"executor": "ray", "policy": {"resources": {"train": 1}},
+              "rollout": {"num_cpus": 2, "resources": {"rollout": 1}},
+              "reward": {"num_workers": 2, "resources": {"reward": 1}}}
+    check_nodes(DistributedConfig(**placed), ("policy", "rollout", "reward"), THREE_NODES)
+
+
+def test_a_resource_no_node_offers_names_the_role_and_the_resource():
+    message = nodes_error({"executor": "ray", "rollout": {"resources": {"gpu_h100": 1}}})
+    assert "distributed.rollout.resources" in message and "'gpu_h100'" in message
+    assert "['reward', 'rollout', 'train']" in message  # what the nodes do offer
+    assert "ray start --resources='{\"gpu_h100\": 1}'" in message
+
+
+def test_cpus_and_resources_must_be_on_one_node():
+    message = nodes_error({"executor": "ray", "rollout": {"num_cpus": 2, "resources":
+                                                          {"train": 1}}})
+    assert "distributed.rollout: no single node has {CPU: 2, train: 1}" in message
+    assert "{CPU: 1, train: 1}" in message and "node:" not in message and "memory" not in message
+
+
+def test_more_of_a_resource_than_every_node_together():
+    message = nodes_error({"executor": "ray", "policy": {"resources": {"reward": 1}},
+                          "reward": {"num_workers": 2, "resources": {"reward": 1}}},
+                         roles=("policy", "rollout", "reward"))
+    assert "distributed.policy/reward.resources" in message
+    assert "reserve 3 of 'reward'" in message and "offer 2" in message
+
+
+@pytest.mark.parametrize("distributed, expected", [
+    ({"executor": "ray", "rollout": {"resources": {"CPU": 2}}}, "ask for CPUs with num_cpus"),
+    ({"executor": "ray", "rollout": {"resources": {"rollout": 0}}}, "amounts must be > 0"),
+    ({"executor": "ray", "rollout": {"devices": [0], "resources": {"rollout": 1}}},
+     "resources with devices"),
+    ({"executor": "ray", "reference": {"colocate_with": "policy", "resources": {"a": 1}}},
+     "resources empty"),
+    ({"executor": "ray", "reward": {"colocate_with": "policy"}}, "distributed.reward runs on CPUs"),
+    ({"executor": "ray", "reward": {"num_cpus": 0}}, "distributed.reward has neither"),
+    ({"reward": {"num_cpus": 1}}, "distributed.reward is only used by the ray executor"),
+    ({"rollout": {"resources": {"rollout": 1}}}, "distributed.rollout.resources is only used"),
+])
+def test_inconsistent_node_placement(distributed, expected):
+    assert expected in rl_error(distributed)
