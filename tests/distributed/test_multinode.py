@@ -136,3 +136,91 @@ def test_a_placement_no_node_meets_stops_before_any_actor_waits(cluster, tmp_pat
     with pytest.raises(ConfigError, match=r"distributed.rollout.resources: no node .* 'gpu_node'"):
         train(config)
     assert not [a for a in ray.util.list_named_actors() if a.startswith("reroll-nowhere")]
+
+
+def test_losing_the_engines_node_replaces_it_on_a_live_node_and_resumes(cluster, tmp_path,
+                                                                        tiny_model, arithmetic):
+    """A second `rollout` node joins; the node the engine lands on is removed after the step-2
+    checkpoint; the restarted run finds the engine a place on the other one."""
+    import ray
+
+    spare = cluster.add_node(num_cpus=NODE_CPUS, resources={"rollout": 1})
+    config = make_config(tmp_path, tiny_model, arithmetic, "lost", **PLACED, max_restarts=1)
+    config.steps = 4
+    marker = tmp_path / "lost" / "checkpoints" / "step_2" / "trainer_state.pt"
+    lost: dict[str, str] = {}
+
+    def remove_the_engines_node():
+        while not marker.exists():
+            time.sleep(0.05)
+        engine = ray.get_actor("reroll-lost-rollout-0")
+        lost["node"] = ray.get(engine.node_id.remote())
+        cluster.remove_node(next(n for n in cluster.worker_nodes if n.node_id == lost["node"]))
+        deadline = time.monotonic() + 120
+        while "replaced" not in lost and time.monotonic() < deadline:
+            try:  # the restarted run's engine
+                node = ray.get(ray.get_actor("reroll-lost-rollout-0").node_id.remote(), timeout=10)
+            except (ValueError, ray.exceptions.RayError):
+                node = None
+            if node not in (None, lost["node"]):
+                lost["replaced"] = node
+            time.sleep(0.05)
+
+    killer = threading.Thread(target=remove_the_engines_node, daemon=True)
+    killer.start()
+    summary = train(config)
+    killer.join(timeout=5)
+    assert summary["restarts"] == 1
+    alive = {n["NodeID"]: n["Resources"] for n in ray.nodes() if n["Alive"]}
+    assert lost["node"] not in alive and len(alive) == 3
+    assert "rollout" in alive[lost["replaced"]]  # the other rollout node took the engine
+    rows = read_metrics(tmp_path / "lost")
+    assert [r["step"] for r in rows] == [1, 2, 3, 4]  # steps after the checkpoint were redone
+    assert all(r.get("fault/restarts") == 1 for r in rows[2:])
+    assert "fault/restarts" not in rows[0]
+    assert {spare.node_id, node_of("rollout")} >= {lost["replaced"]}
+
+
+def test_a_reward_actor_whose_node_is_lost_is_restarted_on_a_live_node(cluster):
+    """Rewards are pure functions of the sample: Ray restarts the actor where the role's
+    resource is still offered, and calls go on (`reward/actor_restarts` counts it)."""
+    import asyncio
+    import functools
+
+    from reroll.config.schema import MathReward
+    from reroll.distributed.reward_actor import start_reward_actors
+    from reroll.rewards import build_reward
+    from reroll.rewards.base import RewardSample
+
+    first = cluster.add_node(num_cpus=NODE_CPUS, resources={"scorer": 1})
+    second = cluster.add_node(num_cpus=NODE_CPUS, resources={"scorer": 1})
+    sample = RewardSample(prompt="2+2?", response="\\boxed{4}", answer="4")
+    reward = start_reward_actors(functools.partial(build_reward, MathReward()),
+                                 [{"num_cpus": 0.5, "resources": {"scorer": 1}}])
+    [actor] = reward.actors
+    try:
+        assert asyncio.run(reward(sample)).score == 1.0
+        [node] = reward.node_ids()
+        assert reward.queue_metrics()["reward/actor_restarts"] == 0
+        cluster.remove_node(first if node == first.node_id else second)
+        assert asyncio.run(reward(sample)).score == 1.0  # retried on the restarted actor
+        [moved] = reward.node_ids()
+        assert moved != node and moved in {first.node_id, second.node_id}
+        assert reward.queue_metrics()["reward/actor_restarts"] == 1
+    finally:
+        reward.close()
+    assert gone(actor)  # closed for good (`ray.kill` takes effect asynchronously)
+
+
+def gone(actor, wait_s: float = 30) -> bool:
+    """Whether the actor is dead within `wait_s` (and stays dead: no restart answers)."""
+    import ray
+
+    deadline = time.monotonic() + wait_s
+    while time.monotonic() < deadline:
+        try:
+            ray.get(actor.info.remote(), timeout=wait_s)
+        except ray.exceptions.RayActorError:
+            return True
+        time.sleep(0.2)
+    return False
