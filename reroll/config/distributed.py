@@ -35,6 +35,10 @@ class RolePlacement(Section):
     started with `ray start --resources='{"rollout": 4}'`. Names, not device ids; a placement no
     live node can satisfy stops the run at start naming the role and the resource
     (docs/distributed.md). CPUs and GPUs are asked for with `num_cpus` and `devices`."""
+    labels: dict[str, str] = Field(default_factory=dict)
+    """Node labels the worker's node must carry (exact values), e.g. `{pool: cpu}` for nodes
+    started with `ray start --labels=pool=cpu`: like `resources`, but reserving nothing, so any
+    number of workers may share a labelled node. Checked against the live nodes at start."""
 
     @model_validator(mode="after")
     def _check_devices(self) -> RolePlacement:
@@ -45,16 +49,18 @@ class RolePlacement(Section):
             raise ValueError(f"devices {self.devices} repeats a device")
         if any(d < 0 for d in self.devices):
             raise ValueError(f"devices {self.devices}: indices start at 0")
-        if self.colocate_with and (self.devices or self.num_workers != 1 or self.resources):
+        if self.colocate_with and (self.devices or self.num_workers != 1 or self.resources
+                                   or self.labels):
             raise ValueError("a role colocated with the policy takes the policy's devices and "
-                             "node; leave devices and num_workers unset, and resources empty")
+                             "node; leave devices and num_workers unset, and resources and labels empty")
         reserved = sorted(set(self.resources) & {"CPU", "GPU", "memory", "object_store_memory"})
         if reserved:
             raise ValueError(f"resources {reserved}: ask for CPUs with num_cpus and GPUs with "
                              f"devices; resources names custom node resources")
-        if self.devices and self.resources:
-            raise ValueError("resources with devices: GPU roles are placed by their devices' "
-                             "placement group; pin CPU roles to nodes with resources")
+        if self.devices and (self.resources or self.labels):
+            raise ValueError("resources or labels with devices: GPU roles are placed by their "
+                             "devices' placement group; pin CPU roles to nodes with resources "
+                             "or labels")
         bad = {k: v for k, v in self.resources.items() if not v > 0}
         if bad:
             raise ValueError(f"resources {bad}: amounts must be > 0 (fractions like 0.5 are fine)")
@@ -121,8 +127,9 @@ class DistributedConfig(Section):
                 ("num_cpus", self.num_cpus is not None),
                 ("weight_sync", self.weight_sync != "auto"),
                 ("reward", self.reward is not None)) if is_set]
-            errors += [f"distributed.{name}.resources is only used by the ray executor"
-                       for name, p in roles.items() if p.resources]
+            errors += [f"distributed.{name}.{key} is only used by the ray executor"
+                       for name, p in roles.items()
+                       for key in ("resources", "labels") if getattr(p, key)]
             if errors:
                 raise ValueError("; ".join(errors) + ": set distributed.executor: ray (executor "
                                  "local runs one worker per role in this process)")

@@ -15,6 +15,7 @@ nodes before any actor is started (an actor asking for what no node has would wa
 from __future__ import annotations
 
 from collections import Counter
+from dataclasses import dataclass, field
 from typing import Any
 
 from reroll.config.distributed import DistributedConfig, RolePlacement
@@ -28,39 +29,75 @@ def role_placement(config: DistributedConfig, role: str) -> RolePlacement:
     return config.policy if placement.colocate_with == "policy" else placement
 
 
-def check_nodes(config: DistributedConfig, roles: tuple[str, ...],
-                nodes: list[dict[str, float]]) -> None:
-    """ConfigError when a role's `resources` cannot be met by the live nodes (each node's total
-    resources in `nodes`): a resource no node offers, a worker's CPUs and resources that no
-    single node has together, or more of a resource than all nodes offer."""
+@dataclass(frozen=True)
+class NodeInfo:
+    """What placement reads of one live Ray node: its total resources and its labels."""
+
+    resources: dict[str, float]
+    labels: dict[str, str] = field(default_factory=dict)
+
+
+def check_nodes(config: DistributedConfig, roles: tuple[str, ...], nodes: list[NodeInfo]) -> None:
+    """ConfigError when a role's `labels` or `resources` cannot be met by the live `nodes`: a
+    label or resource no node has, a worker's CPUs, resources and labels that no single node has
+    together, or more of a resource than all nodes offer."""
     wanted: dict[str, float] = {}
     for role in roles:
         p = getattr(config, role)
-        if not p.resources:
+        if not (p.resources or p.labels):
             continue
-        for name in p.resources:
-            if not any(name in node for node in nodes):
-                offered = sorted({k for node in nodes for k in _shown(node)} - _BUILTIN)
-                raise ConfigError(
-                    f"distributed.{role}.resources: no node of the Ray cluster offers the resource "
-                    f"{name!r} (custom resources offered: {offered or 'none'}); start a node with "
-                    f"it (`ray start --resources='{{\"{name}\": 1}}'`) or change the placement")
+        _check_offered(role, p, nodes)
         need = {"CPU": p.num_cpus} | p.resources
-        if not any(all(node.get(k, 0) >= v for k, v in need.items()) for node in nodes):
+        if not any(_fits(need, p.labels, node) for node in nodes):
             raise ConfigError(
-                f"distributed.{role}: no single node has {_fmt(need)} for one worker (nodes: "
-                f"{'; '.join(_fmt(_shown(n)) for n in nodes)}); lower "
-                f"distributed.{role}.num_cpus or its resources")
+                f"distributed.{role}: no single node has {_fmt(need)}"
+                + (f" with labels {p.labels}" if p.labels else "") + " for one worker (nodes: "
+                + "; ".join(_describe(n) for n in nodes) + f"); lower distributed.{role}.num_cpus "
+                f"or its resources, or label a node so")
         for k, v in p.resources.items():
             wanted[k] = wanted.get(k, 0.0) + v * p.num_workers
     for name, amount in wanted.items():
-        total = sum(node.get(name, 0) for node in nodes)
+        total = sum(node.resources.get(name, 0) for node in nodes)
         if amount > total:
             users = [r for r in roles if name in getattr(config, r).resources]
             raise ConfigError(
                 f"distributed.{'/'.join(users)}.resources: the workers reserve {amount:g} of "
                 f"{name!r} but the Ray cluster's nodes offer {total:g}; fewer workers, smaller "
                 f"amounts (fractions like 0.5 are fine), or more nodes with {name!r}")
+
+
+def _check_offered(role: str, p: RolePlacement, nodes: list[NodeInfo]) -> None:
+    """Each resource and label the role names exists on some node (the commonest mistake: a
+    name typed differently from the one the nodes were started with)."""
+    for name in p.resources:
+        if not any(name in node.resources for node in nodes):
+            offered = sorted({k for node in nodes for k in _shown(node.resources)} - _BUILTIN)
+            raise ConfigError(
+                f"distributed.{role}.resources: no node of the Ray cluster offers the resource "
+                f"{name!r} (custom resources offered: {offered or 'none'}); start a node with "
+                f"it (`ray start --resources='{{\"{name}\": 1}}'`) or change the placement")
+    for key, value in p.labels.items():
+        if not any(node.labels.get(key) == value for node in nodes):
+            offered = sorted({f"{k}={v}" for node in nodes for k, v in _user_labels(node).items()})
+            raise ConfigError(
+                f"distributed.{role}.labels: no node of the Ray cluster has the label "
+                f"{key}={value} (labels offered: {offered or 'none'}); start a node with it "
+                f"(`ray start --labels={key}={value}`) or change the placement")
+
+
+def _fits(need: dict[str, float], labels: dict[str, str], node: NodeInfo) -> bool:
+    return all(node.resources.get(k, 0) >= v for k, v in need.items()) and all(
+        node.labels.get(k) == v for k, v in labels.items())
+
+
+def _user_labels(node: NodeInfo) -> dict[str, str]:
+    """The labels a user gave the node (not Ray's own `ray.io/...` ones)."""
+    return {k: v for k, v in node.labels.items() if not k.startswith("ray.io/")}
+
+
+def _describe(node: NodeInfo) -> str:
+    labels = _user_labels(node)
+    return _fmt(_shown(node.resources)) + (f" labels {labels}" if labels else "")
 
 
 _BUILTIN = {"CPU", "GPU", "memory", "object_store_memory"}
@@ -76,11 +113,13 @@ def _fmt(resources: dict[str, float]) -> str:
     return "{" + ", ".join(f"{k}: {v:g}" for k, v in resources.items()) + "}"
 
 
-def live_nodes() -> list[dict[str, float]]:
-    """Total resources of each live node of the Ray cluster this process is connected to."""
+def live_nodes() -> list[NodeInfo]:
+    """Total resources and labels of each live node of the Ray cluster this process is
+    connected to."""
     import ray  # deferred: Ray is heavy to import and only Ray runs get here
 
-    return [dict(node["Resources"]) for node in ray.nodes() if node.get("Alive")]
+    return [NodeInfo(dict(node["Resources"]), dict(node.get("Labels") or {}))
+            for node in ray.nodes() if node.get("Alive")]
 
 
 def colocated_with_policy(config: DistributedConfig, role: str) -> bool:
@@ -153,8 +192,7 @@ def ray_options(config: DistributedConfig, roles: tuple[str, ...]) -> dict[str, 
         p, own = role_placement(config, role), getattr(config, role)
         cpus = 0.0 if own.colocate_with else p.num_cpus
         if not p.devices:
-            extra = {"resources": dict(p.resources)} if p.resources and not own.colocate_with \
-                else {}
+            extra = {} if own.colocate_with else node_options(p)
             options[role] = [{"num_cpus": cpus} | extra] * p.num_workers
             continue
         options[role] = [{
@@ -188,5 +226,10 @@ def reward_options(config: DistributedConfig, roles: tuple[str, ...]) -> list[di
     check_resources(config, roles, ray.cluster_resources())
     check_nodes(config, roles, live_nodes())
     p = config.reward
-    extra = {"resources": dict(p.resources)} if p.resources else {}
-    return [{"num_cpus": p.num_cpus} | extra] * p.num_workers
+    return [{"num_cpus": p.num_cpus} | node_options(p)] * p.num_workers
+
+
+def node_options(p: RolePlacement) -> dict[str, Any]:
+    """The Ray actor options that pin a worker to the nodes its placement names."""
+    return ({"resources": dict(p.resources)} if p.resources else {}) | (
+        {"label_selector": dict(p.labels)} if p.labels else {})

@@ -27,7 +27,7 @@ PLACED = {
     "policy": {"resources": {"train": 1}},
     "rollout": {"num_cpus": 0.5, "resources": {"rollout": 1}},
     "reference": {"num_cpus": 0.5, "resources": {"cpu_node": 1}},
-    "reward": {"num_cpus": 0.5, "resources": {"cpu_node": 1}},
+    "reward": {"num_cpus": 0.5, "labels": {"pool": "cpu"}},
 }
 
 
@@ -45,7 +45,7 @@ def cluster():
         "num_cpus": NODE_CPUS, "resources": {"train": 1}, "include_dashboard": False})
     try:
         nodes.add_node(num_cpus=NODE_CPUS, resources={"rollout": 1})
-        nodes.add_node(num_cpus=NODE_CPUS, resources={"cpu_node": 2})
+        nodes.add_node(num_cpus=NODE_CPUS, resources={"cpu_node": 2}, labels={"pool": "cpu"})
         ray.init(address=nodes.address, include_dashboard=False, logging_level="WARNING")
         yield nodes
     finally:
@@ -128,14 +128,25 @@ def test_grpo_across_three_nodes_reproduces_the_one_process_run(cluster, tmp_pat
 
 
 def test_a_placement_no_node_meets_stops_before_any_actor_waits(cluster, tmp_path, tiny_model,
-                                                                arithmetic):
+                                                                arithmetic, capsys):
     import ray
+
+    from reroll.cli import main
 
     config = make_config(tmp_path, tiny_model, arithmetic, "nowhere",
                          **{**PLACED, "rollout": {"resources": {"gpu_node": 1}}})
     with pytest.raises(ConfigError, match=r"distributed.rollout.resources: no node .* 'gpu_node'"):
         train(config)
     assert not [a for a in ray.util.list_named_actors() if a.startswith("reroll-nowhere")]
+    # From the command line: exit 2 and the message, no traceback. The reward is placed before
+    # the models load, so its labels are checked first.
+    make_config(tmp_path, tiny_model, arithmetic, "nolabel",
+                **{**PLACED, "reward": {"labels": {"pool": "tpu"}}})
+    assert main(["train", str(tmp_path / "nolabel.yaml")]) == 2
+    out = "".join(capsys.readouterr())
+    assert "distributed.reward.labels: no node of the Ray cluster has the label pool=tpu" in out
+    assert "pool=cpu" in out and "Traceback" not in out
+    assert not [a for a in ray.util.list_named_actors() if a.startswith("reroll-nolabel")]
 
 
 def test_losing_the_engines_node_replaces_it_on_a_live_node_and_resumes(cluster, tmp_path,

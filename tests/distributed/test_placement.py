@@ -9,7 +9,12 @@ from reroll.config import ConfigError
 from reroll.config.distributed import DistributedConfig
 from reroll.config.loading import validate
 from reroll.config.schema import RLConfig
-from reroll.distributed.placement import check_nodes, check_resources, colocated_with_policy
+from reroll.distributed.placement import (
+    NodeInfo,
+    check_nodes,
+    check_resources,
+    colocated_with_policy,
+)
 from reroll.distributed.weight_sync import sync_method
 
 pytestmark = pytest.mark.unit
@@ -117,11 +122,12 @@ def test_colocation_and_weight_sync_method_follow_the_placement():
         "broadcast", "gloo")
 
 
-# Multi-node placement by custom node resources (no Ray needed: `check_nodes` takes each live
-# node's total resources).
-THREE_NODES = [{"CPU": 1.0, "train": 1.0, "node:10.0.0.1": 1.0, "memory": 1e9},
-               {"CPU": 2.0, "rollout": 1.0},
-               {"CPU": 1.0, "reward": 2.0}]
+# Multi-node placement by custom node resources and labels (no Ray needed: `check_nodes` takes
+# each live node's total resources and labels).
+THREE_NODES = [NodeInfo({"CPU": 1.0, "train": 1.0, "node:10.0.0.1": 1.0, "memory": 1e9},
+                        {"ray.io/node-id": "abc"}),
+               NodeInfo({"CPU": 2.0, "rollout": 1.0}, {"pool": "gpu"}),
+               NodeInfo({"CPU": 1.0, "reward": 2.0}, {"pool": "cpu"})]
 
 
 def nodes_error(distributed: dict, roles=("policy", "rollout"), nodes=THREE_NODES) -> str:
@@ -151,6 +157,19 @@ def test_cpus_and_resources_must_be_on_one_node():
     assert "{CPU: 1, train: 1}" in message and "node:" not in message and "memory" not in message
 
 
+def test_roles_placed_by_node_labels():
+    check_nodes(DistributedConfig(executor="ray", reward={"num_workers": 4, "labels": {"pool":
+                                                                                     "cpu"}}),
+                ("policy", "rollout", "reward"), THREE_NODES)  # labels reserve nothing
+    message = nodes_error({"executor": "ray", "rollout": {"labels": {"pool": "tpu"}}})
+    assert "distributed.rollout.labels: no node of the Ray cluster has the label pool=tpu" in message
+    assert "['pool=cpu', 'pool=gpu']" in message and "ray.io" not in message
+    assert "ray start --labels=pool=tpu" in message
+    message = nodes_error({"executor": "ray", "rollout": {"num_cpus": 2, "labels": {"pool": "cpu"}}})
+    assert "no single node has {CPU: 2} with labels {'pool': 'cpu'}" in message
+    assert "{CPU: 1, reward: 2} labels {'pool': 'cpu'}" in message
+
+
 def test_more_of_a_resource_than_every_node_together():
     message = nodes_error({"executor": "ray", "policy": {"resources": {"reward": 1}},
                           "reward": {"num_workers": 2, "resources": {"reward": 1}}},
@@ -163,9 +182,14 @@ def test_more_of_a_resource_than_every_node_together():
     ({"executor": "ray", "rollout": {"resources": {"CPU": 2}}}, "ask for CPUs with num_cpus"),
     ({"executor": "ray", "rollout": {"resources": {"rollout": 0}}}, "amounts must be > 0"),
     ({"executor": "ray", "rollout": {"devices": [0], "resources": {"rollout": 1}}},
-     "resources with devices"),
+     "resources or labels with devices"),
+    ({"executor": "ray", "rollout": {"devices": [0], "labels": {"pool": "gpu"}}},
+     "resources or labels with devices"),
+    ({"executor": "ray", "critic": {"colocate_with": "policy", "labels": {"a": "b"}}},
+     "resources and labels empty"),
+    ({"rollout": {"labels": {"pool": "gpu"}}}, "distributed.rollout.labels is only used"),
     ({"executor": "ray", "reference": {"colocate_with": "policy", "resources": {"a": 1}}},
-     "resources empty"),
+     "resources and labels empty"),
     ({"executor": "ray", "reward": {"colocate_with": "policy"}}, "distributed.reward runs on CPUs"),
     ({"executor": "ray", "reward": {"num_cpus": 0}}, "distributed.reward has neither"),
     ({"reward": {"num_cpus": 1}}, "distributed.reward is only used by the ray executor"),
@@ -173,3 +197,12 @@ def test_more_of_a_resource_than_every_node_together():
 ])
 def test_inconsistent_node_placement(distributed, expected):
     assert expected in rl_error(distributed)
+
+
+def test_agentic_runs_have_no_reward_role_to_place():
+    from reroll.config.agentic import AgenticConfig
+
+    data = {"pipeline": "agentic", "steps": 2, "model": {"path": "m"},
+            "env": {"id": "guess_number"}, "distributed": {"executor": "ray", "reward": {}}}
+    with pytest.raises(ConfigError, match="distributed.reward: agentic runs are scored by their"):
+        validate(AgenticConfig, data, "config.yaml")
