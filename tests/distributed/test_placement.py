@@ -206,3 +206,15 @@ def test_agentic_runs_have_no_reward_role_to_place():
             "env": {"id": "guess_number"}, "distributed": {"executor": "ray", "reward": {}}}
     with pytest.raises(ConfigError, match="distributed.reward: agentic runs are scored by their"):
         validate(AgenticConfig, data, "config.yaml")
+
+
+def test_ray_joins_the_cluster_named_by_the_config_or_ray_address(monkeypatch):
+    from reroll.distributed.ray_runtime import init_kwargs
+
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    local = init_kwargs(None, 3)
+    assert local["num_cpus"] == 3 and "address" not in local
+    monkeypatch.setenv("RAY_ADDRESS", "10.0.0.1:6379")
+    joined = init_kwargs(None, 3)
+    assert joined["address"] == "10.0.0.1:6379" and "num_cpus" not in joined
+    assert init_kwargs("ray://head:10001", None)["address"] == "ray://head:10001"  # config wins
