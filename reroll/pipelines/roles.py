@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from reroll.config.schema import RLConfig
 from reroll.distributed.cluster import Cluster, LocalExecutor, RayExecutor, WorkerSpec
 from reroll.distributed.engine_actor import start_engine_actor
+from reroll.distributed.engine_pool import EnginePool
 from reroll.distributed.groups import CriticProxy, PolicyGroup, ReferenceGroup
 from reroll.distributed.placement import (
     colocate_on_node,
@@ -192,9 +193,10 @@ def _ray_roles(c: RLConfig, total_steps: int, pad_token_id: int, plan: Plan) -> 
     if c.algorithm.critic:
         critic = CriticProxy(cluster(critic_spec(c, total_steps, plan), "critic"))
         clusters.append(critic.cluster)
-    rollout = options["rollout"][0]
-    engine = start_engine_actor(
-        rollout_engine_factory(c, pad_token_id, plan),
-        num_cpus=rollout["num_cpus"], num_threads=d.rollout.num_threads,
-        name=f"{prefix}-rollout-0", ray_options=rollout)
+    # One engine actor per rollout worker (on its node or device); several behind one pool.
+    engines = [start_engine_actor(rollout_engine_factory(c, pad_token_id, plan),
+                                  num_cpus=rollout["num_cpus"], num_threads=d.rollout.num_threads,
+                                  name=f"{prefix}-rollout-{rank}", ray_options=rollout)
+               for rank, rollout in enumerate(options["rollout"])]
+    engine = engines[0] if len(engines) == 1 else EnginePool(engines)
     return Roles(policy, reference, critic, engine, clusters, actor_weight_sync(policy, engine, d))

@@ -53,6 +53,20 @@ def cluster():
         nodes.shutdown()
 
 
+@pytest.fixture(scope="module")
+def local_run(tmp_path_factory, tiny_model, arithmetic):
+    """The one-process run every layout must reproduce: (summary, metrics rows)."""
+    root = tmp_path_factory.mktemp("local")
+    summary = train(make_config(root, tiny_model, arithmetic, "local"))
+    return summary, read_metrics(root / "local")
+
+
+@pytest.fixture(scope="module")
+def second_rollout_node(cluster):
+    """Another node offering `rollout` (a second engine's, or the engine's after a loss)."""
+    return cluster.add_node(num_cpus=NODE_CPUS, resources={"rollout": 1})
+
+
 def make_config(tmp_path: Path, tiny_model: str, arithmetic: dict, name: str, **distributed):
     data = {
         "name": name, "output_dir": str(tmp_path / name), "seed": 3, "steps": 3,
@@ -100,31 +114,72 @@ class NodeWatch:
             time.sleep(0.05)
 
 
-def node_of(resource: str) -> str:
+def nodes_with(resource: str) -> set[str]:
+    """The live nodes offering `resource`."""
     import ray
 
-    return next(n["NodeID"] for n in ray.nodes() if n["Alive"] and resource in n["Resources"])
+    return {n["NodeID"] for n in ray.nodes() if n["Alive"] and resource in n["Resources"]}
+
+
+def node_of(resource: str) -> str:
+    [node] = nodes_with(resource)
+    return node
+
+
+def assert_same_run(rows: list[dict], summary: dict, local_run) -> None:
+    """The numbers of the one-process run: the same samples (rewards, lengths) at every step
+    mean every engine had the policy's exact weights; losses to float tolerance."""
+    local, local_rows = local_run
+    assert [r["step"] for r in rows] == [r["step"] for r in local_rows]
+    for key in ("train/reward_mean", "train/response_len_mean"):
+        assert [r[key] for r in rows] == [r[key] for r in local_rows], key
+    for key in ("train/loss", "actor/kl_ref", "actor/entropy"):
+        assert [r[key] for r in rows] == pytest.approx([r[key] for r in local_rows], abs=1e-5)
+    assert (summary["eval_reward_start"], summary["eval_reward_end"]) == (
+        local["eval_reward_start"], local["eval_reward_end"])
 
 
 def test_grpo_across_three_nodes_reproduces_the_one_process_run(cluster, tmp_path, tiny_model,
-                                                                arithmetic):
-    local = train(make_config(tmp_path, tiny_model, arithmetic, "local"))
+                                                                arithmetic, local_run):
     watch = NodeWatch("mn")
     spread = train(make_config(tmp_path, tiny_model, arithmetic, "mn", **PLACED))
     watch.thread.join(timeout=5)
     assert watch.nodes == {"policy": node_of("train"), "rollout": node_of("rollout"),
                            "reference": node_of("cpu_node"), "reward": node_of("cpu_node")}
-    local_rows, rows = read_metrics(tmp_path / "local"), read_metrics(tmp_path / "mn")
+    rows = read_metrics(tmp_path / "mn")
     assert [r["step"] for r in rows] == [1, 2, 3]
-    # Every sync checked the engine's fingerprint against the policy's (a mismatch stops the
-    # run); the same samples at every step mean the engine had the policy's exact weights.
-    for key in ("train/reward_mean", "train/response_len_mean"):
-        assert [r[key] for r in rows] == [r[key] for r in local_rows], key
-    for key in ("train/loss", "actor/kl_ref", "actor/entropy"):
-        assert [r[key] for r in rows] == pytest.approx([r[key] for r in local_rows], abs=1e-5)
+    # Every sync checked the engine's fingerprint against the policy's (a mismatch stops the run).
     assert all(r["time/weight_sync_s"] > 0 and r["reward/errors"] == 0 for r in rows)
-    assert (spread["eval_reward_start"], spread["eval_reward_end"]) == (
-        local["eval_reward_start"], local["eval_reward_end"])
+    assert_same_run(rows, spread, local_run)
+
+
+def test_two_engines_on_two_nodes_serve_one_run(cluster, second_rollout_node, tmp_path,
+                                               tiny_model, arithmetic, local_run):
+    """`rollout.num_workers: 2`: an engine on each `rollout` node behind one pool; each request
+    carries its own seed, so the run is still the one-process run."""
+    import ray
+
+    placed = {**PLACED, "rollout": {"num_workers": 2, "num_cpus": 0.5,
+                                    "resources": {"rollout": 1}}}
+    nodes: dict[str, str] = {}
+
+    def watch_engines():
+        deadline = time.monotonic() + 120
+        while len(nodes) < 2 and time.monotonic() < deadline:
+            for name in ("reroll-pool-rollout-0", "reroll-pool-rollout-1"):
+                try:
+                    nodes[name] = ray.get(ray.get_actor(name).node_id.remote(), timeout=30)
+                except (ValueError, ray.exceptions.RayError):
+                    pass
+            time.sleep(0.05)
+
+    watcher = threading.Thread(target=watch_engines, daemon=True)
+    watcher.start()
+    summary = train(make_config(tmp_path, tiny_model, arithmetic, "pool", **placed))
+    watcher.join(timeout=5)
+    assert set(nodes.values()) == nodes_with("rollout")  # one engine on each rollout node
+    assert second_rollout_node.node_id in nodes_with("rollout")
+    assert_same_run(read_metrics(tmp_path / "pool"), summary, local_run)
 
 
 def test_a_placement_no_node_meets_stops_before_any_actor_waits(cluster, tmp_path, tiny_model,
@@ -149,13 +204,12 @@ def test_a_placement_no_node_meets_stops_before_any_actor_waits(cluster, tmp_pat
     assert not [a for a in ray.util.list_named_actors() if a.startswith("reroll-nolabel")]
 
 
-def test_losing_the_engines_node_replaces_it_on_a_live_node_and_resumes(cluster, tmp_path,
-                                                                        tiny_model, arithmetic):
-    """A second `rollout` node joins; the node the engine lands on is removed after the step-2
+def test_losing_the_engines_node_replaces_it_on_a_live_node_and_resumes(
+        cluster, second_rollout_node, tmp_path, tiny_model, arithmetic):
+    """With two `rollout` nodes, the node the engine lands on is removed after the step-2
     checkpoint; the restarted run finds the engine a place on the other one."""
     import ray
 
-    spare = cluster.add_node(num_cpus=NODE_CPUS, resources={"rollout": 1})
     config = make_config(tmp_path, tiny_model, arithmetic, "lost", **PLACED, max_restarts=1)
     config.steps = 4
     marker = tmp_path / "lost" / "checkpoints" / "step_2" / "trainer_state.pt"
@@ -189,7 +243,7 @@ def test_losing_the_engines_node_replaces_it_on_a_live_node_and_resumes(cluster,
     assert [r["step"] for r in rows] == [1, 2, 3, 4]  # steps after the checkpoint were redone
     assert all(r.get("fault/restarts") == 1 for r in rows[2:])
     assert "fault/restarts" not in rows[0]
-    assert {spare.node_id, node_of("rollout")} >= {lost["replaced"]}
+    assert lost["replaced"] in nodes_with("rollout")
 
 
 def test_a_reward_actor_whose_node_is_lost_is_restarted_on_a_live_node(cluster):
