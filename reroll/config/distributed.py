@@ -19,7 +19,9 @@ class RolePlacement(Section):
 
     num_workers: int = Field(1, ge=1, le=1024)
     """Workers of this role. Policy workers shard the model with FSDP2 and split each batch by
-    data-parallel rank; with `devices` set it must equal the number of devices."""
+    data-parallel rank; rollout workers are engines (one actor each, on their own nodes or
+    devices) behind one pool that sends each request to the least-loaded one; with `devices`
+    set it must equal the number of devices."""
     devices: list[int] = Field(default_factory=list)
     """GPU indices (over the Ray cluster's GPUs) for this role, one per worker; empty: CPU only.
     Roles given the same devices are colocated and take turns on them."""

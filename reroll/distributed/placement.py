@@ -5,8 +5,9 @@ worker r of a role given `devices` runs in the bundle of its r-th device, taking
 1/k of the GPU when k roles share that device (they are colocated and take turns). Ray makes
 that GPU visible to the worker as its only device. CPU roles reserve `num_cpus` per worker;
 a role with `colocate_with: policy` goes where the policy's workers are and reserves nothing.
-Across nodes, `resources` pins a CPU role to the nodes that offer those custom resources (ROLL's
-and RollArt's hardware-affine placement: rollout on `rollout` nodes, rewards on CPU-only nodes),
+Across nodes, `resources` (custom node resources, reserved) and `labels` (node labels, reserving
+nothing) pin a CPU role to the nodes that offer them (RollArt's hardware-affine placement:
+rollout on `rollout` nodes, rewards on CPU-only nodes),
 and a colocated role is pinned to the node of the policy's rank 0 (`colocate_on_node`).
 A mapping the cluster cannot satisfy is a ConfigError naming the role, checked against the live
 nodes before any actor is started (an actor asking for what no node has would wait forever).
