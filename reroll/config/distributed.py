@@ -19,7 +19,9 @@ class RolePlacement(Section):
 
     num_workers: int = Field(1, ge=1, le=1024)
     """Workers of this role. Policy workers shard the model with FSDP2 and split each batch by
-    data-parallel rank; with `devices` set it must equal the number of devices."""
+    data-parallel rank; rollout workers are engines (one actor each, on their own nodes or
+    devices) behind one pool that sends each request to the least-loaded one; with `devices`
+    set it must equal the number of devices."""
     devices: list[int] = Field(default_factory=list)
     """GPU indices (over the Ray cluster's GPUs) for this role, one per worker; empty: CPU only.
     Roles given the same devices are colocated and take turns on them."""
@@ -29,6 +31,16 @@ class RolePlacement(Section):
     """torch intra-op threads in each worker process."""
     colocate_with: Literal["policy"] | None = None
     """`policy`: run on the policy's devices and CPUs, taking turns with it (reserves nothing)."""
+    resources: dict[str, float] = Field(default_factory=dict)
+    """Custom Ray node resources each worker reserves, which pin the role to the nodes that offer
+    them (hardware-affine placement, RollArt): e.g. `{rollout: 1}` runs the engine on nodes
+    started with `ray start --resources='{"rollout": 4}'`. Names, not device ids; a placement no
+    live node can satisfy stops the run at start naming the role and the resource
+    (docs/distributed.md). CPUs and GPUs are asked for with `num_cpus` and `devices`."""
+    labels: dict[str, str] = Field(default_factory=dict)
+    """Node labels the worker's node must carry (exact values), e.g. `{pool: cpu}` for nodes
+    started with `ray start --labels=pool=cpu`: like `resources`, but reserving nothing, so any
+    number of workers may share a labelled node. Checked against the live nodes at start."""
 
     @model_validator(mode="after")
     def _check_devices(self) -> RolePlacement:
@@ -39,9 +51,21 @@ class RolePlacement(Section):
             raise ValueError(f"devices {self.devices} repeats a device")
         if any(d < 0 for d in self.devices):
             raise ValueError(f"devices {self.devices}: indices start at 0")
-        if self.colocate_with and (self.devices or self.num_workers != 1):
-            raise ValueError("a role colocated with the policy takes the policy's devices; leave "
-                             "devices and num_workers unset")
+        if self.colocate_with and (self.devices or self.num_workers != 1 or self.resources
+                                   or self.labels):
+            raise ValueError("a role colocated with the policy takes the policy's devices and "
+                             "node; leave devices and num_workers unset, and resources and labels empty")
+        reserved = sorted(set(self.resources) & {"CPU", "GPU", "memory", "object_store_memory"})
+        if reserved:
+            raise ValueError(f"resources {reserved}: ask for CPUs with num_cpus and GPUs with "
+                             f"devices; resources names custom node resources")
+        if self.devices and (self.resources or self.labels):
+            raise ValueError("resources or labels with devices: GPU roles are placed by their "
+                             "devices' placement group; pin CPU roles to nodes with resources "
+                             "or labels")
+        bad = {k: v for k, v in self.resources.items() if not v > 0}
+        if bad:
+            raise ValueError(f"resources {bad}: amounts must be > 0 (fractions like 0.5 are fine)")
         return self
 
 
@@ -72,6 +96,12 @@ class DistributedConfig(Section):
     """Placement of the reference model (only built when a KL term needs it)."""
     critic: RolePlacement = Field(default_factory=_colocated)
     """Placement of the critic (only built for estimators that need values)."""
+    reward: RolePlacement | None = None
+    """Placement of the reward function (prompt tasks): None runs it in the driver process (CPU-
+    heavy verifiers in its own process pool); set, it runs in `num_workers` Ray actors (calls
+    spread round-robin) placed like any role, e.g. on CPU-only nodes with `resources`. A reward
+    actor whose node is lost is restarted by Ray on a live node and its calls retried (rewards
+    are pure functions of the sample). Needs `executor: ray`."""
     weight_sync: Literal["auto", "object_store", "broadcast"] = "auto"
     """How new weights reach engine actors: one flat buffer through the Ray object store, or a
     torch.distributed broadcast in buckets from the policy's rank 0 (NCCL when policy and rollout
@@ -97,14 +127,21 @@ class DistributedConfig(Section):
             errors += [f"distributed.{key} is only used by the ray executor" for key, is_set in (
                 ("ray_address", self.ray_address is not None),
                 ("num_cpus", self.num_cpus is not None),
-                ("weight_sync", self.weight_sync != "auto")) if is_set]
+                ("weight_sync", self.weight_sync != "auto"),
+                ("reward", self.reward is not None)) if is_set]
+            errors += [f"distributed.{name}.{key} is only used by the ray executor"
+                       for name, p in roles.items()
+                       for key in ("resources", "labels") if getattr(p, key)]
             if errors:
                 raise ValueError("; ".join(errors) + ": set distributed.executor: ray (executor "
                                  "local runs one worker per role in this process)")
         if self.policy.colocate_with:
             raise ValueError("distributed.policy.colocate_with: the policy is what other roles "
                              "colocate with; remove it")
-        for name, p in roles.items():
+        if self.reward is not None and (self.reward.colocate_with or self.reward.devices):
+            raise ValueError("distributed.reward runs on CPUs: leave colocate_with and devices "
+                             "unset (num_cpus and resources place it)")
+        for name, p in (roles | ({"reward": self.reward} if self.reward else {})).items():
             if not p.colocate_with and not p.devices and p.num_cpus == 0 and self.executor == "ray":
                 raise ValueError(f"distributed.{name} has neither devices nor CPUs (num_cpus: 0): "
                                  f"give it num_cpus > 0 (fractions like 0.5 are fine), devices, "

@@ -148,6 +148,12 @@ class WorkerHost:
     def call(self, method: str, args: tuple, kwargs: dict) -> Any:
         return getattr(self.worker, method)(*args, **kwargs)
 
+    def node_id(self) -> str:
+        """The Ray node this worker runs on (colocated roles are pinned to it)."""
+        import ray  # deferred: Ray is heavy to import and only Ray runs get here
+
+        return ray.get_runtime_context().get_node_id()
+
 
 class RayExecutor:
     """Each worker is a Ray actor, placed by `ray_options[rank]` (CPUs, GPUs, placement group)."""
@@ -171,6 +177,10 @@ class RayExecutor:
 
     def run(self, calls: list[tuple[int, str, tuple, dict]]) -> list[Any]:
         return self._get([self.actors[r].call.remote(m, a, k) for r, m, a, k in calls])
+
+    def node_ids(self) -> list[str]:
+        """The Ray node of each worker, in rank order."""
+        return self._get([a.node_id.remote() for a in self.actors])
 
     def run_refs(self, rank: int, method: str, num_returns: int, *args: Any) -> Any:
         """Start `method` on one worker and return its result's object refs without fetching

@@ -114,6 +114,12 @@ class EngineHost:
         """Any other engine method, run off the event loop."""
         return await asyncio.to_thread(getattr(self.engine, method), *args)
 
+    async def node_id(self) -> str:
+        """The Ray node this engine runs on."""
+        import ray  # deferred: Ray is heavy to import and only Ray runs get here
+
+        return ray.get_runtime_context().get_node_id()
+
     async def stats(self) -> dict[str, float]:
         busy = self.busy_s + (time.perf_counter() - self._busy_since if self._active else 0.0)
         return {"requests": self.requests, "generated_tokens": self.generated_tokens,

@@ -2,7 +2,8 @@
 
 `ensure_ray()` with no address starts a local Ray instance sized to this machine (no dashboard,
 a modest object store); with an address (`distributed.ray_address`, e.g. `ray://head:10001` or
-`auto`) it joins an existing cluster instead. Calling it again is a no-op.
+`auto`, or else the `RAY_ADDRESS` environment variable, as Ray's own tools read it) it joins an
+existing cluster instead. Calling it again is a no-op.
 """
 
 from __future__ import annotations
@@ -32,14 +33,19 @@ def ensure_ray(address: str | None = None, num_cpus: int | None = None) -> None:
         return
     # Worker processes import reroll from the driver's working tree; keep their logs short.
     settings.defaults({"RAY_DEDUP_LOGS": "1"})
+    ray.init(**init_kwargs(address, num_cpus))
+
+
+def init_kwargs(address: str | None, num_cpus: int | None) -> dict:
+    """`ray.init`'s arguments: join `address` (or `RAY_ADDRESS`), else start a local instance of
+    `num_cpus` CPUs (a cluster's nodes were sized when they started: no sizes when joining)."""
     kwargs: dict = {"include_dashboard": False, "logging_level": logging.WARNING,
                     "log_to_driver": True, "configure_logging": True}
+    address = address or settings.read("RAY_ADDRESS")
     if address is None:
-        kwargs |= {"num_cpus": num_cpus or os.cpu_count() or 1,
-                   "object_store_memory": LOCAL_OBJECT_STORE_BYTES}
-    else:
-        kwargs["address"] = address
-    ray.init(**kwargs)
+        return kwargs | {"num_cpus": num_cpus or os.cpu_count() or 1,
+                         "object_store_memory": LOCAL_OBJECT_STORE_BYTES}
+    return kwargs | {"address": address}
 
 
 def shutdown_ray() -> None:

@@ -22,6 +22,7 @@ from typing import Any, Protocol
 
 from reroll.config.distributed import DistributedConfig
 from reroll.distributed.engine_actor import ActorEngine
+from reroll.distributed.engine_pool import EnginePool
 from reroll.distributed.groups import PolicyGroup
 from reroll.engines.base import Engine, WeightSyncError, fingerprint
 
@@ -66,10 +67,12 @@ class PublishedSync:
 
 
 class ObjectStoreSync:
-    """From the Ray workers of `policy` to the engine actor `engine`."""
+    """From the Ray workers of `policy` to the engine actor `engine` (or every engine of an
+    `EnginePool`, which all take the same buffer from the object store)."""
 
-    def __init__(self, policy: PolicyGroup, engine: ActorEngine):
+    def __init__(self, policy: PolicyGroup, engine: ActorEngine | EnginePool):
         self.policy, self.engine = policy, engine
+        self.engines = engine_actors(engine)
 
     def __call__(self, version: int) -> dict[str, float]:
         import ray  # deferred: Ray is heavy to import and only Ray runs get here
@@ -80,9 +83,10 @@ class ObjectStoreSync:
         refs = [executor.run_refs(r, "packed_weights_with_fingerprint", 3)
                 for r in range(self.policy.cluster.num_workers)]
         slots, flat, policy_fp = refs[0]
-        loaded = self.engine.actor.load_weights.remote(slots, flat, version)
+        loaded = [e.actor.load_weights.remote(slots, flat, version) for e in self.engines]
         ray.get([ref for rank in refs[1:] for ref in rank])
-        _check(ray.get(policy_fp), ray.get(loaded), version)  # the engine's, taken at load
+        for engine_fp in ray.get(loaded):  # each engine's, taken at load
+            _check(ray.get(policy_fp), engine_fp, version)
         return {"time/weight_sync_s": time.perf_counter() - t0, "policy_version": version}
 
 
@@ -139,11 +143,15 @@ def sync_method(config: DistributedConfig) -> tuple[str, str]:
     return method, "nccl" if separate_gpus else "gloo"
 
 
-def actor_weight_sync(policy: PolicyGroup, engine: ActorEngine, config: DistributedConfig
-                      ) -> ObjectStoreSync | BroadcastSync:
-    """For an engine actor fed by Ray policy workers: the object store or a broadcast, as
+def engine_actors(engine: ActorEngine | EnginePool) -> list[ActorEngine]:
+    return list(engine.engines) if isinstance(engine, EnginePool) else [engine]
+
+
+def actor_weight_sync(policy: PolicyGroup, engine: ActorEngine | EnginePool,
+                      config: DistributedConfig) -> ObjectStoreSync | BroadcastSync:
+    """For engine actors fed by Ray policy workers: the object store or a broadcast, as
     `config.weight_sync` (and the placement, for `auto`) says."""
     method, backend = sync_method(config)
     if method == "broadcast":
-        return BroadcastSync(policy, [engine], backend, config.bucket_mb)
+        return BroadcastSync(policy, engine_actors(engine), backend, config.bucket_mb)
     return ObjectStoreSync(policy, engine)

@@ -21,6 +21,7 @@ from reroll.pipelines import rl
 from reroll.pipelines.domains import DomainTask
 from reroll.pipelines.inputs import TaskInputs
 from reroll.pipelines.judge import build_judge
+from reroll.pipelines.roles import remote_reward
 from reroll.pipelines.task import rollout_row
 from reroll.pipelines.validation import check_prompts
 from reroll.rewards import build_runner
@@ -46,10 +47,13 @@ class PromptTask:
         self.eval_rows = load_prompts(c.data.eval, c.data.system_prompt)[: c.eval.max_prompts] \
             if c.data.eval else []
         check_prompts(c, tokenizer, {"data.train": self.train_rows, "data.eval": self.eval_rows})
-        reward_fn = (inputs or TaskInputs()).reward_fn()
+        inputs = inputs or TaskInputs()
+        reward_fn = inputs.reward_fn()
         if reward_fn is None and c.reward.type == "judge":
             reward_fn = build_judge(c.reward, c.seed)  # an engine: built here, above rewards
-        self.rewards = build_runner(c.reward, reward_fn)
+        # With `distributed.reward` placed, the reward runs in Ray actors on its nodes.
+        self.rewards = build_runner(c.reward, remote_reward(c, inputs.reward_factory)
+                                    or reward_fn)
         self.stream = PromptStream(PromptSampler(self.train_rows, c.seed))
         self.source = None
         self.engine: Engine | None = None

@@ -11,14 +11,23 @@ engine     `engines.base.Engine`
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from reroll.config.schema import RLConfig
 from reroll.distributed.cluster import Cluster, LocalExecutor, RayExecutor, WorkerSpec
 from reroll.distributed.engine_actor import start_engine_actor
+from reroll.distributed.engine_pool import EnginePool
 from reroll.distributed.groups import CriticProxy, PolicyGroup, ReferenceGroup
-from reroll.distributed.placement import colocated_with_policy, ray_options
+from reroll.distributed.placement import (
+    colocate_on_node,
+    colocated_with_policy,
+    ray_options,
+    reward_options,
+)
 from reroll.distributed.ray_runtime import ensure_ray
+from reroll.distributed.reward_actor import start_reward_actors
 from reroll.distributed.weight_sync import (
     InProcessSync,
     PublishedSync,
@@ -29,6 +38,8 @@ from reroll.engines import engine_factory
 from reroll.engines.base import Engine
 from reroll.models.devices import RoleDevice, machine_devices, plan_devices
 from reroll.models.loading import load_model
+from reroll.rewards import build_reward
+from reroll.rewards.base import RewardFn
 from reroll.training.critic import Critic
 from reroll.training.local import LocalStrategy
 from reroll.training.protocols import AdapterOffReference, Policy, Reference
@@ -159,12 +170,35 @@ def _local_engine(c: RLConfig, pad_token_id: int, plan: Plan) -> Engine:
     return rollout_engine_factory(c, pad_token_id, plan)()
 
 
+def ray_role_names(c: RLConfig) -> tuple[str, ...]:
+    """The roles a Ray run builds: the reference only for a KL term (not with LoRA: the policy's
+    own adapter-off model is its reference), the critic only for gae, the reward role only when
+    `distributed.reward` places it."""
+    own_reference = bool(c.algorithm.kl.coef) and c.model.lora is None
+    return ("policy", "rollout") + (("reference",) if own_reference else ()) \
+        + (("critic",) if c.algorithm.critic else ()) \
+        + (("reward",) if c.distributed.reward is not None else ())
+
+
+def remote_reward(c: RLConfig, factory: Callable[[], RewardFn] | None) -> RewardFn | None:
+    """With `distributed.reward` set (executor ray), the reward function in Ray actors placed
+    there, built from `factory` (objects passed to `reroll.train`) or from `c.reward`; else None
+    (the task builds the reward in this process)."""
+    d = c.distributed
+    if d.executor != "ray" or d.reward is None:
+        return None
+    ensure_ray(d.ray_address, d.num_cpus)
+    return start_reward_actors(factory or functools.partial(build_reward, c.reward),
+                               reward_options(d, ray_role_names(c)),
+                               num_threads=d.reward.num_threads,
+                               name_prefix=f"reroll-{c.name}")
+
+
 def _ray_roles(c: RLConfig, total_steps: int, pad_token_id: int, plan: Plan) -> Roles:
     d = c.distributed
     ensure_ray(d.ray_address, d.num_cpus)
-    own_reference = bool(c.algorithm.kl.coef) and c.model.lora is None
-    wanted = ("policy", "rollout") + (("reference",) if own_reference else ()) \
-        + (("critic",) if c.algorithm.critic else ())
+    wanted = tuple(r for r in ray_role_names(c) if r != "reward")  # the task started the reward
+    own_reference = "reference" in wanted
     options = ray_options(d, wanted)
     prefix = f"reroll-{c.name}"
 
@@ -175,6 +209,7 @@ def _ray_roles(c: RLConfig, total_steps: int, pad_token_id: int, plan: Plan) -> 
         return Cluster(spec, len(options[role]), executor)
 
     policy = PolicyGroup(cluster(policy_spec(c, total_steps, plan), "policy"))
+    colocate_on_node(options, d, policy.cluster.executor.node_ids()[0])
     clusters = [policy.cluster]
     reference = critic = None
     if own_reference:
@@ -185,9 +220,10 @@ def _ray_roles(c: RLConfig, total_steps: int, pad_token_id: int, plan: Plan) -> 
     if c.algorithm.critic:
         critic = CriticProxy(cluster(critic_spec(c, total_steps, plan), "critic"))
         clusters.append(critic.cluster)
-    rollout = options["rollout"][0]
-    engine = start_engine_actor(
-        rollout_engine_factory(c, pad_token_id, plan),
-        num_cpus=rollout["num_cpus"], num_threads=d.rollout.num_threads,
-        name=f"{prefix}-rollout-0", ray_options=rollout)
+    # One engine actor per rollout worker (on its node or device); several behind one pool.
+    engines = [start_engine_actor(rollout_engine_factory(c, pad_token_id, plan),
+                                  num_cpus=rollout["num_cpus"], num_threads=d.rollout.num_threads,
+                                  name=f"{prefix}-rollout-{rank}", ray_options=rollout)
+               for rank, rollout in enumerate(options["rollout"])]
+    engine = engines[0] if len(engines) == 1 else EnginePool(engines)
     return Roles(policy, reference, critic, engine, clusters, actor_weight_sync(policy, engine, d))

@@ -275,6 +275,7 @@ class RolloutScheduler:
         kept: list[Group] | None = None
         while tasks and kept is None:
             done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+            _retrieve_errors(done)
             for task in done:
                 group = tasks.pop(task)
                 task.result()
@@ -417,3 +418,12 @@ def _first_kept(launched: list[Group], num_groups: int) -> list[Group] | None:
             if len(kept) == num_groups:
                 return kept
     return None
+
+
+def _retrieve_errors(done: set[asyncio.Task]) -> None:
+    """Mark every finished task's error as seen: the first one is raised (`task.result()`), and
+    the others (a lost engine fails every group at once) would each print 'Task exception was
+    never retrieved' at exit."""
+    for task in done:
+        if not task.cancelled():
+            task.exception()

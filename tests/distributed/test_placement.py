@@ -9,7 +9,12 @@ from reroll.config import ConfigError
 from reroll.config.distributed import DistributedConfig
 from reroll.config.loading import validate
 from reroll.config.schema import RLConfig
-from reroll.distributed.placement import check_resources, colocated_with_policy
+from reroll.distributed.placement import (
+    NodeInfo,
+    check_nodes,
+    check_resources,
+    colocated_with_policy,
+)
 from reroll.distributed.weight_sync import sync_method
 
 pytestmark = pytest.mark.unit
@@ -115,3 +120,101 @@ def test_colocation_and_weight_sync_method_follow_the_placement():
     assert sync_method(DistributedConfig(executor="ray")) == ("object_store", "gloo")
     assert sync_method(DistributedConfig(executor="ray", weight_sync="broadcast")) == (
         "broadcast", "gloo")
+
+
+# Multi-node placement by custom node resources and labels (no Ray needed: `check_nodes` takes
+# each live node's total resources and labels).
+THREE_NODES = [NodeInfo({"CPU": 1.0, "train": 1.0, "node:10.0.0.1": 1.0, "memory": 1e9},
+                        {"ray.io/node-id": "abc"}),
+               NodeInfo({"CPU": 2.0, "rollout": 1.0}, {"pool": "gpu"}),
+               NodeInfo({"CPU": 1.0, "reward": 2.0}, {"pool": "cpu"})]
+
+
+def nodes_error(distributed: dict, roles=("policy", "rollout"), nodes=THREE_NODES) -> str:
+    with pytest.raises(ConfigError) as info:
+        check_nodes(DistributedConfig(**distributed), roles, nodes)
+    return str(info.value)
+
+
+def test_roles_pinned_to_the_nodes_that_offer_their_resources():
+    placed = {"executor": "ray", "policy": {"resources": {"train": 1}},
+              "rollout": {"num_cpus": 2, "resources": {"rollout": 1}},
+              "reward": {"num_workers": 2, "resources": {"reward": 1}}}
+    check_nodes(DistributedConfig(**placed), ("policy", "rollout", "reward"), THREE_NODES)
+
+
+def test_a_resource_no_node_offers_names_the_role_and_the_resource():
+    message = nodes_error({"executor": "ray", "rollout": {"resources": {"gpu_h100": 1}}})
+    assert "distributed.rollout.resources" in message and "'gpu_h100'" in message
+    assert "['reward', 'rollout', 'train']" in message  # what the nodes do offer
+    assert "ray start --resources='{\"gpu_h100\": 1}'" in message
+
+
+def test_cpus_and_resources_must_be_on_one_node():
+    message = nodes_error({"executor": "ray", "rollout": {"num_cpus": 2, "resources":
+                                                          {"train": 1}}})
+    assert "distributed.rollout: no single node has {CPU: 2, train: 1}" in message
+    assert "{CPU: 1, train: 1}" in message and "node:" not in message and "memory" not in message
+
+
+def test_roles_placed_by_node_labels():
+    check_nodes(DistributedConfig(executor="ray", reward={"num_workers": 4, "labels": {"pool":
+                                                                                     "cpu"}}),
+                ("policy", "rollout", "reward"), THREE_NODES)  # labels reserve nothing
+    message = nodes_error({"executor": "ray", "rollout": {"labels": {"pool": "tpu"}}})
+    assert "distributed.rollout.labels: no node of the Ray cluster has the label pool=tpu" in message
+    assert "['pool=cpu', 'pool=gpu']" in message and "ray.io" not in message
+    assert "ray start --labels=pool=tpu" in message
+    message = nodes_error({"executor": "ray", "rollout": {"num_cpus": 2, "labels": {"pool": "cpu"}}})
+    assert "no single node has {CPU: 2} with labels {'pool': 'cpu'}" in message
+    assert "{CPU: 1, reward: 2} labels {'pool': 'cpu'}" in message
+
+
+def test_more_of_a_resource_than_every_node_together():
+    message = nodes_error({"executor": "ray", "policy": {"resources": {"reward": 1}},
+                          "reward": {"num_workers": 2, "resources": {"reward": 1}}},
+                         roles=("policy", "rollout", "reward"))
+    assert "distributed.policy/reward.resources" in message
+    assert "reserve 3 of 'reward'" in message and "offer 2" in message
+
+
+@pytest.mark.parametrize("distributed, expected", [
+    ({"executor": "ray", "rollout": {"resources": {"CPU": 2}}}, "ask for CPUs with num_cpus"),
+    ({"executor": "ray", "rollout": {"resources": {"rollout": 0}}}, "amounts must be > 0"),
+    ({"executor": "ray", "rollout": {"devices": [0], "resources": {"rollout": 1}}},
+     "resources or labels with devices"),
+    ({"executor": "ray", "rollout": {"devices": [0], "labels": {"pool": "gpu"}}},
+     "resources or labels with devices"),
+    ({"executor": "ray", "critic": {"colocate_with": "policy", "labels": {"a": "b"}}},
+     "resources and labels empty"),
+    ({"rollout": {"labels": {"pool": "gpu"}}}, "distributed.rollout.labels is only used"),
+    ({"executor": "ray", "reference": {"colocate_with": "policy", "resources": {"a": 1}}},
+     "resources and labels empty"),
+    ({"executor": "ray", "reward": {"colocate_with": "policy"}}, "distributed.reward runs on CPUs"),
+    ({"executor": "ray", "reward": {"num_cpus": 0}}, "distributed.reward has neither"),
+    ({"reward": {"num_cpus": 1}}, "distributed.reward is only used by the ray executor"),
+    ({"rollout": {"resources": {"rollout": 1}}}, "distributed.rollout.resources is only used"),
+])
+def test_inconsistent_node_placement(distributed, expected):
+    assert expected in rl_error(distributed)
+
+
+def test_agentic_runs_have_no_reward_role_to_place():
+    from reroll.config.agentic import AgenticConfig
+
+    data = {"pipeline": "agentic", "steps": 2, "model": {"path": "m"},
+            "env": {"id": "guess_number"}, "distributed": {"executor": "ray", "reward": {}}}
+    with pytest.raises(ConfigError, match="distributed.reward: agentic runs are scored by their"):
+        validate(AgenticConfig, data, "config.yaml")
+
+
+def test_ray_joins_the_cluster_named_by_the_config_or_ray_address(monkeypatch):
+    from reroll.distributed.ray_runtime import init_kwargs
+
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    local = init_kwargs(None, 3)
+    assert local["num_cpus"] == 3 and "address" not in local
+    monkeypatch.setenv("RAY_ADDRESS", "10.0.0.1:6379")
+    joined = init_kwargs(None, 3)
+    assert joined["address"] == "10.0.0.1:6379" and "num_cpus" not in joined
+    assert init_kwargs("ray://head:10001", None)["address"] == "ray://head:10001"  # config wins
