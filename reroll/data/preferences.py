@@ -96,3 +96,25 @@ def write_arithmetic_preferences(out: str | Path, train_size: int = 2000, eval_s
     for split, rows in (("train", train_rows), ("eval", eval_rows)):
         paths[split].write_text("".join(json.dumps(row) + "\n" for row in rows))
     return paths
+
+
+def judge_prompt(question: str, first: str, second: str) -> str:
+    """The Think-J question: which of two responses to `question` is correct, answered as a boxed
+    letter so the math reward scores agreement with the known preference."""
+    return (f"Question: {question}\n\nResponse A: {first}\n\nResponse B: {second}\n\n"
+            f"Which response is correct? Answer with \\boxed{{A}} or \\boxed{{B}}.")
+
+
+def judge_rows(pairs: list[dict], seed: int) -> list[dict]:
+    """RLVR rows `{prompt, answer}` from preference rows `{prompt, chosen, rejected}`: the chosen
+    response is shown as A or B at random (seeded, so a judge cannot learn the position), and the
+    answer is the letter of the chosen one."""
+    rng = random.Random(seed + 11)
+    rows = []
+    for pair in pairs:
+        chosen_first = rng.random() < 0.5
+        first, second = ((pair["chosen"], pair["rejected"]) if chosen_first
+                         else (pair["rejected"], pair["chosen"]))
+        rows.append({"prompt": judge_prompt(pair["prompt"], first, second),
+                     "answer": "A" if chosen_first else "B"})
+    return rows

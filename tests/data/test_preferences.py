@@ -78,3 +78,19 @@ def test_make_data_preferences_writes_disjoint_splits(tmp_path):
     assert not {r.prompt.prompt_text for r in train} & {r.prompt.prompt_text for r in held_out}
     assert write_arithmetic_preferences(tmp_path / "again", 40, 10)["train"].read_text() == \
         (tmp_path / "train.jsonl").read_text()
+
+
+def test_judge_rows_randomise_order_and_the_math_reward_scores_agreement():
+    from reroll.data.preferences import judge_rows
+    pairs = arithmetic_preference_rows(200, seed=0)
+    rows = judge_rows(pairs, seed=0)
+    assert rows == judge_rows(pairs, seed=0)
+    letters = [r["answer"] for r in rows]
+    assert 60 < letters.count("A") < 140
+    for pair, row in zip(pairs, rows, strict=True):
+        first = row["prompt"].index("Response A:")
+        second = row["prompt"].index("Response B:")
+        shown_a = row["prompt"][first:second]
+        assert (pair["chosen"] in shown_a) == (row["answer"] == "A")
+    assert verify_boxed("\\boxed{A}", "A")[0] == 1.0
+    assert verify_boxed("\\boxed{B}", "A")[0] == 0.0
