@@ -180,7 +180,13 @@ def cmd_make_data(args: argparse.Namespace) -> None:
     for flag in ("direct_frac", "direct_accuracy"):
         if not 0 <= getattr(args, flag) <= 1:
             raise ConfigError(f"--{flag.replace('_', '-')} {getattr(args, flag)}: must be between 0 and 1")
-    if args.preferences:
+    if args.preferences and args.judge:
+        raise ConfigError("--preferences and --judge: pick one")
+    if args.judge:
+        from reroll.data.preferences import write_arithmetic_judge
+
+        paths = write_arithmetic_judge(args.out, args.train_size, args.eval_size, args.seed, levels)
+    elif args.preferences:
         from reroll.data.preferences import write_arithmetic_preferences
 
         paths = write_arithmetic_preferences(args.out, args.train_size, args.eval_size,
@@ -254,6 +260,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--preferences", action="store_true",
                    help="write preference pairs instead (prompt, chosen: the worked answer, "
                         "rejected: a wrong one) for `reroll dpo` and `reroll rm`")
+    p.add_argument("--judge", action="store_true",
+                   help="write Think-J judge rows instead (prompt: a question and two answers in "
+                        "seeded random order, answer: the letter A or B of the right one) for "
+                        "an RLVR run with `reward: {type: math}`")
     p.add_argument("--seed", type=int, default=0)
     p.set_defaults(fn=cmd_make_data)
 

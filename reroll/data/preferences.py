@@ -118,3 +118,16 @@ def judge_rows(pairs: list[dict], seed: int) -> list[dict]:
         rows.append({"prompt": judge_prompt(pair["prompt"], first, second),
                      "answer": "A" if chosen_first else "B"})
     return rows
+
+
+def write_arithmetic_judge(out: str | Path, train_size: int = 2000, eval_size: int = 200,
+                           seed: int = 0, levels: tuple[int, ...] = (1, 2, 3, 4)
+                           ) -> dict[str, Path]:
+    """Write Think-J `train.jsonl` and `eval.jsonl` (the arithmetic preference splits turned into
+    judge rows by `judge_rows`) for an RLVR run with `reward: {type: math}`."""
+    paths = write_arithmetic_preferences(out, train_size, eval_size, seed, levels)
+    for split, path in paths.items():
+        pairs = [json.loads(line) for line in path.read_text().splitlines()]
+        rows = judge_rows(pairs, seed + (1 if split == "eval" else 0))
+        path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    return paths

@@ -94,3 +94,12 @@ def test_judge_rows_randomise_order_and_the_math_reward_scores_agreement():
         assert (pair["chosen"] in shown_a) == (row["answer"] == "A")
     assert verify_boxed("\\boxed{A}", "A")[0] == 1.0
     assert verify_boxed("\\boxed{B}", "A")[0] == 0.0
+
+
+def test_make_data_judge_writes_judge_splits(tmp_path):
+    main(["make-data", "--judge", "--out", str(tmp_path), "--train-size", "20",
+          "--eval-size", "5"])
+    for split, n in (("train", 20), ("eval", 5)):
+        rows = [json.loads(line) for line in (tmp_path / f"{split}.jsonl").read_text().splitlines()]
+        assert len(rows) == n
+        assert all(r["answer"] in ("A", "B") and "Response B:" in r["prompt"] for r in rows)
