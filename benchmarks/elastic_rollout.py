@@ -125,7 +125,7 @@ class Users:
 
 def start_server(model: str, port: int) -> subprocess.Popen:
     server = subprocess.Popen([sys.executable, "-m", "reroll.engines.server", model,
-                               "--port", str(port), "--threads", "1"],
+                               "--port", str(port), "--threads", "1", "--yield-to-serving"],
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     seen = []
     for line in server.stdout:  # progress bars come first
@@ -166,7 +166,8 @@ def run_mode(mode: str, model: str, url: str, vocab: int, objective: ServingObje
               "user_ttft_p99_s": p99([r["ttft"] for r in served]),
               "user_tpot_p99_s": p99([r["tpot"] for r in served])}
     if mode == "elastic":
-        result |= {"lent": engine.counters.lent, "backoffs": engine.counters.backoffs}
+        result |= {"lent": engine.counters.lent, "backoffs": engine.counters.backoffs,
+                   "preempted": engine.counters.preempted}
         engine.close()
     console.log(result)
     return result
@@ -196,7 +197,7 @@ def main() -> None:
         base = calibrate(url, vocab)
         objective = ServingObjective(SLO_FACTOR * base["ttft_p99_s"],
                                      SLO_FACTOR * base["tpot_p99_s"],
-                                     max_lent=MAX_LENT, control_interval_s=0.25, window_s=1.0)
+                                     max_lent=MAX_LENT, control_interval_s=0.05, window_s=1.0)
         console.log(f"users alone: {base}; objective ttft p99 {objective.ttft_p99_s:.3f} s, "
                     f"tpot p99 {objective.tpot_p99_s:.4f} s")
         runs = {"fixed": [], "elastic": []}

@@ -14,10 +14,11 @@ them while its own traffic stays within its objective:
   `dedicated_max_in_flight`, the endpoint up to the cap; requests wait for room in order;
 - new weights go to both, and the endpoint's fingerprint must equal the dedicated engine's (the
   trainer then compares that with its own): an endpoint left on other weights stops the run.
-
-What lending cannot take back: a rollout request already on the endpoint when the cap drops runs
-to its end (the server's engine decodes it beside the users' requests); short rollouts end within
-an interval, and `max_lent` bounds how many there can be.
+- users first: a server started with `--yield-to-serving` aborts the rollouts it runs as soon as
+  one of its users' requests arrives; a rollout that comes back aborted this way is continued on
+  the dedicated engine from where it stopped (prompt + its tokens, the rest of its budget), its
+  tokens and logprobs kept (the same weights sampled them). Without it, a rollout already on the
+  endpoint when the cap drops runs to its end beside the users' requests.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ import collections
 import itertools
 import threading
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 
@@ -56,13 +57,16 @@ class ServingObjective:
 def next_cap(cap: int, serving: dict, objective: ServingObjective) -> int:
     """The lending cap after one control interval, from the serving traffic's recent p99s
     (`serving`: `ttft_p99_s`, `tpot_p99_s`, None when no request finished in the window):
-    0 when either passes `headroom` x its objective, else doubled (at least 1), up to `max_lent`.
-    An idle endpoint (no serving request finished) lends the most."""
+    0 when either passes `headroom` x its objective or a serving request is running, else doubled
+    (at least 1), up to `max_lent`. An idle endpoint (no serving request in the window) lends the
+    most."""
     limits = {"ttft_p99_s": objective.ttft_p99_s, "tpot_p99_s": objective.tpot_p99_s}
     for key, limit in limits.items():
         value = serving.get(key)
         if value is not None and value > objective.headroom * limit:
             return 0
+    if serving.get("in_flight", 0) > 0:  # users are being served right now
+        return 0
     if serving.get("requests", 0) == 0:
         return objective.max_lent
     return min(objective.max_lent, max(1, 2 * cap))
@@ -76,6 +80,8 @@ class ElasticCounters:
     """Rollout requests the dedicated engine answered."""
     backoffs: int = 0
     """Control intervals that cut the cap to 0 from above it."""
+    preempted: int = 0
+    """Lent rollouts the endpoint aborted for its users, finished on the dedicated engine."""
     caps: list[int] = field(default_factory=list)
     """The cap of each control interval."""
 
@@ -96,6 +102,7 @@ class ElasticEngine:
         self.cap = 0
         self._in_flight = {"dedicated": 0, "serving": 0}
         self._where: dict[str, str] = {}
+        self._aborted: set[str] = set()  # aborted by the caller, not preempted
         self._lock = threading.Lock()
         self._tickets = itertools.count()
         self._waiting: collections.deque[int] = collections.deque()  # room goes in arrival order
@@ -109,14 +116,16 @@ class ElasticEngine:
 
     async def generate(self, request: Request) -> Completion:
         side = await self._room(next(self._tickets))
-        self._where[request.request_id] = side
-        try:
-            engine = self.serving if side == "serving" else self.dedicated
-            out = await engine.generate(request)
-        finally:
+        out = await self._generate_on(side, request)
+        if side == "serving" and out.finish_reason == "abort" \
+                and request.request_id not in self._aborted \
+                and len(out.token_ids) < request.params.max_new_tokens:  # yielded to its users
             with self._lock:
-                self._in_flight[side] -= 1
-            self._where.pop(request.request_id, None)
+                self.counters.preempted += 1
+            rest = await self._generate_on(await self._room(next(self._tickets), "dedicated"),
+                                           continuation(request, out))
+            out = joined(out, rest)
+        self._aborted.discard(request.request_id)
         with self._lock:
             if side == "serving":
                 self.counters.lent += 1
@@ -124,7 +133,18 @@ class ElasticEngine:
                 self.counters.dedicated += 1
         return out
 
+    async def _generate_on(self, side: str, request: Request) -> Completion:
+        self._where[request.request_id] = side
+        try:
+            engine = self.serving if side == "serving" else self.dedicated
+            return await engine.generate(request)
+        finally:
+            with self._lock:
+                self._in_flight[side] -= 1
+            self._where.pop(request.request_id, None)
+
     def abort(self, request_id: str) -> None:
+        self._aborted.add(request_id)
         side = self._where.get(request_id)
         (self.serving if side == "serving" else self.dedicated).abort(request_id)
 
@@ -163,6 +183,7 @@ class ElasticEngine:
         c = self.counters
         total = max(c.lent + c.dedicated, 1)
         return {"elastic/lent_frac": c.lent / total, "elastic/backoffs": float(c.backoffs),
+                "elastic/preempted": float(c.preempted),
                 "elastic/cap_mean": sum(c.caps) / max(len(c.caps), 1)}
 
     def close(self) -> None:
@@ -176,8 +197,8 @@ class ElasticEngine:
 
     # -- internals -------------------------------------------------------------------------------
 
-    async def _room(self, ticket: int) -> str:
-        """Wait for this request's turn and a side with room; take it."""
+    async def _room(self, ticket: int, only: str | None = None) -> str:
+        """Wait for this request's turn and a side with room (`only` that side); take it."""
         with self._lock:
             self._waiting.append(ticket)
         try:
@@ -185,7 +206,8 @@ class ElasticEngine:
                 with self._lock:
                     if self._waiting[0] == ticket:
                         side = "dedicated" if self._in_flight["dedicated"] < self.dedicated_max \
-                            else "serving" if self._in_flight["serving"] < self.cap else None
+                            else "serving" if self._in_flight["serving"] < self.cap \
+                            and only != "dedicated" else None
                         if side is not None:
                             self._in_flight[side] += 1
                             self._waiting.popleft()
@@ -212,3 +234,17 @@ class ElasticEngine:
                 self.cap = cap
                 self.counters.caps.append(cap)
 
+
+def continuation(request: Request, partial: Completion) -> Request:
+    """The rest of `request` after the tokens of `partial`: its prompt plus them, the remaining
+    token budget, the same seed (a fresh id)."""
+    left = request.params.max_new_tokens - len(partial.token_ids)
+    return Request(list(request.prompt_ids) + list(partial.token_ids),
+                   replace(request.params, max_new_tokens=max(left, 1)), request.seed)
+
+
+def joined(first: Completion, rest: Completion) -> Completion:
+    """One completion of the original request from its two parts."""
+    return Completion(first.request_id, first.prompt_ids, first.token_ids + rest.token_ids,
+                      first.logprobs + rest.logprobs, rest.finish_reason, rest.policy_version,
+                      None, first.first_token_s)

@@ -11,6 +11,9 @@ other is the endpoint's own (serving) traffic. `GET /v1/load?window_s=S` reports
 p99 time to first token and time per output token over the last S seconds and the requests in
 flight; `POST /v1/weights` (a safetensors body, header `X-Reroll-Version`) loads new policy
 weights between two decoding steps; `GET /v1/weights_fingerprint` lets the trainer verify them.
+With `yield_to_serving` (`--yield-to-serving`), a serving request that arrives aborts every
+rollout request running here: they return what they generated (finish reason `abort`) and the
+trainer finishes them elsewhere, so the users' requests never share a batch with rollouts.
 """
 
 from __future__ import annotations
@@ -82,9 +85,13 @@ def p99(values: list[float]) -> float | None:
 class CompletionServer:
     """Serves `engine` on host:port in a background thread (port 0: any free port)."""
 
-    def __init__(self, engine: Engine, model_name: str, host: str = "127.0.0.1", port: int = 0):
+    def __init__(self, engine: Engine, model_name: str, host: str = "127.0.0.1", port: int = 0,
+                 yield_to_serving: bool = False):
         self.engine, self.model_name = engine, model_name
+        self.yield_to_serving = yield_to_serving
         self.latency = LatencyLog()
+        self._rollouts: set[str] = set()  # rollout requests running here
+        self._rollouts_lock = threading.Lock()
         self._loop = BackgroundLoop("reroll-server")
         self._http = ThreadingHTTPServer((host, port), _handler(self))
         self._http.daemon_threads = True
@@ -107,9 +114,19 @@ class CompletionServer:
             stop_token_ids=tuple(body.get("stop_token_ids") or ()))
         request = Request(prompt, params, seed=int(body.get("seed") or 0))
         kind = "rollout" if body.get("reroll_kind") == "rollout" else "serving"
+        with self._rollouts_lock:
+            if kind == "rollout":
+                self._rollouts.add(request.request_id)
+            elif self.yield_to_serving:
+                for rollout_id in self._rollouts:
+                    self.engine.abort(rollout_id)
         self.latency.started(kind)
         start = time.perf_counter()
-        out = self._loop.run(self.engine.generate(request))
+        try:
+            out = self._loop.run(self.engine.generate(request))
+        finally:
+            with self._rollouts_lock:
+                self._rollouts.discard(request.request_id)
         self.latency.finished(kind, time.perf_counter() - start, out)
         return {
             "id": f"cmpl-{out.request_id}", "object": "text_completion", "created": int(time.time()),
@@ -188,6 +205,8 @@ def main() -> None:
     parser.add_argument("--port", type=int, default=8000)
     parser.add_argument("--max-batch-size", type=int, default=256)
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: all)")
+    parser.add_argument("--yield-to-serving", action="store_true",
+                        help="a serving request aborts the rollout requests running here")
     args = parser.parse_args()
     if args.threads:
         import torch
@@ -198,7 +217,7 @@ def main() -> None:
 
     engine = HFEngine(load_model(args.model), args.max_batch_size,
                       load_tokenizer(args.model).pad_token_id)
-    server = CompletionServer(engine, args.model, args.host, args.port)
+    server = CompletionServer(engine, args.model, args.host, args.port, args.yield_to_serving)
     print(f"serving {args.model} at {server.url}", flush=True)
     threading.Event().wait()
 

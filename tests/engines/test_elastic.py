@@ -146,6 +146,35 @@ def test_an_aborted_wait_does_not_block_the_queue(endpoint, tiny_model, tokenize
 
 
 
+def test_a_yielding_endpoint_aborts_lent_rollouts_for_its_users_and_they_finish_elsewhere(
+        tiny_model, tokenizer):
+    server = CompletionServer(HFEngine(load_model(tiny_model), 64, tokenizer.pad_token_id),
+                              "tiny", yield_to_serving=True)
+    idle = ServingObjective(ttft_p99_s=60, tpot_p99_s=60, control_interval_s=0.05, max_lent=4)
+    engine = elastic(tiny_model, tokenizer, server.url, idle)
+    users = RemoteEngine([server.url])
+    try:
+        time.sleep(0.3)
+
+        async def scenario():
+            rollouts = [asyncio.create_task(engine.generate(r))
+                        for r in rollout_requests(6, length=300)]
+            while server.latency.report(60)["rollout"]["in_flight"] == 0:
+                await asyncio.sleep(0.01)  # some are lent and running on the endpoint
+            user = await users.generate(rollout_requests(1, length=4)[0])
+            return user, await asyncio.gather(*rollouts)
+
+        user, outs = asyncio.run(scenario())
+        assert user.finish_reason == "length" and len(user.token_ids) == 4
+        assert engine.counters.preempted > 0
+        assert [len(o.token_ids) for o in outs] == [300] * 6  # every rollout finished whole
+        assert all(len(o.logprobs) == 300 for o in outs)
+    finally:
+        users.close()
+        engine.close()
+        server.close()
+
+
 @pytest.mark.e2e
 def test_grpo_lends_rollouts_to_a_serving_endpoint_and_keeps_it_on_the_policy(
         tmp_path, endpoint, tiny_model, arithmetic):
