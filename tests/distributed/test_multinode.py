@@ -1,10 +1,12 @@
 """GRPO on a Ray cluster of three nodes started on this machine (`ray.cluster_utils.Cluster`,
-each node with its own CPUs and custom resources): the policy on the `train` node, the engine on
-the `rollout` node, the reference and the reward on the `cpu` node, as their
-`distributed.<role>.resources` say. The run gives the same numbers as the one-process run (the
-weights cross nodes through the object store, fingerprint-checked at every sync), a placement no
-node can meet stops at start naming the role and the resource, and losing the node that hosts
-the engine mid-run re-places it on a live node and resumes from the last checkpoint."""
+each node with one CPU and its own custom resources or labels): the policy on the `train` node,
+the engine on the `rollout` node, the reference (by resource) and the reward (by label) on the
+CPU node, as `distributed.<role>.resources` / `labels` say. The run gives the same numbers as the
+one-process run (the weights cross nodes through the object store, fingerprint-checked at every
+sync), and so does one with two engines on two `rollout` nodes; a placement no node can meet
+stops at start naming the role and what is missing (exit 2 from the CLI); losing the node that
+hosts the engine mid-run re-places it on a live node and resumes from the last checkpoint; a
+reward actor whose node is lost is restarted by Ray on another node."""
 
 from __future__ import annotations
 
@@ -38,9 +40,10 @@ def cluster():
     import ray
     from ray.cluster_utils import Cluster
 
-    from reroll.distributed.ray_runtime import shutdown_ray
+    from reroll.distributed.ray_runtime import ensure_ray, shutdown_ray
 
-    shutdown_ray()  # a single-node instance another tier's fixture left running
+    single_node = ray.is_initialized()  # the ray tier's session instance, in a run of both
+    shutdown_ray()
     nodes = Cluster(initialize_head=True, head_node_args={
         "num_cpus": NODE_CPUS, "resources": {"train": 1}, "include_dashboard": False})
     try:
@@ -51,6 +54,8 @@ def cluster():
     finally:
         ray.shutdown()
         nodes.shutdown()
+        if single_node:  # give the ray tests that follow their instance back (conftest's size)
+            ensure_ray(num_cpus=4)
 
 
 @pytest.fixture(scope="module")
