@@ -99,36 +99,30 @@ def cmd_make_episodes(args: argparse.Namespace) -> None:
     console.print(f"wrote {len(rows)} expert turns of {args.episodes} episodes to {path}")
 
 
-def cmd_sft(args: argparse.Namespace) -> None:
+CONFIG_COMMANDS = {
+    # command: (its pipeline module, the function that runs a config, what it prints, help)
+    "sft": ("reroll.pipelines.sft", "train_sft", "SFT run finished",
+            "supervised fine-tuning on prompt/response data"),
+    "dpo": ("reroll.pipelines.dpo", "train_dpo", "DPO run finished",
+            "preference optimisation on chosen/rejected pairs (DPO, cDPO, IPO, SimPO, ORPO)"),
+    "rm": ("reroll.pipelines.rm", "train_rm", "reward model run finished",
+           "train a Bradley-Terry reward model on chosen/rejected pairs"),
+    "distill": ("reroll.pipelines.distill", "train_distill", "distillation run finished",
+                "distil a teacher model's next-token distribution into the model, on SFT data"),
+}
+"""The commands that run one pipeline's config (besides `train`); imported when run, so that
+`reroll --help` stays fast."""
+
+
+def cmd_config(args: argparse.Namespace) -> None:
+    """`reroll sft|dpo|rm|distill CONFIG.yaml [overrides]`."""
+    import importlib
+
     from reroll.config import load_config
-    from reroll.pipelines.sft import train_sft
 
-    config = load_config(args.config, args.overrides, expect="sft")
-    show_summary("SFT run finished", train_sft(config))
-
-
-def cmd_dpo(args: argparse.Namespace) -> None:
-    from reroll.config import load_config
-    from reroll.pipelines.dpo import train_dpo
-
-    config = load_config(args.config, args.overrides, expect="dpo")
-    show_summary("DPO run finished", train_dpo(config))
-
-
-def cmd_rm(args: argparse.Namespace) -> None:
-    from reroll.config import load_config
-    from reroll.pipelines.rm import train_rm
-
-    config = load_config(args.config, args.overrides, expect="rm")
-    show_summary("reward model run finished", train_rm(config))
-
-
-def cmd_distill(args: argparse.Namespace) -> None:
-    from reroll.config import load_config
-    from reroll.pipelines.distill import train_distill
-
-    config = load_config(args.config, args.overrides, expect="distill")
-    show_summary("distillation run finished", train_distill(config))
+    module, function, title, _ = CONFIG_COMMANDS[args.command]
+    config = load_config(args.config, args.overrides, expect=args.command)
+    show_summary(title, getattr(importlib.import_module(module), function)(config))
 
 
 def cmd_make_model(args: argparse.Namespace) -> None:
@@ -211,14 +205,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="reroll", description="RL post-training of language models.")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    for name, fn, text in (("train", cmd_train, "run an RL pipeline (GRPO on verifiable rewards)"),
-                           ("sft", cmd_sft, "supervised fine-tuning on prompt/response data"),
-                           ("dpo", cmd_dpo, "preference optimisation on chosen/rejected pairs "
-                            "(DPO, cDPO, IPO, SimPO, ORPO)"),
-                           ("rm", cmd_rm, "train a Bradley-Terry reward model on "
-                            "chosen/rejected pairs"),
-                           ("distill", cmd_distill, "distil a teacher model's next-token "
-                            "distribution into the model, on SFT data")):
+    commands = [("train", cmd_train, "run an RL pipeline (GRPO on verifiable rewards)")] + \
+        [(name, cmd_config, spec[3]) for name, spec in CONFIG_COMMANDS.items()]
+    for name, fn, text in commands:
         p = sub.add_parser(name, help=text, description=text)
         p.add_argument("config", help="YAML config file")
         p.add_argument("overrides", nargs="*", help="dotted overrides, e.g. optimizer.lr=1e-4 resume=true")
