@@ -233,7 +233,8 @@ def _training_configs() -> list[tuple[str, list[str]]]:
 @pytest.mark.parametrize(("config", "overrides"), _training_configs(),
                          ids=lambda v: v if isinstance(v, str) else " ".join(v))
 def test_documented_configs_load_with_their_overrides(config, overrides):
-    load_config(REPO / config, overrides)
+    loaded = load_config(REPO / config, overrides)
+    assert loaded.model.path and loaded.run_dir().name  # a run of a model, with a directory
 
 
 def _figures_tool():

@@ -141,6 +141,10 @@ def test_roles_pinned_to_the_nodes_that_offer_their_resources():
               "rollout": {"num_cpus": 2, "resources": {"rollout": 1}},
               "reward": {"num_workers": 2, "resources": {"reward": 1}}}
     check_nodes(DistributedConfig(**placed), ("policy", "rollout", "reward"), THREE_NODES)
+    # the same placement asking for more than the one `train` node has is refused
+    too_much = {**placed, "policy": {"resources": {"train": 2}}}
+    with pytest.raises(ConfigError, match="distributed.policy"):
+        check_nodes(DistributedConfig(**too_much), ("policy", "rollout", "reward"), THREE_NODES)
 
 
 def test_a_resource_no_node_offers_names_the_role_and_the_resource():
