@@ -16,6 +16,9 @@
    - `chunked`: chunked LM head, all activations kept
    - `full-logits` (with `--all`): the model's own forward and its full-vocabulary logits, no
      checkpointing: what reroll did before (~11 GB; not in the default run)
+   - `fsdp2 chunked+ckpt` and `fsdp2 full-logits+ckpt` (with `--fsdp2`): the same update by
+     one FSDP2 rank (gloo), whose LM head is scored in chunks from inside the sharded model's
+     forward; the second is what FSDP2 training did before (the full logits).
    `train_tokens_per_s` = 16 x 256 / seconds of the update; `peak_rss_gb` of `chunked+ckpt`.
 3. CPU MFU: `train_flops_fraction` = the update's model FLOPs (6 x linear parameters x tokens
    forwarded, the LM head on scored tokens only, attention on the pairs the mask allows; not
@@ -35,6 +38,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 import time
@@ -51,6 +55,8 @@ CONFIGS = {
     "chunked+ckpt": {"chunked": True, "checkpointing": True},
     "chunked": {"chunked": True, "checkpointing": False},
     "full-logits": {"chunked": False, "checkpointing": False},
+    "fsdp2 chunked+ckpt": {"chunked": True, "checkpointing": True, "fsdp2": True},
+    "fsdp2 full-logits+ckpt": {"chunked": False, "checkpointing": True, "fsdp2": True},
 }
 console = Console(stderr=True)
 
@@ -210,17 +216,20 @@ def train_worker(spec: dict) -> dict:
     torch.set_num_threads(spec["threads"])
     from reroll.config.algorithm import AlgorithmConfig
     from reroll.config.schema import OptimizerConfig, TrainConfig
-    from reroll.models import lm_head
+    from reroll.models import lm_head, logprobs
     from reroll.models.loading import load_model
     from reroll.pipelines import objective
+    from reroll.training.fsdp2 import FSDP2Strategy
     from reroll.training.local import LocalStrategy
 
     if not spec["chunked"]:  # the reference: the model's own forward and its full logits
         lm_head.OutputHead.of = classmethod(lambda cls, model: None)
+        logprobs.sharded_plain_head = lambda model: None
     model = load_model(spec["model"])
     loaded_gb = rss_gb()
     train = TrainConfig(micro_batch_size=MICRO, gradient_checkpointing=spec["checkpointing"])
-    strategy = LocalStrategy(model, OptimizerConfig(lr=1e-6), train, total_steps=2)
+    make_strategy = FSDP2Strategy if spec.get("fsdp2") else LocalStrategy
+    strategy = make_strategy(model, OptimizerConfig(lr=1e-6), train, total_steps=2)
     vocab = model.config.vocab_size
     for batch in (grpo_batch(vocab, rows=2, length=32, prompt=8, group=2, seed=1),
                   grpo_batch(vocab)):
@@ -246,8 +255,9 @@ def rss_gb() -> float:
 def run_config(name: str, path: str) -> dict:
     spec = {**CONFIGS[name], "model": path, "threads": THREADS}
     console.log(f"update: {name} (fresh process)")
+    rank = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29517", "RANK": "0", "WORLD_SIZE": "1"}
     out = subprocess.run([sys.executable, __file__, "--train-worker", json.dumps(spec)],
-                         capture_output=True, text=True, check=False)
+                         capture_output=True, text=True, check=False, env=os.environ | rank)
     if out.returncode != 0:
         raise RuntimeError(f"update {name} failed:\n{out.stderr[-3000:]}")
     return json.loads(out.stdout.strip().splitlines()[-1])
@@ -262,6 +272,8 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--all", action="store_true",
                         help="also run the full-logits update (what reroll did before; ~11 GB)")
     parser.add_argument("--skip-decoding", action="store_true")
+    parser.add_argument("--fsdp2", action="store_true",
+                        help="also run the update as one FSDP2 rank, chunked and full-logits")
     parser.add_argument("--train-worker", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.train_worker:
@@ -271,7 +283,8 @@ def main(argv: list[str] | None = None) -> dict:
     started = time.perf_counter()
     path, is_real = model_path(args.model)
     rates, notes = ({}, {}) if args.skip_decoding else decoding(path, is_real)
-    names = list(CONFIGS) if args.all else ["chunked+ckpt", "chunked"]
+    names = ["chunked+ckpt", "chunked"] + (["full-logits"] if args.all else []) \
+        + (["fsdp2 chunked+ckpt", "fsdp2 full-logits+ckpt"] if args.fsdp2 else [])
     updates = {name: run_config(name, path) for name in names}
     result = summarize(rates, updates, notes, is_real, time.perf_counter() - started)
     report(rates, updates, notes)

@@ -122,7 +122,7 @@ ALLOWLIST = {
     # Benchmarks: minutes each; their figures are in docs/benchmarks.md.
     ".venv/bin/python benchmarks/tail_batching.py": "a benchmark (minutes)",
     ".venv/bin/python benchmarks/async_vs_sync.py": "a benchmark (minutes)",
-    ".venv/bin/python benchmarks/real_model.py [--model models/smollm2] [--all]":
+    ".venv/bin/python benchmarks/real_model.py [--model models/smollm2] [--all] [--fsdp2]":
         "a benchmark on the 135M model (minutes)",
     ".venv/bin/python benchmarks/vs_trl.py": "a benchmark (minutes)",
     ".venv/bin/python benchmarks/vs_trl.py --model small": "a benchmark (minutes)",

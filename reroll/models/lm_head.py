@@ -11,10 +11,17 @@ recomputes one chunk's logits at a time. The price is one more LM-head matmul pe
 `OutputHead.of(model)` says whether a model's logits are exactly `lm_head(last_hidden_state)`
 (possibly scaled or soft-capped, applied here as its forward does); for any other model it is
 None and callers use the model's own forward (`reroll.models.logprobs`' reference path).
+
+A model sharded by FSDP2 gathers its root parameters (embeddings, final norm, LM head) only
+inside its own forward, so its head cannot be called from outside. For those, `scoring_head`
+swaps the LM head, for one forward, for a module that does the same chunked scoring from inside
+that forward: the model then returns [positions, 2] (logprob, entropy) as its "logits".
 """
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
@@ -134,6 +141,52 @@ def _chunk_scores(head: OutputHead, hidden: torch.Tensor, targets: torch.Tensor,
             with torch.no_grad():
                 entropy = entropy_from_logits(logits)
     return logprobs, entropy
+
+
+class _ScoringHead(torch.nn.Module):
+    """Stands in for a sharded model's LM head during one forward: scores the positions
+    `select` of the hidden states it receives, predicting `targets`, in chunks."""
+
+    def __init__(self, head: torch.nn.Module, select: tuple[torch.Tensor, torch.Tensor],
+                 targets: torch.Tensor, temperature: float, with_entropy: bool, entropy_grad: bool):
+        super().__init__()
+        self.head = head  # the model's own module: FSDP2 swaps its gathered weight in and out
+        self.select, self.targets = select, targets
+        self.options = temperature, with_entropy, entropy_grad
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        """hidden [B, T, H] -> [N, 2]: each selected position's logprob and entropy (0 without)."""
+        logprobs, entropy = chunked_scores(OutputHead(self, self.head), hidden[self.select],
+                                           self.targets, *self.options)
+        return torch.stack([logprobs, entropy if entropy is not None else torch.zeros_like(logprobs)],
+                           dim=-1)
+
+
+def sharded_plain_head(model: torch.nn.Module) -> torch.nn.Module | None:
+    """The LM head of an FSDP2-sharded model whose logits are exactly `lm_head(hidden)`, or
+    None. (A scaled or soft-capped head post-processes the head's output in the model's forward,
+    which the scoring head's output would not survive.)"""
+    config = getattr(model, "config", None)
+    if not _is_fsdp(model) or getattr(config, "model_type", None) not in PLAIN_HEADS:
+        return None
+    get_head = getattr(model, "get_output_embeddings", None)
+    return get_head() if get_head is not None else None
+
+
+@contextlib.contextmanager
+def scoring_head(model: torch.nn.Module, head: torch.nn.Module,
+                 select: tuple[torch.Tensor, torch.Tensor], targets: torch.Tensor,
+                 temperature: float, with_entropy: bool, entropy_grad: bool) -> Iterator[None]:
+    """Within the block, `model(...).logits` is [N, 2]: logprob and entropy of the positions
+    `select` (rows, cols of the [B, T] hidden states) predicting `targets` [N], computed by
+    `chunked_scores` inside the model's forward, where FSDP2 has gathered the head's weight (the
+    root stays gathered until its backward, which recomputes the chunks)."""
+    model.set_output_embeddings(_ScoringHead(head, select, targets, temperature, with_entropy,
+                                             entropy_grad))
+    try:
+        yield
+    finally:
+        model.set_output_embeddings(head)
 
 
 def _head_requires_grad(head: OutputHead) -> bool:

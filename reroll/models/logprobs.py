@@ -8,11 +8,12 @@ the sampling temperature first, so trainer logprobs match the engine's behaviour
 from __future__ import annotations
 
 import contextlib
+import functools
 
 import torch
 
 from reroll.algorithms import entropy_from_logits
-from reroll.models.lm_head import OutputHead, chunked_scores
+from reroll.models.lm_head import OutputHead, chunked_scores, scoring_head, sharded_plain_head
 from reroll.models.packing import (
     MASKED_ATTENTION,
     PackedBatch,
@@ -74,26 +75,32 @@ def forward_logprobs(model: torch.nn.Module, input_ids: torch.Tensor, attention_
 
     `chunked` (the default) scores from the final hidden states a chunk of positions at a time
     (`reroll.models.lm_head`), never holding the full-vocabulary logits, for the architectures
-    whose head it knows; there padding positions (attention 0) are 0. `chunked=False`, or an
-    unknown architecture, takes the model's own forward and its logits: the reference path."""
+    whose head it knows (sharded by FSDP2 too: then from inside the model's forward); there
+    padding positions (attention 0) are 0. `chunked=False`, or an unknown architecture, takes
+    the model's own forward and its logits: the reference path."""
     head = OutputHead.of(model) if chunked else None
+    sharded_head = sharded_plain_head(model) if chunked and head is None else None
+    scores = functools.partial(_chunked_scores, model, head, sharded_head,
+                               shape=input_ids.shape, temperature=temperature,
+                               with_entropy=with_entropy, entropy_grad=entropy_grad)
     if response_mask is not None and supports_packing(model):
         packed = pack_shared_prefixes(input_ids, attention_mask, response_mask,
                                       getattr(model.config, "hidden_size", 0))
+        if packed is not None and head is None and sharded_head is None:
+            return _packed_forward(model, packed, input_ids.shape, temperature, with_entropy,
+                                   entropy_grad)
         if packed is not None:
-            forward = _packed_forward if head is None else _chunked_packed_forward
-            return forward(model, head, packed, input_ids.shape, temperature, with_entropy,
-                           entropy_grad)
+            return scores(packed.input_ids, _packed_mask(model, packed), packed.position_ids,
+                          select=(packed.source_row, packed.source_col),
+                          targets=packed.target_ids, where=(packed.target_row, packed.target_col))
     first_position = 1 if response_mask is None else first_response_position(response_mask)
     position_ids = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
-    if head is not None:
+    if head is not None or sharded_head is not None:
         scored = attention_mask.bool().clone()
         scored[:, :first_position] = False
         rows, cols = scored.nonzero(as_tuple=True)
-        hidden = head.hidden_states(input_ids, attention_mask, position_ids)
-        return _scattered_scores(head, hidden[rows, cols - 1], input_ids[rows, cols],
-                                 (rows, cols), input_ids.shape, temperature, with_entropy,
-                                 entropy_grad)
+        return scores(input_ids, attention_mask, position_ids, select=(rows, cols - 1),
+                      targets=input_ids[rows, cols], where=(rows, cols))
     keep = {} if first_position <= 1 else {"logits_to_keep": input_ids.shape[1] - first_position + 1}
     logits = model(input_ids=input_ids, attention_mask=attention_mask,
                    position_ids=position_ids, use_cache=False, **keep).logits
@@ -107,7 +114,7 @@ def forward_logprobs(model: torch.nn.Module, input_ids: torch.Tensor, attention_
     return logprobs, entropy
 
 
-def _packed_forward(model: torch.nn.Module, head: None, packed: PackedBatch, shape: torch.Size,
+def _packed_forward(model: torch.nn.Module, packed: PackedBatch, shape: torch.Size,
                     temperature: float, with_entropy: bool, entropy_grad: bool
                     ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """`forward_logprobs` through a packing: logits of the packed positions that predict a
@@ -132,32 +139,34 @@ def _packed_forward(model: torch.nn.Module, head: None, packed: PackedBatch, sha
     return logprobs, entropy
 
 
-def _chunked_packed_forward(model: torch.nn.Module, head: OutputHead, packed: PackedBatch,
-                            shape: torch.Size, temperature: float, with_entropy: bool,
-                            entropy_grad: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """`_packed_forward` from hidden states, the head run in chunks (`reroll.models.lm_head`)."""
-    hidden = head.hidden_states(packed.input_ids, _packed_mask(model, packed), packed.position_ids)
-    return _scattered_scores(head, hidden[packed.source_row, packed.source_col], packed.target_ids,
-                             (packed.target_row, packed.target_col), shape, temperature,
-                             with_entropy, entropy_grad)
-
-
 def _packed_mask(model: torch.nn.Module, packed: PackedBatch) -> torch.Tensor:
     mask_dtype = MASKED_ATTENTION[model.config._attn_implementation]
     return packed_masks(model.config, packed, mask_dtype or next(model.parameters()).dtype)
 
 
-def _scattered_scores(head: OutputHead, hidden: torch.Tensor, targets: torch.Tensor,
-                      where: tuple[torch.Tensor, torch.Tensor], shape: torch.Size,
-                      temperature: float, with_entropy: bool, entropy_grad: bool
-                      ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Chunked scores of `hidden` [N, H] predicting `targets` [N], scattered to [B, L] at
-    `where` (rows, cols), 0 elsewhere."""
-    logprobs, entropy = chunked_scores(head, hidden, targets, temperature, with_entropy,
-                                       entropy_grad)
+def _chunked_scores(model: torch.nn.Module, head: OutputHead | None,
+                    sharded_head: torch.nn.Module | None, input_ids: torch.Tensor,
+                    attention_mask: torch.Tensor, position_ids: torch.Tensor, *,
+                    select: tuple[torch.Tensor, torch.Tensor], targets: torch.Tensor,
+                    where: tuple[torch.Tensor, torch.Tensor], shape: torch.Size,
+                    temperature: float, with_entropy: bool, entropy_grad: bool
+                    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Chunked scores of the final hidden states at `select` (rows, cols) predicting `targets`
+    [N], scattered to [B, L] at `where`, 0 elsewhere: from the backbone's hidden states
+    (`head`), or inside the forward of a model sharded by FSDP2 (`sharded_head`)."""
+    if head is not None:
+        hidden = head.hidden_states(input_ids, attention_mask, position_ids)
+        logprobs, entropy = chunked_scores(head, hidden[select], targets, temperature,
+                                           with_entropy, entropy_grad)
+    else:
+        with scoring_head(model, sharded_head, select, targets, temperature, with_entropy,
+                          entropy_grad):
+            scores = model(input_ids=input_ids, attention_mask=attention_mask,
+                           position_ids=position_ids, use_cache=False).logits
+        logprobs, entropy = scores[:, 0], (scores[:, 1] if with_entropy else None)
 
     def scattered(values: torch.Tensor) -> torch.Tensor:
-        return torch.zeros(shape, dtype=torch.float32, device=hidden.device).index_put(where, values)
+        return torch.zeros(shape, dtype=torch.float32, device=input_ids.device).index_put(where, values)
 
     return scattered(logprobs), (scattered(entropy) if entropy is not None else None)
 
