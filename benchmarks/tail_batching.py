@@ -48,7 +48,7 @@ from reroll.engines.hf import HFEngine  # noqa: E402
 from reroll.models.loading import load_model, load_tokenizer  # noqa: E402
 from reroll.rewards import RewardRunner, build_reward  # noqa: E402
 from reroll.rewards.base import RewardSample  # noqa: E402
-from reroll.rollout.sources import SyncSource  # noqa: E402
+from reroll.rollout.scheduler import SyncSource  # noqa: E402
 from reroll.rollout.stream import PromptStream  # noqa: E402
 from reroll.tracking import ProgressBar  # noqa: E402
 

@@ -204,7 +204,24 @@ def show_summary(title: str, summary: dict) -> None:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="reroll", description="RL post-training of language models.")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    _add_run_commands(sub)
+    _add_model_commands(sub)
+    _add_data_commands(sub)
 
+    from reroll.evaluation import add_eval_parser
+    from reroll.export import add_export_parser
+    from reroll.pipelines.replay import add_replay_parser
+    from reroll.viewer import add_view_parser
+
+    add_view_parser(sub)
+    add_replay_parser(sub)
+    add_eval_parser(sub)
+    add_export_parser(sub)
+    return parser
+
+
+def _add_run_commands(sub) -> None:
+    """`train` and the config-driven commands (sft, dpo, rm, distill): a config and overrides."""
     commands = [("train", cmd_train, "run an RL pipeline (GRPO on verifiable rewards)")] + \
         [(name, cmd_config, spec[3]) for name, spec in CONFIG_COMMANDS.items()]
     for name, fn, text in commands:
@@ -213,6 +230,9 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("overrides", nargs="*", help="dotted overrides, e.g. optimizer.lr=1e-4 resume=true")
         p.set_defaults(fn=fn)
 
+
+def _add_model_commands(sub) -> None:
+    """`make-model` and `check-model`."""
     p = sub.add_parser("make-model", help="write a small random-init model and a locally trained "
                        "tokenizer, or import a pretrained model from a GGUF file")
     p.add_argument("--out", required=True, help="output folder (Hugging Face format)")
@@ -236,6 +256,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="check the vLLM engine too (default: when installed)")
     p.set_defaults(fn=cmd_check_model)
 
+
+def _add_data_commands(sub) -> None:
+    """`make-data`, `envs` and `make-episodes`: the built-in task's data and the environments."""
     p = sub.add_parser("make-data", help="write the built-in arithmetic task's train/eval splits")
     p.add_argument("--out", required=True, help="output folder for train.jsonl and eval.jsonl")
     p.add_argument("--train-size", type=int, default=4000)
@@ -273,17 +296,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--kwargs", default="{}", help='env arguments as JSON, e.g. \'{"noise": 0.5}\'')
     p.add_argument("--system-prompt", default=None)
     p.set_defaults(fn=cmd_make_episodes)
-
-    from reroll.evaluation import add_eval_parser
-    from reroll.export import add_export_parser
-    from reroll.pipelines.replay import add_replay_parser
-    from reroll.viewer import add_view_parser
-
-    add_view_parser(sub)
-    add_replay_parser(sub)
-    add_eval_parser(sub)
-    add_export_parser(sub)
-    return parser
 
 
 def quiet_libraries() -> None:

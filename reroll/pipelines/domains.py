@@ -37,7 +37,7 @@ from reroll.pipelines.task import rollout_row
 from reroll.pipelines.validation import check_answers, check_lengths, check_rules, prompt_lengths
 from reroll.rewards import FailureBounds, RewardRunner, build_runner
 from reroll.rollout.sampling import RolloutJob, rollout
-from reroll.rollout.sources import SyncSource, signal_keep
+from reroll.rollout.scheduler import SyncSource, signal_keep
 from reroll.rollout.stream import PromptStream
 
 log = logging.getLogger(__name__)

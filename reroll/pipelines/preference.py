@@ -24,7 +24,7 @@ from reroll.data.batch import Trajectory, collate
 from reroll.data.preferences import PreferenceRow, load_preferences
 from reroll.pipelines.checkpoints import checkpoint_due, prune_checkpoints
 from reroll.pipelines.common import RunDir, Stopwatch, UpdateGuard, seed_everything, set_threads
-from reroll.rollout.sampling import encode_prompt
+from reroll.rollout.stream import encode_prompt
 from reroll.tracking import ProgressBar, Tracker
 from reroll.training.local import LocalStrategy
 

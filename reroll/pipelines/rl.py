@@ -12,18 +12,22 @@ the new weights to the engine (verified) -> metrics, evaluation, records, checkp
 config is decided in `objective.py` (the pure mapping); the tensor maths is in
 `reroll.algorithms`.
 
-The files one batch passes through, from prompt to optimizer step (DESIGN §1 order):
+The files one batch passes through, from prompt to optimizer step (DESIGN §1 order). Sync: these
+8; async adds a 9th between 2 and 3, the producer and its buffer (`reroll/rollout/async_source.py`):
 1. `reroll/pipelines/rl.py`: this file: the loop, and the step's phases
 2. `reroll/pipelines/rlvr.py` (or `agentic.py`): the task: prompts (env seeds) and their reward
-3. `reroll/rollout/sources.py`: the step's rollout rounds (sync) or the buffer (async)
-4. `reroll/rollout/scheduler.py`: groups of requests streamed to the engine
-5. `reroll/engines/hf.py` (or `vllm.py`, `remote.py`): token ids in, completions out
-6. `reroll/rewards/runner.py`: each completion's reward as it finishes (isolated, timed out)
-7. `reroll/data/batch.py`: Trajectory and `collate` into the padded Batch
-8. `reroll/pipelines/objective.py`: the config's estimator, loss and KL as functions
-9. `reroll/training/local.py` (or `fsdp2.py` behind `workers/policy.py`): the optimizer step
-Leaves they call: the reward function (`reroll/rewards/`), the pure tensor functions of
-`reroll/algorithms/`, the model forward of `reroll/models/logprobs.py`.
+3. `reroll/rollout/scheduler.py`: the step's rollout rounds (`SyncSource`), each a batch of
+   groups of requests streamed to the engine (`RolloutScheduler`)
+4. `reroll/engines/hf.py` (or `vllm.py`, `remote.py`): token ids in, completions out
+5. `reroll/rewards/runner.py`: each completion's reward as it finishes (isolated, timed out)
+6. `reroll/data/batch.py`: Trajectory and `collate` into the padded Batch
+7. `reroll/pipelines/objective.py`: the config's estimator, loss and KL as functions
+8. `reroll/training/local.py` (or `fsdp2.py` behind `workers/policy.py`): the optimizer step
+Records and leaves they use: the group records and request seeds (`reroll/rollout/groups.py`),
+the prompt order and templating (`reroll/rollout/stream.py`), the engine's Request/Completion
+(`reroll/engines/base.py`), tail batching's round planning when it is on
+(`reroll/rollout/tail_batching.py`), the reward function (`reroll/rewards/`), the pure tensor
+functions of `reroll/algorithms/`, the model forward of `reroll/models/logprobs.py`.
 
 Keys this step adds to the Batch of `reroll.data.batch.collate`:
 - `task_rewards` [B]: the task's reward, as the reward function (or env) gave it; `rewards` [B]

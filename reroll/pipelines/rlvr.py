@@ -25,9 +25,20 @@ from reroll.pipelines.roles import remote_reward
 from reroll.pipelines.task import rollout_row
 from reroll.pipelines.validation import check_prompts
 from reroll.rewards import build_runner
+from reroll.rewards.runner import RewardRunner
+from reroll.rollout.async_source import AsyncSource
 from reroll.rollout.sampling import RolloutJob, rollout
-from reroll.rollout.sources import build_source
+from reroll.rollout.scheduler import SyncSource
 from reroll.rollout.stream import PromptStream
+
+
+def build_source(config: RLConfig, engine: Engine, rewards: RewardRunner, tokenizer,
+                 stream: PromptStream) -> SyncSource | AsyncSource:
+    """The rollout source over `engine`, the engine the roles were built with (in its own process
+    when `scheduler.engine_process` says so): asynchronous when `async_training` is on."""
+    if config.async_training.enabled:
+        return AsyncSource(config, engine, rewards, tokenizer, stream)
+    return SyncSource(config, engine, rewards, tokenizer, stream)
 
 
 class PromptTask:

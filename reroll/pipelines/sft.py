@@ -29,7 +29,7 @@ from reroll.pipelines.common import (
     set_threads,
 )
 from reroll.pipelines.inputs import TaskInputs
-from reroll.rollout.sampling import encode_prompt
+from reroll.rollout.stream import encode_prompt
 from reroll.tracking import ProgressBar, Tracker
 from reroll.training.local import LocalStrategy
 

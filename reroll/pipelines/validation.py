@@ -12,7 +12,7 @@ from reroll.config.errors import ConfigError
 from reroll.data.datasets import PromptRow
 from reroll.models.files import model_context
 from reroll.rewards.rules import check_rows
-from reroll.rollout.sampling import encode_prompt
+from reroll.rollout.stream import encode_prompt
 
 NEEDS_ANSWER = {"math": "the reference answer", "code": "the test cases"}
 CHUNK = 256

@@ -39,7 +39,7 @@ from reroll.data.batch import Trajectory
 from reroll.engines.base import Engine, Request, SamplingParams
 from reroll.envs.base import EnvError, reset_async, step_async
 from reroll.envs.wrappers import ChatFormat
-from reroll.rollout.sampling import request_seed
+from reroll.rollout.groups import request_seed
 
 
 @dataclass

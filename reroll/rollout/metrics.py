@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from reroll.data.batch import Trajectory
+from reroll.rollout.groups import Group
 
 
 def rollout_metrics(trajectories: list[Trajectory], group_size: int) -> dict[str, float]:
@@ -23,3 +24,15 @@ def rollout_metrics(trajectories: list[Trajectory], group_size: int) -> dict[str
         "train/truncated_frac": sum(t.finish_reason == "length" for t in trajectories) / len(trajectories),
         "rollout/tokens": float(lengths.sum()),
     }
+
+
+def staleness_metrics(groups: list[Group], version: int) -> dict[str, float]:
+    """Staleness (trainer version - version of the oldest token) and the off-policy token share."""
+    stale = [version - g.version for g in groups]
+    tokens = sum(len(s.tokens) for g in groups for s in g.samples)
+    behind = sum(v < version for g in groups for s in g.samples for v in s.token_versions)
+    resumed = sum(s.resumes > 0 for g in groups for s in g.samples)
+    return {"staleness/mean": sum(stale) / max(len(stale), 1),
+            "staleness/max": float(max(stale, default=0)),
+            "staleness/off_policy_token_frac": behind / max(tokens, 1),
+            "rollout/resumed_samples": float(resumed)}

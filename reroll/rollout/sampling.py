@@ -6,27 +6,13 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass
 
-from reroll.config.errors import ConfigError
 from reroll.data.batch import Trajectory
 from reroll.data.datasets import PromptRow
 from reroll.engines.base import Engine, SamplingParams
 from reroll.rewards.runner import RewardRunner
+from reroll.rollout.groups import request_seed
 from reroll.rollout.scheduler import RolloutScheduler
-
-
-def encode_prompt(tokenizer, row: PromptRow, max_tokens: int) -> list[int]:
-    """Chat-templated prompt ids, ending with the assistant turn's header."""
-    ids = tokenizer.apply_chat_template(row.messages, add_generation_prompt=True, tokenize=True)
-    ids = list(ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids)
-    if len(ids) > max_tokens:
-        raise ConfigError(f"{row.source}: the prompt is {len(ids)} tokens after the chat template, "
-                          f"over data.max_prompt_tokens={max_tokens}")
-    return ids
-
-
-def request_seed(run_seed: int, step: int, index: int) -> int:
-    """A distinct, reproducible sampling seed per (run, step, sample)."""
-    return ((run_seed * 1_000_003 + step) * 65_537 + index) % (2**63)
+from reroll.rollout.stream import encode_prompt
 
 
 @dataclass

@@ -1,6 +1,12 @@
-"""The rollout scheduler: each prompt becomes a group of n requests whose samples move through
-queued -> running -> finished -> rewarded -> kept | filtered | aborted.
+"""The synchronous rollout: the source the pipeline asks for each step's rewarded groups
+(`SyncSource`), and the scheduler that runs them (`RolloutScheduler`). Each prompt becomes a group
+of n requests whose samples move through
+queued -> running -> finished -> rewarded -> kept | filtered | aborted (`reroll.rollout.groups`).
 
+- `SyncSource`: each step runs its own rounds on the engine (the trainer waits), optionally with
+  dynamic-sampling refills, over-sampling and tail batching (`reroll.rollout.tail_batching`).
+  Deterministic for a given seed. The asynchronous source (`reroll.rollout.async_source`) runs
+  the same scheduler on a producer thread instead.
 - A cap on running requests per engine; a group's requests all go to one engine (prompt
   affinity, so the engine can reuse the prompt's prefix cache).
 - Each completion is scored as soon as it finishes, while the others are still generating.
@@ -22,122 +28,148 @@ import math
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field, replace
-from enum import StrEnum
+from dataclasses import replace
 
+import torch
+
+from reroll import algorithms
+from reroll.config.algorithm import DynamicSamplingConfig
 from reroll.data.batch import Trajectory
 from reroll.data.datasets import PromptRow
-from reroll.engines.base import Completion, Engine, Request, SamplingParams
+from reroll.engines.base import Engine, Request, SamplingParams
 from reroll.rewards.base import RewardSample
 from reroll.rewards.runner import RewardRunner
+from reroll.rollout.groups import (
+    ENDED,
+    CollectResult,
+    Group,
+    KeepFn,
+    Sample,
+    SeedFn,
+    State,
+    keep_all,
+    request_seed,
+)
+from reroll.rollout.metrics import staleness_metrics
+from reroll.rollout.stream import PromptStream, encode_prompt
+from reroll.rollout.tail_batching import TailBatcher
 
 
-class State(StrEnum):
-    QUEUED = "queued"
-    RUNNING = "running"
-    FINISHED = "finished"
-    REWARDED = "rewarded"
-    KEPT = "kept"
-    FILTERED = "filtered"
-    ABORTED = "aborted"
+class SyncSource:
+    """Each step runs its own rounds on the engine while the trainer waits: the batch is the
+    first kept groups in launch order, so a run is deterministic for its seed."""
+
+    def __init__(self, config, engine: Engine, rewards: RewardRunner, tokenizer,
+                 stream: PromptStream):
+        self.config, self.engine, self.stream, self.tokenizer = config, engine, stream, tokenizer
+        self.scheduler = RolloutScheduler([engine], rewards, tokenizer,
+                                          config.scheduler.max_running_per_engine)
+        tail = config.tail_batching
+        self.tail = TailBatcher(tail.length_budget, tail.use_history) if tail.enabled else None
+        self._metrics: dict[str, float] = {}
+
+    def next_batch(self, step: int, version: int, params: SamplingParams) -> list[Trajectory]:
+        c = self.config
+        n, size = c.rollout.prompts_per_step, c.rollout.group_size
+        signal = signal_keep(c.algorithm.dynamic_sampling if c.scheduler.refill_filtered else None,
+                             size)
+        if self.tail is None:
+            result = self._collect(iter(self.stream), n, params, signal, step)
+            self.stream.push_front(result.unused_rows)
+            groups, metrics = result.groups, result.metrics
+        elif self.tail.long_round_due(n):
+            groups, metrics = self._long_round(n, params, signal, step)
+        else:
+            groups, metrics = self._regular_round(n, params, signal, step)
+        self._metrics = (metrics | staleness_metrics(groups, version)
+                         | self.scheduler.lifecycle_metrics())
+        if self.tail is not None:
+            self._metrics |= self.tail.metrics()
+        return [t for i, g in enumerate(groups) for t in g.trajectories(i)]
+
+    def _collect(self, rows, num_groups: int, params: SamplingParams, keep: KeepFn, step: int,
+                 first_index: int = 0, oversample: float | None = None,
+                 spare: int = 0) -> CollectResult:
+        """One `scheduler.collect`; `first_index` offsets the seeds of a second wave in a step."""
+        s, size = self.config.scheduler, self.config.rollout.group_size
+        return asyncio.run(self.scheduler.collect(
+            rows, self.encode, num_groups, size, params,
+            lambda i: request_seed(self.config.seed, step, first_index * (size + spare) + i),
+            keep=keep, oversample=s.oversample if oversample is None else oversample,
+            max_groups=math.ceil(num_groups * s.max_groups_factor), spare=spare))
+
+    def _regular_round(self, n: int, params: SamplingParams, signal: KeepFn, step: int):
+        """A round under the length budget. Groups that reach it are deferred, not filtered: they
+        do not count against `scheduler.max_groups_factor`, and more waves run until the batch is
+        full (bounded by one pass over the data, in case nearly every prompt runs long)."""
+        tail = self.tail
+        params = replace(params, max_new_tokens=min(tail.budget, params.max_new_tokens))
+        keep = lambda g: not tail.too_long(g) and signal(g)  # noqa: E731
+        groups, metrics, launched = [], Counter(), 0
+        limit = len(self.stream.sampler.rows) + math.ceil(n * self.config.scheduler.max_groups_factor)
+        size = self.config.rollout.group_size
+        spare = math.ceil(size * self.config.tail_batching.response_oversample) - size
+        while len(groups) < n and launched < limit:
+            result = self._collect(tail.regular_rows(self.stream), n - len(groups), params, keep,
+                                   step, first_index=launched, spare=spare)
+            self.stream.push_front(result.unused_rows)
+            tail.observe(result.groups + result.dropped)
+            deferred = [g for g in result.dropped if tail.too_long(g)]
+            for group in deferred:
+                tail.defer(group.row)
+            groups += result.groups
+            metrics.update(result.metrics)
+            launched += int(result.metrics["rollout/groups_launched"])
+            if not deferred:  # short only if dynamic sampling's cap was reached (documented)
+                break
+        return groups, dict(metrics) | {"tail/long_round": 0.0}
+
+    def _long_round(self, n: int, params: SamplingParams, signal: KeepFn, step: int):
+        """The deferred prompts with the full `max_new_tokens`. No over-sampling unless dynamic
+        sampling may drop groups: every group here is slow, so extra ones only add work."""
+        c = self.config
+        refill = c.algorithm.dynamic_sampling is not None and c.scheduler.refill_filtered
+        result = self._collect(self.tail.long_round_rows(self.stream), n, params, signal, step,
+                               oversample=None if refill else 1.0)
+        self.tail.hand_back(result.unused_rows, self.stream)
+        self.tail.observe(result.groups + result.dropped)
+        return result.groups, result.metrics | {"tail/long_round": 1.0}
+
+    def encode(self, row) -> list[int]:
+        return encode_prompt(self.tokenizer, row, self.config.data.max_prompt_tokens)
+
+    def metrics(self) -> dict[str, float]:
+        return self._metrics | engine_metrics(self.engine)
+
+    def close(self) -> None:
+        shutdown_engine(self.engine)
 
 
-@dataclass(eq=False)
-class Sample:
-    """One response of a group, possibly generated in several pieces (partial rollout)."""
+def signal_keep(config: DynamicSamplingConfig | None, group_size: int) -> KeepFn:
+    """Dynamic sampling's test of one group (the catalogue's filter), or keep-all."""
+    if config is None:
+        return lambda group: True
 
-    seed: int
-    engine: int = 0
-    state: State = State.QUEUED
-    tokens: list[int] = field(default_factory=list)
-    logprobs: list[float] = field(default_factory=list)
-    token_versions: list[int] = field(default_factory=list)
-    """The policy version that generated each token (they differ after a resumed request)."""
-    finish_reason: str = "abort"
-    request_id: str | None = None
-    resumes: int = 0
-    reward: float = 0.0
-    reward_info: dict = field(default_factory=dict)
-    response_text: str = ""
-    history: list[State] = field(default_factory=lambda: [State.QUEUED])
-    dropped: bool = False
-    """A spare speculative sample that is no longer needed: it is aborted, never resumed."""
+    def keep(group: Group) -> bool:
+        return bool(algorithms.dynamic_sampling_keep(
+            torch.tensor(group.rewards), group_size, drop_all_equal=config.drop_all_equal,
+            min_mean=config.min_mean, max_mean=config.max_mean, min_std=config.min_std,
+            max_std=config.max_std, atol=config.atol)[0])
 
-    def move(self, state: State) -> None:
-        self.state = state
-        self.history.append(state)
-
-    def add(self, completion: Completion) -> None:
-        self.tokens += completion.token_ids
-        self.logprobs += completion.logprobs
-        self.token_versions += (completion.token_versions
-                                or [completion.policy_version] * len(completion.token_ids))
-        self.finish_reason = completion.finish_reason
-
-    @property
-    def oldest_version(self) -> int | None:
-        return min(self.token_versions) if self.token_versions else None
+    return keep
 
 
-@dataclass
-class Group:
-    """The n samples of one prompt; `index` is its launch order within one `collect`."""
-
-    index: int
-    row: PromptRow
-    prompt_ids: list[int]
-    engine: int
-    samples: list[Sample]
-    kept: bool | None = None
-    start_version: int = 0
-    cancelled: bool = False
-
-    @property
-    def rewards(self) -> list[float]:
-        return [s.reward for s in self.samples]
-
-    @property
-    def version(self) -> int:
-        """The oldest policy version behind any of its tokens (staleness is measured from it)."""
-        versions = [s.oldest_version for s in self.samples if s.oldest_version is not None]
-        return min(versions, default=self.start_version)
-
-    def trajectories(self, group_id: int, version: int | None = None) -> list[Trajectory]:
-        return [Trajectory(
-            prompt_ids=self.prompt_ids, response_ids=s.tokens, behaviour_logprobs=s.logprobs,
-            finish_reason=s.finish_reason, group_id=group_id, prompt_text=self.row.prompt_text,
-            response_text=s.response_text, answer=self.row.answer, reward=s.reward,
-            reward_info=s.reward_info, policy_version=self.version if version is None else version)
-            for s in self.samples]
-
-    def mark(self, state: State) -> int:
-        """Move the samples whose life has not ended to `state`; returns how many moved."""
-        moving = [s for s in self.samples if s.state not in _ENDED]
-        for s in moving:
-            s.move(state)
-        return len(moving)
+def engine_metrics(engine) -> dict[str, float]:
+    """What an engine reports of itself, if it does (an ElasticEngine: how much it lent)."""
+    report = getattr(engine, "metrics", None)
+    return report() if callable(report) else {}
 
 
-_ENDED = (State.KEPT, State.FILTERED, State.ABORTED)
-
-
-@dataclass
-class CollectResult:
-    groups: list[Group]
-    """The kept groups, in launch order."""
-    unused_rows: list[PromptRow]
-    """Rows launched after the last kept group (aborted or surplus): hand them back to the stream."""
-    metrics: dict[str, float]
-    dropped: list[Group] = field(default_factory=list)
-    """The groups that failed `keep` before the batch was decided."""
-
-
-KeepFn = Callable[["Group"], bool]
-SeedFn = Callable[[int], int]
-
-
-def keep_all(group: Group) -> bool:
-    return True
+def shutdown_engine(engine) -> None:
+    """Stop an engine that runs in its own process (a no-op for one in this process)."""
+    shutdown = getattr(engine, "shutdown", None)  # an engine in its own process
+    if shutdown is not None:
+        shutdown()
 
 
 class RolloutScheduler:
@@ -192,7 +224,7 @@ class RolloutScheduler:
             if stopped >= needed or stopped + len(pending) < needed:
                 break
         for sample in group.samples:
-            if sample.state not in (*_ENDED, State.REWARDED, State.FINISHED):
+            if sample.state not in (*ENDED, State.REWARDED, State.FINISHED):
                 sample.dropped = True
                 if sample.request_id is not None:
                     self.engines[group.engine].abort(sample.request_id)
@@ -348,6 +380,12 @@ class RolloutScheduler:
         self._state().open.set()
 
     # -- bookkeeping -----------------------------------------------------------------------------
+
+    def lifecycle_metrics(self) -> dict[str, float]:
+        """How many samples entered each state of their life since the last call (one step)."""
+        counts = {f"rollout/samples_{s.value}": float(self.lifecycle[s.value]) for s in State}
+        self.lifecycle.clear()
+        return counts
 
     def _move(self, sample: Sample, state: State) -> None:
         sample.move(state)

@@ -1,10 +1,22 @@
 """The prompt stream the rollout sources draw from: the sampler's endless order, plus rows handed
 back (launched but not used: aborted by over-sampling) that come first next time, so a step
-consumes exactly the rows it used, whatever the timing. Its state is checkpointed."""
+consumes exactly the rows it used, whatever the timing. Its state is checkpointed. A row becomes
+the prompt's token ids with `encode_prompt`."""
 
 from __future__ import annotations
 
+from reroll.config.errors import ConfigError
 from reroll.data.datasets import PromptRow, PromptSampler
+
+
+def encode_prompt(tokenizer, row: PromptRow, max_tokens: int) -> list[int]:
+    """Chat-templated prompt ids, ending with the assistant turn's header."""
+    ids = tokenizer.apply_chat_template(row.messages, add_generation_prompt=True, tokenize=True)
+    ids = list(ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids)
+    if len(ids) > max_tokens:
+        raise ConfigError(f"{row.source}: the prompt is {len(ids)} tokens after the chat template, "
+                          f"over data.max_prompt_tokens={max_tokens}")
+    return ids
 
 
 class PromptStream:

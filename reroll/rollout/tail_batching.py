@@ -7,7 +7,7 @@ prompt deferred; prompts seen to run long on earlier epochs are deferred before 
 Deferred prompts wait until there are enough of them for a dedicated long round, which runs
 them together with the full `max_new_tokens`, so the long decodes share one well-filled batch.
 Deferring is not filtering: a regular round runs more waves until its batch is full
-(`SyncSource._regular_round`), so tail batching delivers as many samples as plain rounds.
+(`reroll.rollout.scheduler.SyncSource._regular_round`), so tail batching delivers as many samples as plain rounds.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from collections.abc import Iterator
 
 from reroll.config.errors import ConfigError
 from reroll.data.datasets import PromptRow
-from reroll.rollout.scheduler import Group
+from reroll.rollout.groups import Group
 from reroll.rollout.stream import PromptStream
 
 

@@ -249,7 +249,7 @@ def test_every_row_is_checked_at_load_and_quickly(tokenizer, arithmetic):
     """The whole train set is templated at start-up (batched), so the check costs little."""
     from reroll.data.datasets import load_prompts
     from reroll.pipelines.validation import prompt_lengths
-    from reroll.rollout.sampling import encode_prompt
+    from reroll.rollout.stream import encode_prompt
 
     rows = load_prompts(arithmetic["train"])
     t0 = time.perf_counter()

@@ -11,8 +11,8 @@ from reroll.distributed.engine_actor import ActorEngine
 from reroll.distributed.ray_runtime import shutdown_ray
 from reroll.distributed.weight_sync import InProcessSync, PublishedSync
 from reroll.engines.base import fingerprint
+from reroll.pipelines.rlvr import build_source
 from reroll.pipelines.roles import build_roles, weight_sync_to
-from reroll.rollout.sources import build_source
 
 
 def config(tiny_model: str, **sections) -> RLConfig:

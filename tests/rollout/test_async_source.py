@@ -11,9 +11,9 @@ from scripted_engine import ScriptedEngine, runner
 from reroll.config.schema import RLConfig
 from reroll.data.datasets import PromptRow, PromptSampler
 from reroll.engines.base import SamplingParams, WeightSyncError, fingerprint
-from reroll.rollout.buffer import BufferedGroup, StaleBatchError, VersionedBuffer
-from reroll.rollout.scheduler import Group
-from reroll.rollout.sources import AsyncSource, build_source
+from reroll.pipelines.rlvr import build_source
+from reroll.rollout.async_source import AsyncSource, BufferedGroup, StaleBatchError, VersionedBuffer
+from reroll.rollout.groups import Group
 from reroll.rollout.stream import PromptStream
 
 TOKEN = 40

@@ -8,8 +8,8 @@ from scripted_engine import ScriptedEngine, runner
 from reroll.config.algorithm import DynamicSamplingConfig
 from reroll.data.datasets import PromptRow
 from reroll.engines.base import SamplingParams
-from reroll.rollout.scheduler import RolloutScheduler, State
-from reroll.rollout.sources import signal_keep
+from reroll.rollout.groups import State
+from reroll.rollout.scheduler import RolloutScheduler, signal_keep
 
 TOKEN = 40
 PARAMS = SamplingParams(max_new_tokens=64, temperature=1.0)

@@ -14,10 +14,8 @@ from reroll.models.loading import load_model
 from reroll.pipelines.rlvr import RLVRPipeline
 from reroll.rewards import RewardRunner
 from reroll.rewards.base import RewardResult
-from reroll.rollout.sampling import encode_prompt
-from reroll.rollout.scheduler import RolloutScheduler
-from reroll.rollout.sources import SyncSource
-from reroll.rollout.stream import PromptStream
+from reroll.rollout.scheduler import RolloutScheduler, SyncSource
+from reroll.rollout.stream import PromptStream, encode_prompt
 from reroll.tracking import read_metrics
 
 pytestmark = pytest.mark.e2e

@@ -10,7 +10,7 @@ from reroll.config.errors import ConfigError
 from reroll.config.schema import RLConfig
 from reroll.data.datasets import PromptRow, PromptSampler
 from reroll.engines.base import SamplingParams
-from reroll.rollout.sources import SyncSource
+from reroll.rollout.scheduler import SyncSource
 from reroll.rollout.stream import PromptStream
 
 TOKEN = 40

@@ -1,14 +1,12 @@
-"""Rollout sources: what the pipeline loop asks for the next batch of scored trajectories.
+"""The asynchronous rollout source (ROLL Flash): a producer thread keeps the rollout engine busy
+in the background; kept groups wait in a `VersionedBuffer` and the trainer takes those within
+`async_training.max_staleness` versions. At a weight update the running requests are aborted,
+keep their tokens and resume under the new weights (partial rollout).
 
-- `SyncSource`: each step runs its own rounds on the engine (the trainer waits), optionally with
-  dynamic-sampling refills, over-sampling and tail batching. Deterministic for a given seed.
-- `AsyncSource` (ROLL Flash): a producer thread keeps the rollout engine busy in the background;
-  kept groups wait in a `VersionedBuffer` and the trainer takes those within
-  `async_training.max_staleness` versions. At a weight update the running requests are aborted,
-  keep their tokens and resume under the new weights (partial rollout).
-
-Both expose `engine` (what the pipeline loads weights into and evaluates with), `next_batch`,
-`metrics` and `close`; only the source differs between the two modes.
+It exposes what the synchronous source (`reroll.rollout.scheduler.SyncSource`) does: `engine`
+(what the pipeline loads weights into and evaluates with), `next_batch`, `metrics` and `close`;
+only the source differs between the two modes, and both run groups on a `RolloutScheduler`.
+The buffer (`VersionedBuffer`, at the end) is this source's alone.
 """
 
 from __future__ import annotations
@@ -16,158 +14,22 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import functools
-import math
 import threading
 import time
-from collections import Counter
+from collections import deque
 from collections.abc import Iterable
-from dataclasses import replace
+from dataclasses import dataclass
 
 import torch
 
-from reroll import algorithms
-from reroll.config.algorithm import DynamicSamplingConfig
 from reroll.config.errors import ConfigError
 from reroll.data.batch import Trajectory
 from reroll.engines.base import Engine, Request, SamplingParams, WeightSyncError, fingerprint
 from reroll.rewards.runner import RewardRunner
-from reroll.rollout.buffer import BufferedGroup, VersionedBuffer
-from reroll.rollout.sampling import encode_prompt, request_seed
-from reroll.rollout.scheduler import CollectResult, Group, KeepFn, RolloutScheduler, State
-from reroll.rollout.stream import PromptStream
-from reroll.rollout.tail_batching import TailBatcher
-
-
-def signal_keep(config: DynamicSamplingConfig | None, group_size: int) -> KeepFn:
-    """Dynamic sampling's test of one group (the catalogue's filter), or keep-all."""
-    if config is None:
-        return lambda group: True
-
-    def keep(group: Group) -> bool:
-        return bool(algorithms.dynamic_sampling_keep(
-            torch.tensor(group.rewards), group_size, drop_all_equal=config.drop_all_equal,
-            min_mean=config.min_mean, max_mean=config.max_mean, min_std=config.min_std,
-            max_std=config.max_std, atol=config.atol)[0])
-
-    return keep
-
-
-def staleness_metrics(groups: list[Group], version: int) -> dict[str, float]:
-    """Staleness (trainer version - version of the oldest token) and the off-policy token share."""
-    stale = [version - g.version for g in groups]
-    tokens = sum(len(s.tokens) for g in groups for s in g.samples)
-    behind = sum(v < version for g in groups for s in g.samples for v in s.token_versions)
-    resumed = sum(s.resumes > 0 for g in groups for s in g.samples)
-    return {"staleness/mean": sum(stale) / max(len(stale), 1),
-            "staleness/max": float(max(stale, default=0)),
-            "staleness/off_policy_token_frac": behind / max(tokens, 1),
-            "rollout/resumed_samples": float(resumed)}
-
-
-def lifecycle_metrics(scheduler: RolloutScheduler) -> dict[str, float]:
-    """How many samples entered each state of their life since the last call (one step)."""
-    counts = {f"rollout/samples_{s.value}": float(scheduler.lifecycle[s.value]) for s in State}
-    scheduler.lifecycle.clear()
-    return counts
-
-
-def engine_metrics(engine) -> dict[str, float]:
-    """What an engine reports of itself, if it does (an ElasticEngine: how much it lent)."""
-    report = getattr(engine, "metrics", None)
-    return report() if callable(report) else {}
-
-
-def _shutdown(engine) -> None:
-    shutdown = getattr(engine, "shutdown", None)  # an engine in its own process
-    if shutdown is not None:
-        shutdown()
-
-
-class SyncSource:
-    def __init__(self, config, engine: Engine, rewards: RewardRunner, tokenizer,
-                 stream: PromptStream):
-        self.config, self.engine, self.stream, self.tokenizer = config, engine, stream, tokenizer
-        self.scheduler = RolloutScheduler([engine], rewards, tokenizer,
-                                          config.scheduler.max_running_per_engine)
-        tail = config.tail_batching
-        self.tail = TailBatcher(tail.length_budget, tail.use_history) if tail.enabled else None
-        self._metrics: dict[str, float] = {}
-
-    def next_batch(self, step: int, version: int, params: SamplingParams) -> list[Trajectory]:
-        c = self.config
-        n, size = c.rollout.prompts_per_step, c.rollout.group_size
-        signal = signal_keep(c.algorithm.dynamic_sampling if c.scheduler.refill_filtered else None,
-                             size)
-        if self.tail is None:
-            result = self._collect(iter(self.stream), n, params, signal, step)
-            self.stream.push_front(result.unused_rows)
-            groups, metrics = result.groups, result.metrics
-        elif self.tail.long_round_due(n):
-            groups, metrics = self._long_round(n, params, signal, step)
-        else:
-            groups, metrics = self._regular_round(n, params, signal, step)
-        self._metrics = (metrics | staleness_metrics(groups, version)
-                         | lifecycle_metrics(self.scheduler))
-        if self.tail is not None:
-            self._metrics |= self.tail.metrics()
-        return [t for i, g in enumerate(groups) for t in g.trajectories(i)]
-
-    def _collect(self, rows, num_groups: int, params: SamplingParams, keep: KeepFn, step: int,
-                 first_index: int = 0, oversample: float | None = None,
-                 spare: int = 0) -> CollectResult:
-        """One `scheduler.collect`; `first_index` offsets the seeds of a second wave in a step."""
-        s, size = self.config.scheduler, self.config.rollout.group_size
-        return asyncio.run(self.scheduler.collect(
-            rows, self.encode, num_groups, size, params,
-            lambda i: request_seed(self.config.seed, step, first_index * (size + spare) + i),
-            keep=keep, oversample=s.oversample if oversample is None else oversample,
-            max_groups=math.ceil(num_groups * s.max_groups_factor), spare=spare))
-
-    def _regular_round(self, n: int, params: SamplingParams, signal: KeepFn, step: int):
-        """A round under the length budget. Groups that reach it are deferred, not filtered: they
-        do not count against `scheduler.max_groups_factor`, and more waves run until the batch is
-        full (bounded by one pass over the data, in case nearly every prompt runs long)."""
-        tail = self.tail
-        params = replace(params, max_new_tokens=min(tail.budget, params.max_new_tokens))
-        keep = lambda g: not tail.too_long(g) and signal(g)  # noqa: E731
-        groups, metrics, launched = [], Counter(), 0
-        limit = len(self.stream.sampler.rows) + math.ceil(n * self.config.scheduler.max_groups_factor)
-        size = self.config.rollout.group_size
-        spare = math.ceil(size * self.config.tail_batching.response_oversample) - size
-        while len(groups) < n and launched < limit:
-            result = self._collect(tail.regular_rows(self.stream), n - len(groups), params, keep,
-                                   step, first_index=launched, spare=spare)
-            self.stream.push_front(result.unused_rows)
-            tail.observe(result.groups + result.dropped)
-            deferred = [g for g in result.dropped if tail.too_long(g)]
-            for group in deferred:
-                tail.defer(group.row)
-            groups += result.groups
-            metrics.update(result.metrics)
-            launched += int(result.metrics["rollout/groups_launched"])
-            if not deferred:  # short only if dynamic sampling's cap was reached (documented)
-                break
-        return groups, dict(metrics) | {"tail/long_round": 0.0}
-
-    def _long_round(self, n: int, params: SamplingParams, signal: KeepFn, step: int):
-        """The deferred prompts with the full `max_new_tokens`. No over-sampling unless dynamic
-        sampling may drop groups: every group here is slow, so extra ones only add work."""
-        c = self.config
-        refill = c.algorithm.dynamic_sampling is not None and c.scheduler.refill_filtered
-        result = self._collect(self.tail.long_round_rows(self.stream), n, params, signal, step,
-                               oversample=None if refill else 1.0)
-        self.tail.hand_back(result.unused_rows, self.stream)
-        self.tail.observe(result.groups + result.dropped)
-        return result.groups, result.metrics | {"tail/long_round": 1.0}
-
-    def encode(self, row) -> list[int]:
-        return encode_prompt(self.tokenizer, row, self.config.data.max_prompt_tokens)
-
-    def metrics(self) -> dict[str, float]:
-        return self._metrics | engine_metrics(self.engine)
-
-    def close(self) -> None:
-        _shutdown(self.engine)
+from reroll.rollout.groups import Group, KeepFn, State, request_seed
+from reroll.rollout.metrics import staleness_metrics
+from reroll.rollout.scheduler import RolloutScheduler, shutdown_engine, signal_keep
+from reroll.rollout.stream import PromptStream, encode_prompt
 
 
 class AsyncSource:
@@ -212,7 +74,7 @@ class AsyncSource:
         self.consumed += len(taken)
         idle = self.scheduler.idle_seconds()
         groups = [b.group for b in taken]
-        self._metrics = (staleness_metrics(groups, version) | lifecycle_metrics(self.scheduler)
+        self._metrics = (staleness_metrics(groups, version) | self.scheduler.lifecycle_metrics()
                          | {"time/trainer_idle_s": self.buffer.wait_s - wait0,
                             "time/engine_idle_s": idle - self._idle_mark,
                             "rollout/stale_groups_dropped": float(self.buffer.dropped_stale_groups),
@@ -246,7 +108,7 @@ class AsyncSource:
         self.loop.call_soon_threadsafe(self.loop.stop)
         self.thread.join(timeout=30)
         self.loop.close()
-        _shutdown(self.engine.inner)
+        shutdown_engine(self.engine.inner)
 
     # -- the producer's side (runs on self.loop) -------------------------------------------------
 
@@ -418,10 +280,69 @@ class _ProducerEngine:
         return self._fingerprint or self.inner.weights_fingerprint()
 
 
-def build_source(config, engine: Engine, rewards: RewardRunner, tokenizer, stream: PromptStream,
-                 version: int = 0) -> SyncSource | AsyncSource:
-    """The source over `engine`, the engine the roles were built with (in its own process when
-    `scheduler.engine_process` says so)."""
-    if config.async_training.enabled:
-        return AsyncSource(config, engine, rewards, tokenizer, stream, version)
-    return SyncSource(config, engine, rewards, tokenizer, stream)
+# -- the buffer between the producer and the trainer ---------------------------------------------
+
+
+@dataclass
+class BufferedGroup:
+    group: Group
+    version: int
+    """Oldest policy version that generated any token of the group."""
+
+
+class StaleBatchError(RuntimeError):
+    """The producer stopped before the trainer got a batch (it failed or was closed)."""
+
+
+class VersionedBuffer:
+    """Completed groups wait here tagged with the policy version behind their oldest token. The
+    trainer at version v takes only groups with staleness v - version <= max_staleness; older
+    ones are dropped (and counted), never trained on. Producer and consumer run in different
+    threads."""
+
+    def __init__(self, max_staleness: int, capacity_groups: int):
+        self.max_staleness = max_staleness
+        self.capacity = capacity_groups
+        self._groups: deque[BufferedGroup] = deque()
+        self._cond = threading.Condition()
+        self._closed: BaseException | bool = False
+        self.dropped_stale_groups = 0
+        self.wait_s = 0.0
+
+    def put(self, group: BufferedGroup) -> None:
+        with self._cond:
+            self._groups.append(group)
+            self._cond.notify_all()
+
+    def __len__(self) -> int:
+        with self._cond:
+            return len(self._groups)
+
+    def take(self, num_groups: int, version: int, timeout_s: float | None = None
+             ) -> list[BufferedGroup]:
+        """Block until `num_groups` groups with staleness <= max_staleness are available at
+        trainer version `version`; groups found too stale on the way are dropped."""
+        start = time.perf_counter()
+        with self._cond:
+            while True:
+                self._drop_stale(version)
+                if len(self._groups) >= num_groups:
+                    taken = [self._groups.popleft() for _ in range(num_groups)]
+                    self._cond.notify_all()
+                    self.wait_s += time.perf_counter() - start
+                    return taken
+                if self._closed:
+                    raise StaleBatchError(f"the rollout producer stopped: {self._closed!r}") \
+                        from (self._closed if isinstance(self._closed, BaseException) else None)
+                if not self._cond.wait(timeout_s):
+                    raise TimeoutError(f"no batch of {num_groups} groups within {timeout_s}s")
+
+    def _drop_stale(self, version: int) -> None:
+        fresh = deque(g for g in self._groups if version - g.version <= self.max_staleness)
+        self.dropped_stale_groups += len(self._groups) - len(fresh)
+        self._groups = fresh
+
+    def close(self, error: BaseException | None = None) -> None:
+        with self._cond:
+            self._closed = error or True
+            self._cond.notify_all()
