@@ -175,13 +175,13 @@ def _local_engine(c: RLConfig, pad_token_id: int, plan: Plan) -> Engine:
 
 def ray_role_names(c: RLConfig) -> tuple[str, ...]:
     """The roles a Ray run builds: the reference only for a KL term (not with LoRA: the policy's
-    own adapter-off model is its reference), the critic only for gae, the reward role only when
-    `distributed.reward` places it."""
+    own adapter-off model is its reference), the critic only for gae, the reward and env roles
+    only when `distributed.reward` / `distributed.env` place them."""
     own_reference = bool(c.algorithm.kl.coef) and c.model.lora is None
     return ("policy", "rollout") + (("reference",) if own_reference else ()) \
         + (("critic",) if c.algorithm.critic else ()) \
         + (("reward",) if c.distributed.reward is not None else ()) \
-        + (("env",) if getattr(c.distributed, "env", None) is not None else ())
+        + (("env",) if c.distributed.env is not None else ())
 
 
 def remote_reward(c: RLConfig, factory: Callable[[], RewardFn] | None) -> RewardFn | None:
