@@ -32,7 +32,7 @@ def _serve():
         from ray import serve  # deferred: heavy, and only served rewards need it
     except ImportError as e:
         raise ConfigError(f"distributed.reward.serve needs Ray Serve ({e}); install it with "
-                          f"pip install 'ray[serve]' (reroll's `serve` extra)") from None
+                          f"pip install -e '.[serve]' (`make test` installs it)") from None
     return serve
 
 
