@@ -97,6 +97,20 @@ def test_ray_missing_says_which_extra_to_install(monkeypatch):
         ensure_ray()
 
 
+def test_ray_serve_missing_says_which_extra_to_install(monkeypatch):
+    """`distributed.reward.serve` without Ray Serve's dependencies: a config error naming
+    `.[serve]`."""
+    from reroll.config.distributed import RewardServe
+    from reroll.config.errors import ConfigError
+    from reroll.config.schema import MathReward
+    from reroll.distributed.reward_serve import start_reward_service
+    from reroll.rewards import build_reward
+
+    monkeypatch.setitem(sys.modules, "ray.serve", None)
+    with pytest.raises(ConfigError, match=r"pip install -e '\.\[serve\]'"):
+        start_reward_service(lambda: build_reward(MathReward()), RewardServe(), {"num_cpus": 1})
+
+
 def test_gem_missing_says_which_extra_to_install(monkeypatch):
     from reroll.config.errors import ConfigError
     from reroll.envs.gem_adapter import GemEnv

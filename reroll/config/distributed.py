@@ -68,6 +68,62 @@ class RolePlacement(Section):
             raise ValueError(f"resources {bad}: amounts must be > 0 (fractions like 0.5 are fine)")
         return self
 
+    @property
+    def reserved_workers(self) -> int:
+        """Workers whose CPUs and resources are reserved at start."""
+        return self.num_workers
+
+
+class RewardServe(Section):
+    """The reward as a Ray Serve deployment (`distributed.reward.serve`): replicas that Serve
+    adds while calls queue up and removes when they are idle (RollArt's serverless rewards)."""
+
+    min_replicas: int = Field(1, ge=1, le=1024)
+    """Replicas kept running however idle the reward is (each reserves the placement's
+    `num_cpus` and `resources`; the run checks at start that the cluster has them)."""
+    max_replicas: int = Field(2, ge=1, le=1024)
+    """At most this many replicas while calls queue up; those the cluster cannot place wait
+    until it can (Serve's autoscaling), they never stop the run."""
+    target_ongoing_requests: float = Field(2.0, gt=0, le=10000)
+    """Calls per replica the autoscaler aims at: more in flight adds replicas, fewer removes."""
+    max_ongoing_requests: int = Field(8, ge=1, le=100000)
+    """Calls one replica takes at a time; the rest wait in the caller's queue."""
+    upscale_delay_s: float = Field(1.0, ge=0, le=3600)
+    """How long the load must stay above the target before a replica is added."""
+    downscale_delay_s: float = Field(10.0, ge=0, le=3600)
+    """How long the load must stay below the target before a replica is removed."""
+
+    @model_validator(mode="after")
+    def _check_range(self) -> RewardServe:
+        if self.max_replicas < self.min_replicas:
+            raise ValueError(f"max_replicas {self.max_replicas} is below min_replicas "
+                             f"{self.min_replicas}")
+        return self
+
+
+class RewardPlacement(RolePlacement):
+    """Where the reward function runs: Ray actors (`num_workers`), or a Ray Serve deployment
+    with autoscaling replicas (`serve`), each placed by `num_cpus`, `resources` and `labels`."""
+
+    serve: RewardServe | None = None
+    """Set: the reward is a Ray Serve deployment of `serve.min_replicas` to `serve.max_replicas`
+    replicas (leave `num_workers` unset) that the reward runner calls with the usual time limit.
+    A replica lost mid-run costs only the calls it had in flight: they fail, are counted
+    (`reward/errors`, `reward/lost_calls`) and score 0, as any failed call; Serve starts a new
+    replica. `reward/replicas` logs how many are running. Needs `pip install 'ray[serve]'` (in
+    the `serve` extra)."""
+
+    @model_validator(mode="after")
+    def _check_serve(self) -> RewardPlacement:
+        if self.serve is not None and "num_workers" in self.model_fields_set:
+            raise ValueError("num_workers with serve: the replicas are serve.min_replicas to "
+                             "serve.max_replicas; remove num_workers")
+        return self
+
+    @property
+    def reserved_workers(self) -> int:
+        return self.serve.min_replicas if self.serve is not None else self.num_workers
+
 
 def _colocated() -> RolePlacement:
     return RolePlacement(colocate_with="policy")
@@ -96,12 +152,19 @@ class DistributedConfig(Section):
     """Placement of the reference model (only built when a KL term needs it)."""
     critic: RolePlacement = Field(default_factory=_colocated)
     """Placement of the critic (only built for estimators that need values)."""
-    reward: RolePlacement | None = None
+    reward: RewardPlacement | None = None
     """Placement of the reward function (prompt tasks): None runs it in the driver process (CPU-
     heavy verifiers in its own process pool); set, it runs in `num_workers` Ray actors (calls
     spread round-robin) placed like any role, e.g. on CPU-only nodes with `resources`. A reward
     actor whose node is lost is restarted by Ray on a live node and its calls retried (rewards
-    are pure functions of the sample). Needs `executor: ray`."""
+    are pure functions of the sample). With `serve` set, a Ray Serve deployment with autoscaling
+    replicas instead. Needs `executor: ray`."""
+    env: RolePlacement | None = None
+    """Placement of the environments (agentic runs): None steps them in worker threads of the
+    driver process; set, each episode's environment lives in one of `num_workers` Ray actors
+    (the one with the fewest live environments) placed like any role, e.g. on CPU-only nodes
+    with `labels: {pool: env}`, which steps it in threads of its own under `env.step_timeout_s`.
+    The environment must be importable on those nodes. Needs `executor: ray`."""
     weight_sync: Literal["auto", "object_store", "broadcast"] = "auto"
     """How new weights reach engine actors: one flat buffer through the Ray object store, or a
     torch.distributed broadcast in buckets from the policy's rank 0 (NCCL when policy and rollout
@@ -128,7 +191,8 @@ class DistributedConfig(Section):
                 ("ray_address", self.ray_address is not None),
                 ("num_cpus", self.num_cpus is not None),
                 ("weight_sync", self.weight_sync != "auto"),
-                ("reward", self.reward is not None)) if is_set]
+                ("reward", self.reward is not None),
+                ("env", self.env is not None)) if is_set]
             errors += [f"distributed.{name}.{key} is only used by the ray executor"
                        for name, p in roles.items()
                        for key in ("resources", "labels") if getattr(p, key)]
@@ -138,10 +202,13 @@ class DistributedConfig(Section):
         if self.policy.colocate_with:
             raise ValueError("distributed.policy.colocate_with: the policy is what other roles "
                              "colocate with; remove it")
-        if self.reward is not None and (self.reward.colocate_with or self.reward.devices):
-            raise ValueError("distributed.reward runs on CPUs: leave colocate_with and devices "
-                             "unset (num_cpus and resources place it)")
-        for name, p in (roles | ({"reward": self.reward} if self.reward else {})).items():
+        cpu_roles = {name: p for name, p in (("reward", self.reward), ("env", self.env))
+                     if p is not None}
+        for name, p in cpu_roles.items():
+            if p.colocate_with or p.devices:
+                raise ValueError(f"distributed.{name} runs on CPUs: leave colocate_with and "
+                                 f"devices unset (num_cpus, resources and labels place it)")
+        for name, p in (roles | cpu_roles).items():
             if not p.colocate_with and not p.devices and p.num_cpus == 0 and self.executor == "ray":
                 raise ValueError(f"distributed.{name} has neither devices nor CPUs (num_cpus: 0): "
                                  f"give it num_cpus > 0 (fractions like 0.5 are fine), devices, "

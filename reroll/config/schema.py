@@ -466,6 +466,9 @@ class RLConfig(RLRunConfig):
     @model_validator(mode="after")
     def _check_combinations(self) -> RLConfig:
         problems = self.batch_errors() + scheduling_errors(self) + self.domain_errors()
+        if self.distributed.env is not None:
+            problems.append("distributed.env places environments, which only agentic runs have "
+                            "(pipeline: agentic); remove it")
         if problems:
             raise ValueError("; ".join(problems))
         return self

@@ -56,7 +56,7 @@ def check_nodes(config: DistributedConfig, roles: tuple[str, ...], nodes: list[N
                 + "; ".join(_describe(n) for n in nodes) + f"); lower distributed.{role}.num_cpus "
                 f"or its resources, or label a node so")
         for k, v in p.resources.items():
-            wanted[k] = wanted.get(k, 0.0) + v * p.num_workers
+            wanted[k] = wanted.get(k, 0.0) + v * p.reserved_workers
     for name, amount in wanted.items():
         total = sum(node.resources.get(name, 0) for node in nodes)
         if amount > total:
@@ -171,7 +171,7 @@ def _cpu_reservations(config: DistributedConfig, roles: tuple[str, ...]) -> dict
             needs[role] = float(len(set(p.devices) - bundled))
             bundled |= set(p.devices)
         else:
-            needs[role] = p.num_cpus * p.num_workers
+            needs[role] = p.num_cpus * p.reserved_workers
     return needs
 
 
@@ -218,16 +218,18 @@ def colocate_on_node(options: dict[str, list[dict[str, Any]]], config: Distribut
                 policy_node, soft=False)} for o in worker_options]
 
 
-def reward_options(config: DistributedConfig, roles: tuple[str, ...]) -> list[dict[str, Any]]:
-    """Ray options of each reward actor (`distributed.reward`), after checking the whole run's
-    `roles` (the reward among them) against the cluster: the reward starts before the models,
-    and its actors must not be the ones left waiting for a node."""
+def role_options(config: DistributedConfig, roles: tuple[str, ...], role: str
+                 ) -> list[dict[str, Any]]:
+    """Ray options of each actor of a CPU role the task starts itself (`distributed.reward`,
+    `distributed.env`), after checking the whole run's `roles` (this one among them) against
+    the cluster: the task starts before the models, and its actors must not be the ones left
+    waiting for a node."""
     import ray  # deferred: Ray is heavy to import and only Ray runs get here
 
     check_resources(config, roles, ray.cluster_resources())
     check_nodes(config, roles, live_nodes())
-    p = config.reward
-    return [{"num_cpus": p.num_cpus} | node_options(p)] * p.num_workers
+    p = getattr(config, role)
+    return [{"num_cpus": p.num_cpus} | node_options(p)] * p.reserved_workers
 
 
 def node_options(p: RolePlacement) -> dict[str, Any]:

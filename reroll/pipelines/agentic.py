@@ -29,6 +29,7 @@ from reroll.envs import ChatFormat, make_env
 from reroll.envs.registry import env_arguments
 from reroll.pipelines import rl
 from reroll.pipelines.inputs import TaskInputs
+from reroll.pipelines.roles import remote_envs
 from reroll.pipelines.task import rollout_row
 from reroll.rollout.agent_loop import AgentJob, AgentStats, run_episodes
 
@@ -72,8 +73,11 @@ class EnvTask:
         env = config.env
         kwargs = env_arguments(env.id, env.kwargs, env.max_turns)
         given = (inputs or TaskInputs()).env_factory
-        self.make_env = given or (lambda: make_env(env.id, **kwargs))
-        self.make_env()  # a bad id or argument fails at start-up, not mid-run
+        factory = given or (lambda: make_env(env.id, **kwargs))
+        factory()  # a bad id or argument fails at start-up, not mid-run
+        # With `distributed.env` placed, each episode's environment lives in a Ray actor there.
+        self.env_hosts = remote_envs(config, factory)
+        self.make_env = self.env_hosts.make if self.env_hosts is not None else factory
         check_history(tokenizer, env.system_prompt, env.history_thinking)
         self.label = env.id
         self.sampler = PromptSampler(list(range(env.train_seeds)), config.seed)  # env seeds
@@ -144,7 +148,8 @@ class EnvTask:
         self.counters = EpisodeCounters(**state["reward_counters"])
 
     def close(self) -> None:
-        pass
+        if self.env_hosts is not None:
+            self.env_hosts.close()
 
 
 def agentic_pipeline(config: AgenticConfig, inputs: TaskInputs | None = None) -> rl.RLPipeline:

@@ -14,20 +14,23 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from reroll.config.schema import RLConfig
 from reroll.distributed.cluster import Cluster, LocalExecutor, RayExecutor, WorkerSpec
 from reroll.distributed.engine_actor import start_engine_actor
 from reroll.distributed.engine_pool import EnginePool
+from reroll.distributed.env_actor import RemoteEnvs, start_env_hosts
 from reroll.distributed.groups import CriticProxy, PolicyGroup, ReferenceGroup
 from reroll.distributed.placement import (
     colocate_on_node,
     colocated_with_policy,
     ray_options,
-    reward_options,
+    role_options,
 )
 from reroll.distributed.ray_runtime import ensure_ray
 from reroll.distributed.reward_actor import start_reward_actors
+from reroll.distributed.reward_serve import start_reward_service
 from reroll.distributed.weight_sync import (
     InProcessSync,
     PublishedSync,
@@ -172,32 +175,51 @@ def _local_engine(c: RLConfig, pad_token_id: int, plan: Plan) -> Engine:
 
 def ray_role_names(c: RLConfig) -> tuple[str, ...]:
     """The roles a Ray run builds: the reference only for a KL term (not with LoRA: the policy's
-    own adapter-off model is its reference), the critic only for gae, the reward role only when
-    `distributed.reward` places it."""
+    own adapter-off model is its reference), the critic only for gae, the reward and env roles
+    only when `distributed.reward` / `distributed.env` place them."""
     own_reference = bool(c.algorithm.kl.coef) and c.model.lora is None
     return ("policy", "rollout") + (("reference",) if own_reference else ()) \
         + (("critic",) if c.algorithm.critic else ()) \
-        + (("reward",) if c.distributed.reward is not None else ())
+        + (("reward",) if c.distributed.reward is not None else ()) \
+        + (("env",) if c.distributed.env is not None else ())
 
 
 def remote_reward(c: RLConfig, factory: Callable[[], RewardFn] | None) -> RewardFn | None:
     """With `distributed.reward` set (executor ray), the reward function in Ray actors placed
     there, built from `factory` (objects passed to `reroll.train`) or from `c.reward`; else None
-    (the task builds the reward in this process)."""
+    (the task builds the reward in this process). With `distributed.reward.serve`, a Ray Serve
+    deployment with autoscaling replicas instead of a fixed number of actors."""
     d = c.distributed
     if d.executor != "ray" or d.reward is None:
         return None
     ensure_ray(d.ray_address, d.num_cpus)
-    return start_reward_actors(factory or functools.partial(build_reward, c.reward),
-                               reward_options(d, ray_role_names(c)),
+    factory = factory or functools.partial(build_reward, c.reward)
+    options = role_options(d, ray_role_names(c), "reward")
+    if d.reward.serve is not None:
+        return start_reward_service(factory, d.reward.serve, options[0],
+                                    num_threads=d.reward.num_threads,
+                                    app=f"reroll-{c.name}-reward")
+    return start_reward_actors(factory, options,
                                num_threads=d.reward.num_threads,
                                name_prefix=f"reroll-{c.name}")
+
+
+def remote_envs(c, factory: Callable[[], Any]) -> RemoteEnvs | None:
+    """With `distributed.env` set (executor ray, agentic runs), environments built by `factory`
+    in Ray actors placed there (`.make()` is the episodes' `make_env`); else None (episodes step
+    their environments in threads of this process)."""
+    d = c.distributed
+    if d.executor != "ray" or d.env is None:
+        return None
+    ensure_ray(d.ray_address, d.num_cpus)
+    return start_env_hosts(factory, role_options(d, ray_role_names(c), "env"),
+                           num_threads=d.env.num_threads, name_prefix=f"reroll-{c.name}")
 
 
 def _ray_roles(c: RLConfig, total_steps: int, pad_token_id: int, plan: Plan) -> Roles:
     d = c.distributed
     ensure_ray(d.ray_address, d.num_cpus)
-    wanted = tuple(r for r in ray_role_names(c) if r != "reward")  # the task started the reward
+    wanted = tuple(r for r in ray_role_names(c) if r not in ("reward", "env"))  # the task's own
     own_reference = "reference" in wanted
     options = ray_options(d, wanted)
     prefix = f"reroll-{c.name}"

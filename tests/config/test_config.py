@@ -153,3 +153,28 @@ def test_engine_settings_live_in_the_chosen_engine(tmp_path):
         tmp_path, {**MINIMAL, "rollout": {"engine": "sglang"}})
     again = load_config(write(tmp_path, union.model_dump(mode="json")))  # config.yaml round trip
     assert again.rollout.engine == union.rollout.engine
+
+
+def test_served_reward_is_checked(tmp_path):
+    served = ["distributed.executor=ray", "distributed.reward.num_cpus=0.5"]
+    config = load_config(write(tmp_path, MINIMAL), served + [
+        "distributed.reward.serve.min_replicas=2", "distributed.reward.serve.max_replicas=3"])
+    assert config.distributed.reward.reserved_workers == 2  # min_replicas are reserved at start
+    assert "max_replicas 1 is below min_replicas 2" in error_of(tmp_path, MINIMAL, served + [
+        "distributed.reward.serve.min_replicas=2", "distributed.reward.serve.max_replicas=1"])
+    assert "num_workers with serve" in error_of(tmp_path, MINIMAL, served + [
+        "distributed.reward.num_workers=2", "distributed.reward.serve.max_replicas=2"])
+
+
+def test_env_placement_is_for_agentic_runs_on_ray(tmp_path):
+    assert "distributed.env places environments, which only agentic runs have" in error_of(
+        tmp_path, MINIMAL, ["distributed.executor=ray", "distributed.env.labels.pool=env"])
+    agentic = {**MINIMAL, "pipeline": "agentic", "env": {"id": "guess_number"}}
+    del agentic["data"]
+    config = load_config(write(tmp_path, agentic), ["distributed.executor=ray",
+                                                    "distributed.env.labels.pool=env"])
+    assert config.distributed.env.labels == {"pool": "env"}
+    assert "distributed.env is only used by the ray executor" in error_of(
+        tmp_path, agentic, ["distributed.env.labels.pool=env"])
+    assert "distributed.env runs on CPUs" in error_of(
+        tmp_path, agentic, ["distributed.executor=ray", "distributed.env.colocate_with=policy"])

@@ -294,3 +294,56 @@ def gone(actor, wait_s: float = 30) -> bool:
             return True
         time.sleep(0.2)
     return False
+
+
+def agentic_config(tmp_path: Path, tiny_model: str, name: str, **distributed):
+    data = {
+        "pipeline": "agentic", "name": name, "output_dir": str(tmp_path / name), "seed": 3,
+        "steps": 2, "model": {"path": tiny_model},
+        "env": {"id": "guess_number", "kwargs": {"high": 8}, "max_turns": 3,
+                "max_context_tokens": 200, "eval_episodes": 4},
+        "rollout": {"prompts_per_step": 2, "group_size": 4, "max_new_tokens": 4},
+        "algorithm": {"advantage": {"name": "rebn"}},
+        "optimizer": {"lr": 1e-3}, "train": {"micro_batch_size": 8, "num_threads": 1},
+        "eval": {"every_steps": 2}, "checkpoint": {"every_steps": 0},
+        "tracking": {"progress": False, "tensorboard": False, "record_rollouts": 0},
+        "distributed": distributed,
+    }
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return load_config(path)
+
+
+def test_environments_run_on_the_nodes_their_placement_names(cluster, tmp_path, tiny_model):
+    """`distributed.env: {labels: {pool: cpu}}` (per-environment placement): every episode's
+    environment lives in the env host on the CPU node, and the run is the one-process run."""
+    import ray
+
+    from reroll.pipelines.agentic import train_agentic
+
+    hosts: list[str] = []
+
+    def watch_env_host():
+        deadline = time.monotonic() + 120
+        while not hosts and time.monotonic() < deadline:
+            try:
+                host = ray.get_actor("reroll-agent-env-env-0")
+                hosts.append(ray.get(host.info.remote(), timeout=30)["node_id"])
+            except (ValueError, ray.exceptions.RayError):
+                time.sleep(0.05)
+
+    local = train_agentic(agentic_config(tmp_path, tiny_model, "agent-local"))
+    watcher = threading.Thread(target=watch_env_host, daemon=True)
+    watcher.start()
+    placed = train_agentic(agentic_config(
+        tmp_path, tiny_model, "agent-env", executor="ray",
+        policy={"resources": {"train": 1}}, rollout={"num_cpus": 0.5, "resources": {"rollout": 1}},
+        env={"num_cpus": 0.5, "labels": {"pool": "cpu"}}))
+    watcher.join(timeout=5)
+    assert hosts == [node_of("cpu_node")]
+    rows, local_rows = read_metrics(tmp_path / "agent-env"), read_metrics(tmp_path / "agent-local")
+    assert [r["step"] for r in rows] == [1, 2]
+    for key in ("train/reward_mean", "env/turns_mean"):
+        assert [r[key] for r in rows] == [r[key] for r in local_rows], key
+    assert all(r["env/errors"] == 0 for r in rows)
+    assert placed["eval_reward_end"] == local["eval_reward_end"]

@@ -1,0 +1,286 @@
+"""RollArt on this machine: an agentic rollout whose environment steps are CPU-heavy and whose
+rewards come in bursts, run monolithic (every role on every node, taking turns) vs disaggregated
+(generation on accelerator nodes, environments and rewards on a CPU node, the reward a Ray Serve
+deployment that autoscales), on the same hardware and the same episodes.
+
+The hardware, split among the Ray nodes of one `ray.cluster_utils.Cluster` on this machine:
+2 modelled accelerators and this machine's 2 cores. Every process of a node is pinned to that
+node's cores (`os.sched_setaffinity`), so a node cannot borrow another node's core.
+
+- monolithic: nodes `mono0` and `mono1`, each 1 accelerator + 1 core, each running half of the
+  episodes as a synchronous loop: per turn, the accelerator decodes the node's batch while its
+  core waits, then the core steps each environment while the accelerator waits; at the end the
+  core scores the node's episodes (the burst of rewards).
+- disaggregated: node `rollout` (2 accelerators: an engine each, continuous batching) and node
+  `env` (both cores: 2 environment workers, and the reward's Serve replicas, 1 to MAX_REPLICAS as
+  calls queue up, through reroll's `start_reward_service` and `RewardRunner`). Each episode runs
+  on its own (fine-grained asynchrony): its next turn is sent to an engine as soon as its
+  environment step is done, and its reward is asked for as soon as it ends.
+
+What is real: the environment steps and the rewards are CPU work (sha256 chains of ENV_HASHES and
+REWARD_HASHES), Ray actors, nodes, placement by node labels, the Serve deployment and its
+autoscaling, every call and its queueing. What is modelled: the accelerators. This machine has
+none, so decoding a batch of b sequences is a wait of TOKENS x (STEP_S + PER_SEQ_S x b) seconds
+that holds the node's accelerator but no CPU (a memory-bound GPU decode: a bigger batch costs
+little more per step). The actions are a hash of the observation (the policy's output depends on
+what the environment said). Not modelled: network transfer between nodes (everything is on
+loopback), prefill, a real policy and real tasks.
+
+The result depends on the share of accelerator time to CPU time: the monolithic run pays the sum
+of the two, the disaggregated one at best their maximum. With the figures below they are close
+(the regime RollArt targets: agentic tasks whose environments cost as much as the decoding).
+Both modes compute the same rewards (checked). The modes alternate ROUNDS times; each keeps its
+fastest run. Last line: JSON with `speedup` (monolithic time / disaggregated time).
+
+    .venv/bin/python benchmarks/disaggregation.py [--rounds R] [--episodes N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import functools
+import hashlib
+import json
+import os
+import threading
+import time
+
+from rich.console import Console
+
+from reroll.config.distributed import RewardServe
+from reroll.distributed.reward_serve import start_reward_service
+from reroll.rewards.base import RewardResult, RewardSample
+from reroll.rewards.runner import RewardRunner
+
+TURNS = 4
+TOKENS, STEP_S, PER_SEQ_S = 48, 0.012, 0.0002
+"""Decoding one turn: TOKENS steps of STEP_S + PER_SEQ_S per sequence in the batch."""
+ENV_HASHES, REWARD_HASHES = 50_000, 60_000
+"""CPU work of one environment step and of one reward (about 25 ms and 30 ms on one idle core)."""
+MAX_REPLICAS = 4
+CORES = (0, 1)
+console = Console(stderr=True)
+
+
+def burn(seed: str, hashes: int) -> int:
+    """`hashes` rounds of sha256 from `seed` (CPU work holding the GIL); a number from the end."""
+    h = hashlib.sha256(seed.encode()).digest()
+    for _ in range(hashes):
+        h = hashlib.sha256(h).digest()
+    return int.from_bytes(h[:4], "big")
+
+
+def action_of(episode: int, turn: int, observation: int) -> int:
+    """The modelled policy's output: a function of the episode's last observation."""
+    return burn(f"a{episode}/{turn}/{observation}", 1) % 1000
+
+
+def env_step(episode: int, turn: int, action: int) -> int:
+    return burn(f"e{episode}/{turn}/{action}", ENV_HASHES)
+
+
+def decode_s(batch: int) -> float:
+    return TOKENS * (STEP_S + PER_SEQ_S * batch)
+
+
+def pin(cores) -> None:
+    os.sched_setaffinity(0, set(cores))
+
+
+class BurnReward:
+    """A stateless CPU-heavy reward (a verifier): a score in [0, 1) from the final observation."""
+
+    name = "burn"
+
+    def __init__(self, cores=CORES):
+        pin(cores)
+
+    def score(self, sample: RewardSample) -> float:
+        return burn(f"r{sample.prompt}/{sample.response}", REWARD_HASHES) % 1000 / 1000
+
+    async def __call__(self, sample: RewardSample) -> RewardResult:
+        return RewardResult(self.score(sample))
+
+
+def sample_of(episode: int, observation: int) -> RewardSample:
+    return RewardSample(prompt=str(episode), response=str(observation))
+
+
+class MonolithicNode:
+    """Every role on one node, taking turns: the accelerator decodes, then the core steps the
+    environments, then (after the last turn) the core scores the episodes."""
+
+    def __init__(self, cores):
+        pin(cores)
+        self.reward = BurnReward(cores)
+
+    def run(self, episodes: list[int]) -> dict[int, float]:
+        observations = dict.fromkeys(episodes, 0)
+        for turn in range(TURNS):
+            actions = {e: action_of(e, turn, observations[e]) for e in episodes}
+            time.sleep(decode_s(len(episodes)))  # the accelerator; the core waits
+            for e in episodes:  # the core; the accelerator waits
+                observations[e] = env_step(e, turn, actions[e])
+        return {e: self.reward.score(sample_of(e, observations[e])) for e in episodes}
+
+
+class Engine:
+    """One modelled accelerator with continuous batching: each decoding step serves every
+    sequence in flight; a new request joins at the next step."""
+
+    def __init__(self):
+        self.active: list[list] = []  # [steps left, future, result]
+        self.loop_task = None
+
+    async def generate(self, episode: int, turn: int, observation: int) -> int:
+        future = asyncio.get_running_loop().create_future()
+        self.active.append([TOKENS, future, action_of(episode, turn, observation)])
+        if self.loop_task is None or self.loop_task.done():
+            self.loop_task = asyncio.create_task(self._decode())
+        return await future
+
+    async def _decode(self) -> None:
+        while self.active:
+            await asyncio.sleep(STEP_S + PER_SEQ_S * len(self.active))
+            for seq in self.active:
+                seq[0] -= 1
+            for seq in [s for s in self.active if s[0] == 0]:
+                seq[1].set_result(seq[2])
+            self.active = [s for s in self.active if s[0] > 0]
+
+
+class EnvWorker:
+    """Environment steps on the CPU node."""
+
+    def __init__(self, cores):
+        pin(cores)
+
+    def step(self, episode: int, turn: int, action: int) -> int:
+        return env_step(episode, turn, action)
+
+
+def start_cluster():
+    import ray
+    from ray.cluster_utils import Cluster
+
+    cluster = Cluster(initialize_head=True, head_node_args={
+        "num_cpus": 0, "include_dashboard": False})
+    cluster.add_node(num_cpus=1, resources={"accel": 1}, labels={"pool": "mono0"})
+    cluster.add_node(num_cpus=1, resources={"accel": 1}, labels={"pool": "mono1"})
+    cluster.add_node(num_cpus=0, resources={"accel": 2}, labels={"pool": "rollout"})
+    cluster.add_node(num_cpus=2, labels={"pool": "env"})
+    ray.init(address=cluster.address, include_dashboard=False, logging_level="WARNING")
+    return cluster
+
+
+class Monolithic:
+    def __init__(self):
+        import ray
+
+        self.nodes = [ray.remote(MonolithicNode).options(
+            num_cpus=1, resources={"accel": 1}, label_selector={"pool": f"mono{i}"}).remote(
+            (CORES[i],)) for i in range(2)]
+
+    def run(self, episodes: int) -> dict[int, float]:
+        import ray
+
+        halves = [list(range(i, episodes, 2)) for i in range(2)]
+        parts = ray.get([node.run.remote(half) for node, half in zip(self.nodes, halves, strict=True)])
+        return {e: s for part in parts for e, s in part.items()}
+
+
+class Disaggregated:
+    def __init__(self):
+        import ray
+
+        self.engines = [ray.remote(Engine).options(
+            num_cpus=0, resources={"accel": 1}, label_selector={"pool": "rollout"},
+            max_concurrency=1000).remote() for _ in range(2)]
+        self.envs = [ray.remote(EnvWorker).options(
+            num_cpus=0.5, label_selector={"pool": "env"}).remote(CORES) for _ in range(2)]
+        self.served = start_reward_service(
+            functools.partial(BurnReward, CORES),
+            RewardServe(min_replicas=1, max_replicas=MAX_REPLICAS, target_ongoing_requests=1,
+                        max_ongoing_requests=2, upscale_delay_s=0.5, downscale_delay_s=3),
+            {"num_cpus": 0.25, "label_selector": {"pool": "env"}}, app="bench-reward")
+        self.runner = RewardRunner(self.served, timeout_s=60)
+
+    def run(self, episodes: int) -> dict[int, float]:
+        return asyncio.run(self._run(episodes))
+
+    async def _run(self, episodes: int) -> dict[int, float]:
+        async def episode(e: int) -> float:
+            observation = 0
+            for turn in range(TURNS):
+                action = await self.engines[e % 2].generate.remote(e, turn, observation)
+                observation = await self.envs[e % 2].step.remote(e, turn, action)
+            return (await self.runner.reward(sample_of(e, observation))).score
+
+        scores = await asyncio.gather(*(episode(e) for e in range(episodes)))
+        return dict(enumerate(scores))
+
+
+class ReplicaWatch:
+    """The most reward replicas running at once while a run lasts."""
+
+    def __init__(self, served):
+        self.served, self.most, self.stop = served, 0, threading.Event()
+        self.thread = threading.Thread(target=self._watch, daemon=True)
+        self.thread.start()
+
+    def _watch(self) -> None:
+        while not self.stop.wait(0.25):
+            self.most = max(self.most, self.served.replicas().get("RUNNING", 0))
+
+    def close(self) -> int:
+        self.stop.set()
+        self.thread.join()
+        return self.most
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--episodes", type=int, default=32)
+    args = parser.parse_args()
+    import ray
+
+    cluster = start_cluster()
+    try:
+        modes = {"monolithic": Monolithic(), "disaggregated": Disaggregated()}
+        served = modes["disaggregated"].served
+        times: dict[str, list[float]] = {m: [] for m in modes}
+        replicas: list[int] = []
+        scores = {}
+        modes["monolithic"].run(2), modes["disaggregated"].run(2)  # warm up every actor
+        for _ in range(args.rounds):
+            for name, mode in modes.items():
+                time.sleep(4)  # the reward replicas back to their minimum between runs
+                watch = ReplicaWatch(served) if name == "disaggregated" else None
+                start = time.perf_counter()
+                scores[name] = mode.run(args.episodes)
+                times[name].append(round(time.perf_counter() - start, 3))
+                if watch:
+                    replicas.append(watch.close())
+                console.print(f"{name}: {times[name][-1]:.2f} s", highlight=False)
+        if scores["monolithic"] != scores["disaggregated"]:
+            raise SystemExit("the two modes scored the episodes differently")
+        errors = modes["disaggregated"].runner.counters.failed()
+        served.close()
+    finally:
+        ray.shutdown()
+        cluster.shutdown()
+    mono, disagg = min(times["monolithic"]), min(times["disaggregated"])
+    accel_s = TURNS * decode_s(args.episodes // 2)
+    print(json.dumps({
+        "speedup": round(mono / disagg, 3), "monolithic_s": mono, "disaggregated_s": disagg,
+        "runs": times, "episodes": args.episodes, "turns": TURNS,
+        "reward_replicas_max": replicas, "reward_failures": errors,
+        "modelled_accelerator_s_per_node": round(accel_s, 3),
+        "mean_reward": round(sum(scores["monolithic"].values()) / args.episodes, 4),
+        "load_average": os.getloadavg()}))
+
+
+if __name__ == "__main__":
+    main()

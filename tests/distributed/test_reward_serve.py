@@ -1,0 +1,120 @@
+"""The reward as a Ray Serve deployment (`distributed.reward.serve`): a GRPO run whose reward is
+served by autoscaling replicas scores every sample as the one-process run does; killing a
+replica while it has calls in flight costs exactly those calls (failed, counted as
+`reward/errors` and `reward/lost_calls`) and the run goes on to its last step."""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import sys
+import threading
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+import yaml
+
+from reroll.config import load_config
+from reroll.config.schema import MathReward
+from reroll.pipelines.inputs import TaskInputs
+from reroll.pipelines.rlvr import train
+from reroll.rewards import build_reward
+from reroll.tracking import read_metrics
+
+pytestmark = [pytest.mark.ray, pytest.mark.e2e]
+
+SERVED = {"executor": "ray", "reward": {"num_cpus": 0.5,
+                                        "serve": {"min_replicas": 1, "max_replicas": 2}}}
+
+
+def make_config(tmp_path: Path, tiny_model: str, arithmetic: dict, name: str, steps: int = 2,
+                **distributed):
+    data = {
+        "name": name, "output_dir": str(tmp_path / name), "seed": 3, "steps": steps,
+        "model": {"path": tiny_model},
+        "data": {"train": arithmetic["train"], "eval": arithmetic["eval"]},
+        "rollout": {"prompts_per_step": 4, "group_size": 4, "max_new_tokens": 12},
+        "optimizer": {"lr": 1e-3}, "train": {"micro_batch_size": 8, "num_threads": 1},
+        "eval": {"every_steps": steps, "max_prompts": 8, "temperature": 1.0},
+        "tracking": {"progress": False, "tensorboard": False, "record_rollouts": 0},
+        "distributed": distributed,
+    }
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return load_config(path)
+
+
+def test_served_reward_scores_as_the_one_process_run(ray_session, tmp_path, tiny_model,
+                                                     arithmetic):
+    local = train(make_config(tmp_path, tiny_model, arithmetic, "local"))
+    served = train(make_config(tmp_path, tiny_model, arithmetic, "served", **SERVED))
+    rows, local_rows = read_metrics(tmp_path / "served"), read_metrics(tmp_path / "local")
+    assert [r["step"] for r in rows] == [1, 2]
+    assert [r["train/reward_mean"] for r in rows] == [r["train/reward_mean"] for r in local_rows]
+    assert (served["eval_reward_start"], served["eval_reward_end"]) == (
+        local["eval_reward_start"], local["eval_reward_end"])
+    assert all(r["reward/errors"] == 0 and r["reward/lost_calls"] == 0 for r in rows)
+    assert all(1 <= r["reward/replicas"] <= 2 for r in rows)
+
+
+class SlowReward:
+    """The math reward after `delay_s`, with a marker file named after its replica for as long
+    as the call is in flight (so a test knows which replica to kill, and when)."""
+
+    def __init__(self, marks: str, delay_s: float):
+        self.inner = build_reward(MathReward())
+        self.name, self.marks, self.delay_s = "slow_math", Path(marks), delay_s
+
+    async def __call__(self, sample):
+        import ray
+
+        mark = self.marks / f"{ray.get_runtime_context().get_actor_name()}@{uuid.uuid4().hex}"
+        mark.touch()
+        await asyncio.sleep(self.delay_s)
+        result = await self.inner(sample)
+        mark.unlink()
+        return result
+
+
+def test_killed_replica_costs_only_its_calls_in_flight(ray_session, tmp_path, tiny_model,
+                                                       arithmetic):
+    import ray
+
+    ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # replicas rebuild SlowReward
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    two = {"executor": "ray", "reward": {"num_cpus": 0.5, "serve": {
+        "min_replicas": 2, "max_replicas": 2, "max_ongoing_requests": 16}}}
+    config = make_config(tmp_path, tiny_model, arithmetic, "kill", steps=3, **two)
+    killed: dict[str, str] = {}
+
+    def kill_a_busy_replica():
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline:
+            done = (tmp_path / "kill" / "metrics.jsonl").exists() and read_metrics(
+                tmp_path / "kill")
+            busy = [p.name.split("@")[0] for p in marks.iterdir()]
+            if done and busy:  # after step 1, while a replica has calls in flight
+                killed["replica"] = busy[0]
+                ray.kill(ray.get_actor(busy[0], namespace="serve"), no_restart=True)
+                return
+            time.sleep(0.05)
+
+    killer = threading.Thread(target=kill_a_busy_replica, daemon=True)
+    killer.start()
+    summary = train(config, TaskInputs(functools.partial(SlowReward, str(marks), 0.5)))
+    killer.join(timeout=5)
+    assert killed, "no replica was killed"
+    rows = read_metrics(tmp_path / "kill")
+    assert [r["step"] for r in rows] == [1, 2, 3]  # the run went on to its end
+    assert summary["restarts"] == 0
+    last = rows[-1]
+    lost = [p for p in marks.iterdir() if p.name.startswith(killed["replica"] + "@")]
+    # The calls in flight on the killed replica failed, each counted, and nothing else did: the
+    # other replica scored the rest of the step (16 calls) and every later one.
+    assert 1 <= len(lost) <= last["reward/lost_calls"] == last["reward/errors"] < 16
+    assert rows[0]["reward/errors"] == 0 and last["reward/timeouts"] == 0
+    assert last["reward/replicas"] == 2  # Serve replaced the killed replica
+
