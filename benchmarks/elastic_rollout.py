@@ -112,7 +112,8 @@ class Users:
         latency = time.perf_counter() - start
         tokens = len(reply["choices"][0]["token_ids"])
         ttft = reply.get("reroll_first_token_s", latency)
-        self.results.append({"at": at, "end": start + latency - self.t0, "latency": latency,
+        self.results.append({"at": at, "start": start - self.t0, "end": start + latency - self.t0,
+                             "latency": latency,
                              "ttft": ttft, "tpot": (latency - ttft) / max(tokens - 1, 1)})
 
     def stop(self) -> list[dict]:
@@ -153,6 +154,7 @@ def run_mode(mode: str, model: str, url: str, vocab: int, objective: ServingObje
         ElasticEngine(dedicated, url, objective, DEDICATED_MAX, model="m")
     users = Users(url, vocab, duration_s=600)
     requests = rollout_requests(vocab)
+    refused = httpx.get(f"{url}/load").json().get("refused", 0)
     users.start()
     start = time.perf_counter()
     outs = asyncio.run(generate(engine, requests))
@@ -165,12 +167,27 @@ def run_mode(mode: str, model: str, url: str, vocab: int, objective: ServingObje
               "slo_attainment": sum(met) / max(len(met), 1),
               "user_ttft_p99_s": p99([r["ttft"] for r in served]),
               "user_tpot_p99_s": p99([r["tpot"] for r in served])}
+    result["users_busy_s"] = busy([(r["start"], r["end"]) for r in served], seconds)
     if mode == "elastic":
-        result |= {"lent": engine.counters.lent, "backoffs": engine.counters.backoffs,
-                   "preempted": engine.counters.preempted}
+        c = engine.counters
+        result |= {"lent": c.lent, "backoffs": c.backoffs, "preempted": c.preempted,
+                   "lent_tokens": c.lent_tokens, "kept_tokens": c.kept_tokens,
+                   "lent_busy_s": c.lent_busy_s,
+                   "refused": httpx.get(f"{url}/load").json().get("refused", 0) - refused}
         engine.close()
     console.log(result)
     return result
+
+
+def busy(intervals: list[tuple[float, float]], until: float) -> float:
+    """Seconds in [0, until] covered by at least one of the intervals."""
+    total, reach = 0.0, 0.0
+    for start, end in sorted(intervals):
+        start, end = max(start, reach), min(end, until)
+        if end > start:
+            total += end - start
+            reach = end
+    return total
 
 
 def calibrate(url: str, vocab: int) -> dict:

@@ -8,25 +8,31 @@ them while its own traffic stays within its objective:
 - every `control_interval_s` a controller reads the endpoint's `/v1/load` (p99 time to first token
   and time per output token of its *serving* requests over the last `window_s`) and sets the
   lending cap, the most rollout requests the endpoint may hold (`next_cap`): none at once when a
-  p99 passes `headroom` x its objective (the back-off takes one interval), doubled (from 1) while
-  both stay under it, up to `max_lent`;
+  p99 passes `headroom` x its objective (the back-off takes one interval) or while a serving
+  request runs, doubled (from 1) while both stay under it, up to `max_lent` (at once for an
+  endpoint that yields, below). While users are being served the read waits for the last of
+  them to end, so lending resumes then, not on the next tick;
 - a rollout request goes to whichever side has room first: the dedicated engine up to
-  `dedicated_max_in_flight`, the endpoint up to the cap; requests wait for room in order;
+  `dedicated_max_in_flight`, the endpoint up to the cap; requests wait for room in order and
+  are woken when it comes (a request ending, the cap rising), not by polling;
 - new weights go to both, and the endpoint's fingerprint must equal the dedicated engine's (the
   trainer then compares that with its own): an endpoint left on other weights stops the run.
 - users first: a server started with `--yield-to-serving` aborts the rollouts it runs as soon as
-  one of its users' requests arrives; a rollout that comes back aborted this way is continued on
-  the dedicated engine from where it stopped (prompt + its tokens, the rest of its budget), its
-  tokens and logprobs kept (the same weights sampled them). Without it, a rollout already on the
-  endpoint when the cap drops runs to its end beside the users' requests.
+  one of its users' requests arrives, and turns away rollouts that arrive while users are being
+  served. A rollout that comes back so (finish reason `abort`, not aborted by the caller) closes
+  the lending until the controller sees the endpoint idle, and its rest (prompt + its tokens, the
+  rest of its budget) goes ahead of the requests that have not started, to whichever side has
+  room first; its tokens and logprobs are kept (the same weights sampled them). Without
+  yielding, a rollout already on the endpoint when the cap drops runs to its end beside the
+  users' requests.
 """
 
 from __future__ import annotations
 
 import asyncio
 import collections
-import itertools
 import threading
+import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 
@@ -54,12 +60,14 @@ class ServingObjective:
     """Most rollout requests the endpoint holds at once."""
 
 
-def next_cap(cap: int, serving: dict, objective: ServingObjective) -> int:
+def next_cap(cap: int, serving: dict, objective: ServingObjective, yields: bool = False) -> int:
     """The lending cap after one control interval, from the serving traffic's recent p99s
     (`serving`: `ttft_p99_s`, `tpot_p99_s`, None when no request finished in the window):
     0 when either passes `headroom` x its objective or a serving request is running, else doubled
     (at least 1), up to `max_lent`. An idle endpoint (no serving request in the window) lends the
-    most."""
+    most, and so does one that `yields` (started with `--yield-to-serving`): its users never
+    share more than one decoding step with rollouts, so a gradual ramp would protect nothing
+    while the p99s stay within the objective."""
     limits = {"ttft_p99_s": objective.ttft_p99_s, "tpot_p99_s": objective.tpot_p99_s}
     for key, limit in limits.items():
         value = serving.get(key)
@@ -67,7 +75,7 @@ def next_cap(cap: int, serving: dict, objective: ServingObjective) -> int:
             return 0
     if serving.get("in_flight", 0) > 0:  # users are being served right now
         return 0
-    if serving.get("requests", 0) == 0:
+    if yields or serving.get("requests", 0) == 0:
         return objective.max_lent
     return min(objective.max_lent, max(1, 2 * cap))
 
@@ -84,6 +92,12 @@ class ElasticCounters:
     """Lent rollouts the endpoint aborted for its users, finished on the dedicated engine."""
     caps: list[int] = field(default_factory=list)
     """The cap of each control interval."""
+    lent_tokens: int = 0
+    """Tokens the serving endpoint generated, those of preempted rollouts included."""
+    kept_tokens: int = 0
+    """Of those, the tokens of preempted rollouts (kept, continued on the dedicated engine)."""
+    lent_busy_s: float = 0.0
+    """Time during which the endpoint held at least one rollout request."""
 
 
 class ElasticEngine:
@@ -101,11 +115,12 @@ class ElasticEngine:
         self.counters = ElasticCounters()
         self.cap = 0
         self._in_flight = {"dedicated": 0, "serving": 0}
-        self._where: dict[str, str] = {}
+        self._lent_since = 0.0
+        self._yields = 0  # rollouts the endpoint gave back for its users, so far
+        self._where: dict[str, tuple[str, str]] = {}  # request -> (side, id of its part)
         self._aborted: set[str] = set()  # aborted by the caller, not preempted
         self._lock = threading.Lock()
-        self._tickets = itertools.count()
-        self._waiting: collections.deque[int] = collections.deque()  # room goes in arrival order
+        self._waiting: collections.deque[_Waiter] = collections.deque()
         self._http = httpx.Client(timeout=30)
         self._stop = threading.Event()
         self._controller = threading.Thread(target=self._control, name="reroll-elastic",
@@ -115,38 +130,54 @@ class ElasticEngine:
     # -- Engine protocol -------------------------------------------------------------------------
 
     async def generate(self, request: Request) -> Completion:
-        side = await self._room(next(self._tickets))
-        out = await self._generate_on(side, request)
-        if side == "serving" and out.finish_reason == "abort" \
+        out, part_request, preempted = None, request, False
+        while True:
+            side = await self._room(first=preempted)
+            part = await self._generate_on(side, part_request, request.request_id)
+            out = part if out is None else joined(out, part)
+            yielded = side == "serving" and part.finish_reason == "abort" \
                 and request.request_id not in self._aborted \
-                and len(out.token_ids) < request.params.max_new_tokens:  # yielded to its users
+                and len(out.token_ids) < request.params.max_new_tokens
             with self._lock:
-                self.counters.preempted += 1
-            rest = await self._generate_on(await self._room(next(self._tickets), "dedicated"),
-                                           continuation(request, out))
-            out = joined(out, rest)
+                if side == "serving":
+                    self.counters.lent_tokens += len(part.token_ids)
+                if yielded:  # the endpoint's users came first
+                    self.counters.preempted += 1
+                    self.counters.kept_tokens += len(part.token_ids)
+            if not yielded:
+                break
+            part_request, preempted = continuation(request, out), True
         self._aborted.discard(request.request_id)
         with self._lock:
             if side == "serving":
                 self.counters.lent += 1
             else:
                 self.counters.dedicated += 1
-        return out
+        return replace(out, request_id=request.request_id)
 
-    async def _generate_on(self, side: str, request: Request) -> Completion:
-        self._where[request.request_id] = side
+    async def _generate_on(self, side: str, request: Request, original_id: str) -> Completion:
+        self._where[original_id] = (side, request.request_id)
+        part = None
         try:
             engine = self.serving if side == "serving" else self.dedicated
-            return await engine.generate(request)
+            part = await engine.generate(request)
+            return part
         finally:
             with self._lock:
                 self._in_flight[side] -= 1
-            self._where.pop(request.request_id, None)
+                if side == "serving" and part is not None and part.finish_reason == "abort" \
+                        and original_id not in self._aborted:
+                    self.cap = 0  # it yielded: no lending until the controller sees them gone
+                    self._yields += 1
+                if side == "serving" and self._in_flight[side] == 0:
+                    self.counters.lent_busy_s += time.perf_counter() - self._lent_since
+                self._grant()
+            self._where.pop(original_id, None)
 
     def abort(self, request_id: str) -> None:
         self._aborted.add(request_id)
-        side = self._where.get(request_id)
-        (self.serving if side == "serving" else self.dedicated).abort(request_id)
+        side, current_id = self._where.get(request_id, ("dedicated", request_id))
+        (self.serving if side == "serving" else self.dedicated).abort(current_id)
 
     def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
         """Both sides; the endpoint gets the weights as one safetensors body."""
@@ -197,42 +228,93 @@ class ElasticEngine:
 
     # -- internals -------------------------------------------------------------------------------
 
-    async def _room(self, ticket: int, only: str | None = None) -> str:
-        """Wait for this request's turn and a side with room (`only` that side); take it."""
+    async def _room(self, first: bool = False) -> str:
+        """Wait for this request's turn and a side with room; take it. Room goes in arrival
+        order, except that `first` (the rest of a rollout the endpoint gave back) goes ahead of
+        requests that have not started."""
+        waiter = _Waiter(asyncio.get_running_loop())
         with self._lock:
-            self._waiting.append(ticket)
+            if first:
+                at = next((i for i, w in enumerate(self._waiting) if not w.first), None)
+                waiter.first = True
+                self._waiting.insert(len(self._waiting) if at is None else at, waiter)
+            else:
+                self._waiting.append(waiter)
+            self._grant()
         try:
-            while True:
-                with self._lock:
-                    if self._waiting[0] == ticket:
-                        side = "dedicated" if self._in_flight["dedicated"] < self.dedicated_max \
-                            else "serving" if self._in_flight["serving"] < self.cap \
-                            and only != "dedicated" else None
-                        if side is not None:
-                            self._in_flight[side] += 1
-                            self._waiting.popleft()
-                            return side
-                await asyncio.sleep(0.002)
+            return await waiter.future
         except asyncio.CancelledError:
             with self._lock:
-                if ticket in self._waiting:
-                    self._waiting.remove(ticket)
+                if waiter in self._waiting:
+                    self._waiting.remove(waiter)
+                elif waiter.side is not None:  # room came as it gave up: hand it on
+                    self._in_flight[waiter.side] -= 1
+                    self._grant()
             raise
 
-    def _control(self) -> None:
-        o = self.objective
-        while not self._stop.wait(o.control_interval_s):
+    def _grant(self) -> None:
+        """Give room to the waiting requests, in order, while a side has some (lock held): the
+        dedicated engine first, then the endpoint up to the cap."""
+        while self._waiting:
+            side = "dedicated" if self._in_flight["dedicated"] < self.dedicated_max \
+                else "serving" if self._in_flight["serving"] < self.cap else None
+            if side is None:
+                return
+            waiter = self._waiting.popleft()
+            self._in_flight[side] += 1
+            if side == "serving" and self._in_flight[side] == 1:
+                self._lent_since = time.perf_counter()
+            waiter.side = side
             try:
-                load = self._http.get(f"{self.serving_url}/load",
-                                      params={"window_s": o.window_s}).json()
-                cap = next_cap(self.cap, load["serving"], o)
+                waiter.loop.call_soon_threadsafe(_settle, waiter.future, side)
+            except RuntimeError:  # its event loop has closed: nobody waits for it
+                self._in_flight[side] -= 1
+                waiter.side = None
+
+    def _control(self) -> None:
+        """Every control interval, the cap from the endpoint's load. While its users' requests
+        run, the read waits (up to an interval) for the last of them to end, so lending resumes
+        as soon as they do rather than on the next tick."""
+        o, users_busy = self.objective, False
+        while users_busy or not self._stop.wait(o.control_interval_s):
+            if self._stop.is_set():
+                return
+            params = {"window_s": o.window_s} | (
+                {"wait_idle_s": o.control_interval_s} if users_busy else {})
+            yields = self._yields
+            try:
+                load = self._http.get(f"{self.serving_url}/load", params=params).json()
+                users_busy = load["serving"]["in_flight"] > 0
+                cap = next_cap(self.cap, load["serving"], o, load.get("yield_to_serving", False))
             except Exception:  # noqa: BLE001 - an endpoint that does not answer lends nothing
-                cap = 0
+                cap, users_busy = 0, False
             with self._lock:
+                if self._yields != yields:  # a rollout yielded since the read: users came
+                    cap, users_busy = 0, True
                 if cap == 0 and self.cap > 0:
                     self.counters.backoffs += 1
                 self.cap = cap
                 self.counters.caps.append(cap)
+                self._grant()
+
+
+@dataclass(eq=False)
+class _Waiter:
+    """A request waiting for room, on its caller's event loop."""
+
+    loop: asyncio.AbstractEventLoop
+    future: asyncio.Future = None  # type: ignore[assignment]
+    side: str | None = None
+    """The side granted (set under the engine's lock, before the future is settled)."""
+    first: bool = False
+
+    def __post_init__(self) -> None:
+        self.future = self.loop.create_future()
+
+
+def _settle(future: asyncio.Future, side: str) -> None:
+    if not future.done():
+        future.set_result(side)
 
 
 def continuation(request: Request, partial: Completion) -> Request:
@@ -244,7 +326,11 @@ def continuation(request: Request, partial: Completion) -> Request:
 
 
 def joined(first: Completion, rest: Completion) -> Completion:
-    """One completion of the original request from its two parts."""
+    """One completion of the original request from its two parts (per-token weight versions
+    when the parts' differ)."""
+    def versions(part: Completion) -> list[int]:
+        return part.token_versions or [part.policy_version] * len(part.token_ids)
+    both = versions(first) + versions(rest)
     return Completion(first.request_id, first.prompt_ids, first.token_ids + rest.token_ids,
                       first.logprobs + rest.logprobs, rest.finish_reason, rest.policy_version,
-                      None, first.first_token_s)
+                      both if len(set(both)) > 1 else None, first.first_token_s)

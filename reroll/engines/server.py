@@ -9,11 +9,14 @@ Because reroll owns this server, it can also lend its spare capacity to training
 `reroll.engines.elastic`): a request whose body says `"reroll_kind": "rollout"` is a rollout, any
 other is the endpoint's own (serving) traffic. `GET /v1/load?window_s=S` reports each kind's
 p99 time to first token and time per output token over the last S seconds and the requests in
-flight; `POST /v1/weights` (a safetensors body, header `X-Reroll-Version`) loads new policy
+flight (`wait_idle_s=T`: first wait up to T seconds for the serving requests running to end);
+`POST /v1/weights` (a safetensors body, header `X-Reroll-Version`) loads new policy
 weights between two decoding steps; `GET /v1/weights_fingerprint` lets the trainer verify them.
 With `yield_to_serving` (`--yield-to-serving`), a serving request that arrives aborts every
 rollout request running here: they return what they generated (finish reason `abort`) and the
-trainer finishes them elsewhere, so the users' requests never share a batch with rollouts.
+trainer finishes them elsewhere, and a rollout request that arrives while a serving request
+runs is turned away at once (no tokens, finish reason `abort`), so the users' requests never
+share a batch with rollouts beyond the decoding step under way when they arrive.
 """
 
 from __future__ import annotations
@@ -42,6 +45,7 @@ class LatencyLog:
         self.done: collections.deque = collections.deque()
         self.in_flight = dict.fromkeys(KINDS, 0)
         self._lock = threading.Lock()
+        self._users_done = threading.Condition(self._lock)
 
     def started(self, kind: str) -> None:
         with self._lock:
@@ -59,6 +63,13 @@ class LatencyLog:
             self.done.append((now, kind, ttft, max(tpot, 0.0)))
             while self.done and self.done[0][0] < now - self.keep_s:
                 self.done.popleft()
+            if self.in_flight["serving"] == 0:
+                self._users_done.notify_all()
+
+    def wait_idle(self, timeout_s: float) -> None:
+        """Return once no serving request runs, or after `timeout_s`."""
+        with self._lock:
+            self._users_done.wait_for(lambda: self.in_flight["serving"] == 0, timeout_s)
 
     def report(self, window_s: float) -> dict:
         since = time.perf_counter() - window_s
@@ -90,6 +101,8 @@ class CompletionServer:
         self.engine, self.model_name = engine, model_name
         self.yield_to_serving = yield_to_serving
         self.latency = LatencyLog()
+        self.refused = 0
+        """Rollout requests turned away at once because users were being served (yielding)."""
         self._rollouts: set[str] = set()  # rollout requests running here
         self._rollouts_lock = threading.Lock()
         self._loop = BackgroundLoop("reroll-server")
@@ -115,12 +128,21 @@ class CompletionServer:
         request = Request(prompt, params, seed=int(body.get("seed") or 0))
         kind = "rollout" if body.get("reroll_kind") == "rollout" else "serving"
         with self._rollouts_lock:
-            if kind == "rollout":
+            refused = kind == "rollout" and self.yield_to_serving \
+                and self.latency.in_flight["serving"] > 0
+            if refused:  # users are being served: the rollout goes back untouched
+                self.refused += 1
+            elif kind == "rollout":
                 self._rollouts.add(request.request_id)
             elif self.yield_to_serving:
                 for rollout_id in self._rollouts:
                     self.engine.abort(rollout_id)
-        self.latency.started(kind)
+            if not refused:
+                self.latency.started(kind)
+        if refused:
+            out = Completion(request.request_id, prompt, [], [], "abort",
+                             getattr(self.engine, "version", 0))
+            return self._reply(out, prompt)
         start = time.perf_counter()
         try:
             out = self._loop.run(self.engine.generate(request))
@@ -128,6 +150,9 @@ class CompletionServer:
             with self._rollouts_lock:
                 self._rollouts.discard(request.request_id)
         self.latency.finished(kind, time.perf_counter() - start, out)
+        return self._reply(out, prompt)
+
+    def _reply(self, out: Completion, prompt: list[int]) -> dict:
         return {
             "id": f"cmpl-{out.request_id}", "object": "text_completion", "created": int(time.time()),
             "model": self.model_name,
@@ -167,8 +192,16 @@ def _handler(server: CompletionServer) -> type[BaseHTTPRequestHandler]:
                 self._reply(200, {"object": "list", "data": [
                     {"id": server.model_name, "object": "model", "owned_by": "reroll"}]})
             elif route == "/v1/load":
-                window = float(parse_qs(url.query).get("window_s", ["10"])[0])
-                self._reply(200, server.latency.report(window))
+                query = parse_qs(url.query)
+                try:
+                    window = float(query.get("window_s", ["10"])[0])
+                    wait = min(float(query.get("wait_idle_s", ["0"])[0]), 60.0)
+                except ValueError as e:
+                    return self._reply(400, {"error": {"message": str(e)}})
+                if wait > 0:
+                    server.latency.wait_idle(wait)
+                self._reply(200, server.latency.report(window) | {
+                    "yield_to_serving": server.yield_to_serving, "refused": server.refused})
             elif route == "/v1/weights_fingerprint":
                 self._reply(200, {"fingerprint": server.engine.weights_fingerprint()})
             else:

@@ -32,9 +32,20 @@ OBJECTIVE = ServingObjective(ttft_p99_s=1.0, tpot_p99_s=0.1, headroom=0.8, max_l
     (8, {"requests": 5, "ttft_p99_s": 0.81, "tpot_p99_s": 0.05}, 0),  # ttft past 0.8 x 1.0
     (8, {"requests": 5, "ttft_p99_s": 0.5, "tpot_p99_s": 0.09}, 0),  # tpot past 0.8 x 0.1
     (8, {"requests": 5, "ttft_p99_s": 0.8, "tpot_p99_s": 0.08}, 8),  # at the line: still fine
+    (8, {"requests": 5, "in_flight": 1, "ttft_p99_s": 0.5, "tpot_p99_s": 0.05}, 0),  # users now
 ])
 def test_the_lending_cap_follows_the_serving_latency(cap, serving, expected):
     assert next_cap(cap, serving, OBJECTIVE) == expected
+
+
+@pytest.mark.parametrize(("cap", "serving", "expected"), [
+    (0, {"requests": 5, "ttft_p99_s": 0.5, "tpot_p99_s": 0.05}, 8),  # within: all at once
+    (8, {"requests": 5, "in_flight": 1, "ttft_p99_s": 0.5, "tpot_p99_s": 0.05}, 0),  # users now
+    (8, {"requests": 5, "ttft_p99_s": 0.81, "tpot_p99_s": 0.05}, 0),  # past the headroom
+])
+def test_an_endpoint_that_yields_lends_its_most_at_once_while_its_users_are_within(
+        cap, serving, expected):
+    assert next_cap(cap, serving, OBJECTIVE, yields=True) == expected
 
 
 def test_p99_is_the_nearest_rank():
@@ -169,6 +180,121 @@ def test_a_yielding_endpoint_aborts_lent_rollouts_for_its_users_and_they_finish_
         assert engine.counters.preempted > 0
         assert [len(o.token_ids) for o in outs] == [300] * 6  # every rollout finished whole
         assert all(len(o.logprobs) == 300 for o in outs)
+    finally:
+        users.close()
+        engine.close()
+        server.close()
+
+
+def test_a_yielding_endpoint_turns_rollouts_away_while_users_are_served_and_says_when_they_end(
+        tiny_model, tokenizer):
+    import threading
+
+    import httpx
+
+    server = CompletionServer(HFEngine(load_model(tiny_model), 64, tokenizer.pad_token_id),
+                              "tiny", yield_to_serving=True)
+    try:
+        user = threading.Thread(target=server.complete, args=(
+            {"prompt": [1, 2, 3], "max_tokens": 400, "ignore_eos": True},))
+        user.start()
+        while server.latency.report(60)["serving"]["in_flight"] == 0:
+            time.sleep(0.005)
+        started = time.perf_counter()
+        reply = server.complete({"prompt": [1, 2], "max_tokens": 50, "reroll_kind": "rollout"})
+        assert time.perf_counter() - started < 1.0  # back at once, not after the user's 400
+        assert reply["choices"][0]["finish_reason"] == "abort"
+        assert reply["choices"][0]["token_ids"] == [] and server.refused == 1
+        # the read waits for the user's request to end (not for the whole 60 s)
+        load = httpx.get(f"{server.url}/load", params={"window_s": 60, "wait_idle_s": 60},
+                         timeout=120).json()
+        assert load["serving"]["in_flight"] == 0 and load["serving"]["requests"] == 1
+        assert load["yield_to_serving"] is True and load["refused"] == 1
+        assert not user.join(timeout=5) and not user.is_alive()
+        assert load["rollout"]["requests"] == 0  # the refused one never ran
+        reply = server.complete({"prompt": [1, 2], "max_tokens": 5, "reroll_kind": "rollout"})
+        assert len(reply["choices"][0]["token_ids"]) == 5  # idle again: it runs
+        assert httpx.get(f"{server.url}/load", params={"wait_idle_s": "x"}).status_code == 400
+    finally:
+        server.close()
+
+
+def test_lending_resumes_as_soon_as_the_users_leave_not_on_the_next_tick(tiny_model, tokenizer):
+    server = CompletionServer(HFEngine(load_model(tiny_model), 64, tokenizer.pad_token_id),
+                              "tiny", yield_to_serving=True)
+    slow = ServingObjective(ttft_p99_s=60, tpot_p99_s=60, control_interval_s=1.0, max_lent=4)
+    engine = elastic(tiny_model, tokenizer, server.url, slow)
+    users = RemoteEngine([server.url])
+    try:
+        time.sleep(1.3)
+        assert engine.cap == 4
+
+        async def scenario():
+            rollouts = [asyncio.create_task(engine.generate(r))
+                        for r in rollout_requests(6, length=300)]
+            while server.latency.report(60)["rollout"]["in_flight"] == 0:
+                await asyncio.sleep(0.01)  # lent and running on the endpoint
+            user = await users.generate(Request([1, 2, 3], SamplingParams(300), seed=0))
+            ended = time.perf_counter()
+            assert engine.counters.preempted > 0
+            while engine.cap == 0 and time.perf_counter() - ended < 5:
+                await asyncio.sleep(0.005)
+            return user, time.perf_counter() - ended, await asyncio.gather(*rollouts)
+
+        user, reopened_s, outs = asyncio.run(scenario())
+        assert len(user.token_ids) == 300
+        # the controller was waiting on the endpoint: the whole cap again well within a tick
+        assert reopened_s < 0.8 and engine.cap == 4
+        assert [len(o.token_ids) for o in outs] == [300] * 6
+    finally:
+        users.close()
+        engine.close()
+        server.close()
+
+
+async def until(condition, timeout_s: float = 60.0) -> None:
+    """Wait (on the event loop) for `condition()`; fail the test after `timeout_s`."""
+    deadline = time.perf_counter() + timeout_s
+    while not condition():
+        assert time.perf_counter() < deadline, "timed out"
+        await asyncio.sleep(0.005)
+
+
+def test_the_rest_of_a_yielded_rollout_goes_ahead_and_the_caller_can_still_abort_it(
+        tiny_model, tokenizer):
+    server = CompletionServer(HFEngine(load_model(tiny_model), 64, tokenizer.pad_token_id),
+                              "tiny", yield_to_serving=True)
+    idle = ServingObjective(ttft_p99_s=60, tpot_p99_s=60, control_interval_s=0.05, max_lent=2)
+    engine = elastic(tiny_model, tokenizer, server.url, idle)
+    users = RemoteEngine([server.url])
+    try:
+        time.sleep(0.3)
+
+        async def scenario():
+            requests = rollout_requests(8, length=200)
+            rollouts = [asyncio.create_task(engine.generate(r)) for r in requests]
+            # 2 on the dedicated engine, 2 lent, 4 waiting
+            await until(lambda: server.latency.report(60)["rollout"]["in_flight"] == 2)
+            lent = [r.request_id for r in requests
+                    if engine._where.get(r.request_id, ("",))[0] == "serving"]
+            user = asyncio.create_task(users.generate(Request([1, 2, 3], SamplingParams(200),
+                                                              seed=0)))
+            # the two lent rollouts come back and wait ahead of the four that never started
+            await until(lambda: sum(w.first for w in engine._waiting) == 2)
+            order = [w.first for w in engine._waiting]
+            assert order[:2] == [True, True] and order == sorted(order, reverse=True)
+            assert engine.cap == 0  # and nothing is lent while the user is served
+            await until(lambda: engine._where.get(lent[0], ("", lent[0]))[1] != lent[0])
+            engine.abort(lent[0])  # its rest runs under its own id; the original id reaches it
+            await user
+            return requests, lent, await asyncio.gather(*rollouts)
+
+        requests, lent, outs = asyncio.run(asyncio.wait_for(scenario(), 300))
+        assert [o.request_id for o in outs] == [r.request_id for r in requests]
+        assert engine.counters.preempted >= 2
+        by_id = {o.request_id: o for o in outs}
+        assert by_id[lent[0]].finish_reason == "abort" and len(by_id[lent[0]].token_ids) < 200
+        assert [len(o.token_ids) for o in outs if o.request_id != lent[0]] == [200] * 7
     finally:
         users.close()
         engine.close()
