@@ -100,10 +100,11 @@ def train(workload: dict, shape: argparse.Namespace, asynchronous: dict | None) 
         return trajectories
 
     pipeline.evaluate, pipeline.task.source.next_batch = timed_evaluate, counted_next_batch
-    engine, close, generated = pipeline.task.source.engine, pipeline.close, [0]
+    engine, close, generated = pipeline.task.source.engine, pipeline.close, [0, 0.0]
 
     def close_after_counting() -> None:  # every token the engine made, evaluations included
-        generated[0] = getattr(engine, "inner", engine).stats()["generated_tokens"]
+        stats = getattr(engine, "inner", engine).stats()
+        generated[:] = stats["generated_tokens"], stats["generated_tokens"] / stats["busy_s"]
         close()
 
     pipeline.close = close_after_counting
@@ -124,6 +125,7 @@ def train(workload: dict, shape: argparse.Namespace, asynchronous: dict | None) 
             else loop_s - waiting,
             "trained_tokens": sum(r["rollout/tokens"] for r in rows),
             "generated_tokens": generated[0],
+            "engine_tokens_per_s": generated[1],  # per second with a request in flight
             "samples": samples[0]}
 
 
@@ -148,7 +150,7 @@ def main() -> None:
                         f"fastest of {args.rounds} runs each (load average "
                         f"{os.getloadavg()[0]:.1f} at the end)")
     for column in ("mode", "loop s", "every run s", "speedup", "rollout (wait) s/step",
-                   "train s/step", "update s/step", "trainer waits s", "engine idle s",
+                   "train s/step", "update s/step", "trainer waits s", "engine idle s", "engine tok/s busy",
                    "tokens trained", "tokens generated", "eval end", "staleness"):
         table.add_column(column)
     for mode, r in best.items():
@@ -157,6 +159,7 @@ def main() -> None:
                       f"{sync['train_loop_s'] / r['train_loop_s']:.2f}x" if sync else "-",
                       f"{r['rollout_s']:.2f}", f"{r['train_s']:.2f}", f"{r['update_s']:.2f}",
                       f"{r['trainer_idle_s']:.1f}", f"{r['engine_idle_s']:.1f}",
+                      f"{r['engine_tokens_per_s']:,.0f}",
                       f"{r['trained_tokens']:,.0f}", f"{r['generated_tokens']:,.0f}",
                       f"{r['eval_end']:.3f}", f"{r['staleness_mean']:.2f}")
     console = Console(width=190)  # the table's width, also when printed to a pipe
@@ -190,6 +193,8 @@ def main() -> None:
         "async_train_s_per_step": round(long_kept["train_s"], 3),
         "async_trainer_idle_s": round(long_kept["trainer_idle_s"], 2),
         "async_engine_idle_s": round(long_kept["engine_idle_s"], 2),
+        "sync_engine_tokens_per_s": round(sync["engine_tokens_per_s"]),
+        "async_engine_tokens_per_s": round(long_kept["engine_tokens_per_s"]),
         "sync_generated_tokens": sync["generated_tokens"],
         "async_generated_tokens": long_kept["generated_tokens"],
         "sync_eval_reward": round(sync["eval_end"], 4),
