@@ -5,8 +5,16 @@ the same compute split in both modes: the rollout engine in a Ray actor with 1 C
 with 1 thread in the driver. Sync: each step waits for its rollout, then trains while the
 engine idles. Async (`async_training.enabled`, max_staleness 4, in-flight weight updates): the
 engine generates the next batches while the trainer trains. Workload: benchmarks/_longtail.py (1 prompt
-in 8 loops to `max_new_tokens`); the batch size is chosen so a step's rollout and training take
-about the same time, where overlapping the two stages can approach 2x.
+in 8 loops to `max_new_tokens`).
+
+The batch is shaped so that a sync step's rollout and training take comparable time, as in the
+RLVR runs ROLL Flash measured: overlapping two stages can save at most the shorter one, so the
+speedup at equal work is bounded by sync_step / max(rollout, train) (printed as `bound`). With
+16 prompts x 4 samples a sync step was 0.8-1.1 s of rollout (the latency of the few looping
+responses) against 0.2-0.3 s of training, a bound near 1.2x. 32 prompts x 8 samples make the
+training (about linear in the batch) comparable to the rollout (whose looping tail decodes
+several rows at once for little more than one); groups of 8 also leave fewer groups without
+signal, which the update skips.
 
 The headline mode keeps the long responses: async with `max_ahead` 2 and `max_staleness` 8
 starts a batch only two versions ahead and leaves the rest of the bound for long responses to
@@ -15,12 +23,16 @@ async (`max_staleness` 4) leaves most 384-token responses out (they end more tha
 after they started) and trains on about a third of sync's tokens; it is the secondary figure.
 
 Reports the training-loop wall time of each (the final evaluation excluded) and the final eval
-reward (mean of 4 samples per eval prompt), which must agree within TOLERANCE. The modes
-alternate, `--rounds` times each, and each keeps its fastest run.
+reward (mean of 4 samples per eval prompt), which must agree within TOLERANCE, and where the time
+goes: rollout s/step (sync: the rollout; async: the trainer waiting for its batch), train s/step
+(the rest of the step: batch, pi_old forward, update, weight sync), the engine's idle seconds,
+its tokens per busy second, and tokens generated against tokens trained. The modes alternate,
+`--rounds` times each, and each keeps its fastest run.
 Last line: JSON with `speedup` (async keeping the long responses, at equal work) beside
 `trained_tokens_ratio` (async over sync), and `speedup_short_kept` (plain async).
 
-    .venv/bin/python benchmarks/async_vs_sync.py [--steps N] [--rounds R]
+    .venv/bin/python benchmarks/async_vs_sync.py [--steps N] [--rounds R] [--prompts P]
+        [--group G] [--modes sync,async,...]
 """
 
 from __future__ import annotations
@@ -44,10 +56,11 @@ from reroll.distributed.ray_runtime import ensure_ray  # noqa: E402
 from reroll.pipelines.rlvr import RLVRPipeline  # noqa: E402
 from reroll.tracking import read_metrics  # noqa: E402
 
-STEPS, PROMPTS, GROUP, MAX_NEW, LR = 30, 16, 4, 384, 2e-4
-"""16 prompts x 4 samples with max_new_tokens 384: a sync step's rollout (mostly the decode of
-the one or two looping groups) and its training (the policy's logprobs and update, micro-batches
-of one group, so short groups are not padded to the long ones) take about the same time."""
+STEPS, PROMPTS, GROUP, MAX_NEW, LR = 20, 32, 8, 384, 2e-4
+"""32 prompts x 8 samples with max_new_tokens 384: a sync step's rollout (5.4 s, mostly the decode
+of the four or so looping groups) and its training (4.1 s: the pi_old forward and the update, in
+micro-batches of one group, so short groups are not padded to the long ones) are comparable, a
+bound of 1.76x (4-step probe, load average 2). 20 steps = 640 prompts, 2.5 epochs of the 256."""
 IN_FLIGHT = True
 """New weights are loaded between two decoding steps, not by aborting and re-prefilling every
 running request (which made the same 30 async steps take 90.7 s instead of 33.0 s)."""
