@@ -1,0 +1,47 @@
+"""The async benchmark's headline is taken at equal work: hand-made runs through `headline`."""
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.unit
+
+BENCH = Path(__file__).parents[1] / "benchmarks"
+
+
+@pytest.fixture(scope="module")
+def bench():
+    sys.path.insert(0, str(BENCH))
+    spec = importlib.util.spec_from_file_location("async_vs_sync", BENCH / "async_vs_sync.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def run(loop_s, tokens, reward, rollout_s=1.0, train_s=0.5):
+    return {"train_loop_s": loop_s, "trained_tokens": tokens, "eval_end": reward,
+            "rollout_s": rollout_s, "train_s": train_s}
+
+
+def test_the_headline_is_the_run_that_keeps_the_long_responses(bench):
+    sync = run(30.0, 1000, 0.20, rollout_s=0.6, train_s=0.4)
+    short_kept = run(10.0, 400, 0.15)       # fast, on 40% of sync's tokens
+    long_kept = run(20.0, 950, 0.26)        # 1.5x on 95% of them
+    report = bench.headline(sync, short_kept, long_kept)
+    assert report["speedup"] == 1.5 and report["trained_tokens_ratio"] == 0.95
+    assert report["same_tokens"] and report["same_eval_reward"]
+    assert report["speedup_short_kept"] == 3.0 and report["trained_tokens_ratio_short_kept"] == 0.4
+    assert report["bound"] == pytest.approx(1.0 / 0.6, abs=1e-3)  # (0.6 + 0.4) / max(0.6, 0.4)
+
+
+def test_fewer_tokens_or_another_reward_is_not_equal_work(bench):
+    sync = run(30.0, 1000, 0.20)
+    report = bench.headline(sync, run(10.0, 400, 0.20), run(15.0, 850, 0.30))
+    assert not report["same_tokens"] and not report["same_eval_reward"]  # 0.85 < 0.9; 0.10 > 0.08
+
+
+def test_balanced_steps_bound_at_two(bench):
+    assert bench.bound(run(1, 1, 0, rollout_s=0.5, train_s=0.5)) == 2.0
+    assert bench.bound(run(1, 1, 0, rollout_s=1.0, train_s=0.2)) == pytest.approx(1.2)
