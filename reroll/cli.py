@@ -174,9 +174,16 @@ def cmd_make_data(args: argparse.Namespace) -> None:
     for flag in ("direct_frac", "direct_accuracy"):
         if not 0 <= getattr(args, flag) <= 1:
             raise ConfigError(f"--{flag.replace('_', '-')} {getattr(args, flag)}: must be between 0 and 1")
-    if args.preferences and args.judge:
-        raise ConfigError("--preferences and --judge: pick one")
-    if args.judge:
+    if sum(map(bool, (args.preferences, args.judge, args.preferences_from))) > 1:
+        raise ConfigError("--preferences, --preferences-from and --judge: pick one")
+    if args.pairs_per_prompt < 1:
+        raise ConfigError(f"--pairs-per-prompt {args.pairs_per_prompt}: must be at least 1")
+    if args.preferences_from:
+        from reroll.data.preferences import write_sample_preferences
+
+        paths = write_sample_preferences(args.preferences_from, args.out, args.eval_size,
+                                         args.threshold, args.pairs_per_prompt, args.seed)
+    elif args.judge:
         from reroll.data.preferences import write_arithmetic_judge
 
         paths = write_arithmetic_judge(args.out, args.train_size, args.eval_size, args.seed, levels)
@@ -249,6 +256,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--preferences", action="store_true",
                    help="write preference pairs instead (prompt, chosen: the worked answer, "
                         "rejected: a wrong one) for `reroll dpo` and `reroll rm`")
+    p.add_argument("--preferences-from", metavar="SAMPLES",
+                   help="write preference pairs from a model's verified samples instead (a "
+                        "`reroll eval` .samples.jsonl: chosen a right response, rejected a wrong "
+                        "one of the same prompt); --eval-size counts held-out pairs")
+    p.add_argument("--threshold", type=float, default=1.0,
+                   help="--preferences-from: a sample is right when its reward is at least this")
+    p.add_argument("--pairs-per-prompt", type=int, default=2,
+                   help="--preferences-from: most pairs per prompt")
     p.add_argument("--judge", action="store_true",
                    help="write Think-J judge rows instead (prompt: a question and two answers in "
                         "seeded random order, answer: the letter A or B of the right one) for "

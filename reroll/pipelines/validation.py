@@ -25,9 +25,12 @@ def check_prompts(config, tokenizer, splits: dict[str, list[PromptRow]]) -> None
     if context is not None and max_new >= context:
         raise ConfigError(f"rollout.max_new_tokens={max_new} is past the model's context of "
                           f"{context} tokens ({config.model.path}/config.json)")
+    eval_reward = getattr(config.eval, "reward", None)
     for field, rows in splits.items():
-        check_answers(config.reward.type, field, rows)
-        check_rules(config.reward, rows)
+        # The held-out split is scored by `eval.reward` when the run sets one.
+        reward = eval_reward if field == "data.eval" and eval_reward is not None else config.reward
+        check_answers(reward.type, field, rows)
+        check_rules(reward, rows)
         lengths = prompt_lengths(tokenizer, rows)
         check_lengths(field, rows, lengths, config.data.max_prompt_tokens, max_new, context)
 
