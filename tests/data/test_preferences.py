@@ -142,3 +142,28 @@ def test_make_data_preferences_from_samples_holds_out_whole_prompts(tmp_path, ca
     assert main(["make-data", "--preferences-from", str(samples), "--out", str(tmp_path / "x")]) == 2
     err = capsys.readouterr().err
     assert "model-eval.samples.jsonl:2" in err and "Traceback" not in err
+
+
+def test_judge_labels_from_samples_are_balanced_judge_prompts(tmp_path):
+    from reroll.config.rewards import JUDGE_TEMPLATE
+    from reroll.data.preferences import judge_label_rows
+    samples = [sample(f"q{i}", f"r{i}{k}", float(k == 0)) | {"answer": str(i)}
+               for i in range(20) for k in range(3)] + [sample("q0", "r00", 1.0)]  # a repeat
+    rows = judge_label_rows(samples, JUDGE_TEMPLATE)
+    assert len(rows) == 40 and [r["response"] for r in rows].count("yes") == 20
+    for row in rows:
+        i, k = row["question"][1:], row["prompt"].split("Response: r")[1][len(row["question"]) - 1]
+        assert f"Reference answer: {i}\n" in row["prompt"]
+        assert row["response"] == ("yes" if k == "0" else "no")
+    assert main(["make-data", "--judge-labels-from", str(write_samples(tmp_path, samples)),
+                 "--out", str(tmp_path / "j"), "--eval-size", "6"]) == 0
+    train, held_out = ([json.loads(x) for x in (tmp_path / "j" / f"{s}.jsonl").read_text()
+                        .splitlines()] for s in ("train", "eval"))
+    assert len(train) + len(held_out) == 40 and len(held_out) >= 6
+    assert not {r["question"] for r in train} & {r["question"] for r in held_out}
+
+
+def write_samples(tmp_path, samples):
+    path = tmp_path / "m.samples.jsonl"
+    path.write_text("".join(json.dumps(s) + "\n" for s in samples))
+    return path
