@@ -163,5 +163,5 @@ def test_teachers_routed_by_tag_score_their_own_rows(tmp_path, warm_model, weak_
     first = read_metrics(tmp_path / "run")[0]
     assert first["distill/samples/strong"] + first["distill/samples/self"] == 32
     assert first["distill/samples/strong"] > 0 and first["distill/samples/self"] > 0
-    assert abs(first["distill/reverse_kl/self"]) < 1e-4
+    assert abs(first["distill/reverse_kl/self"]) < 1e-3
     assert first["distill/reverse_kl/strong"] > 0.05
