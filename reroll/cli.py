@@ -174,9 +174,24 @@ def cmd_make_data(args: argparse.Namespace) -> None:
     for flag in ("direct_frac", "direct_accuracy"):
         if not 0 <= getattr(args, flag) <= 1:
             raise ConfigError(f"--{flag.replace('_', '-')} {getattr(args, flag)}: must be between 0 and 1")
-    if args.preferences and args.judge:
-        raise ConfigError("--preferences and --judge: pick one")
-    if args.judge:
+    if sum(map(bool, (args.preferences, args.judge, args.preferences_from,
+                      args.judge_labels_from))) > 1:
+        raise ConfigError("--preferences, --preferences-from, --judge and --judge-labels-from: "
+                          "pick one")
+    if args.pairs_per_prompt < 1:
+        raise ConfigError(f"--pairs-per-prompt {args.pairs_per_prompt}: must be at least 1")
+    if args.judge_labels_from:
+        from reroll.config.rewards import JUDGE_TEMPLATE
+        from reroll.data.preferences import write_judge_labels
+
+        paths = write_judge_labels(args.judge_labels_from, args.out, JUDGE_TEMPLATE,
+                                   args.eval_size, args.threshold, args.seed)
+    elif args.preferences_from:
+        from reroll.data.preferences import write_sample_preferences
+
+        paths = write_sample_preferences(args.preferences_from, args.out, args.eval_size,
+                                         args.threshold, args.pairs_per_prompt, args.seed)
+    elif args.judge:
         from reroll.data.preferences import write_arithmetic_judge
 
         paths = write_arithmetic_judge(args.out, args.train_size, args.eval_size, args.seed, levels)
@@ -272,6 +287,20 @@ def _add_data_commands(sub) -> None:
     p.add_argument("--preferences", action="store_true",
                    help="write preference pairs instead (prompt, chosen: the worked answer, "
                         "rejected: a wrong one) for `reroll dpo` and `reroll rm`")
+    p.add_argument("--preferences-from", metavar="SAMPLES",
+                   help="write preference pairs from a model's verified samples instead (a "
+                        "`reroll eval` .samples.jsonl: chosen a right response, rejected a wrong "
+                        "one of the same prompt); --eval-size counts held-out pairs")
+    p.add_argument("--judge-labels-from", metavar="SAMPLES",
+                   help="write SFT rows that teach a judge the task instead: the judge prompt of "
+                        "`reward: {type: judge}` (its default template) on each verified sample "
+                        "of a `reroll eval` .samples.jsonl, response yes (right) or no (wrong), "
+                        "as many of each")
+    p.add_argument("--threshold", type=float, default=1.0,
+                   help="--preferences-from, --judge-labels-from: a sample is right when its "
+                        "reward is at least this")
+    p.add_argument("--pairs-per-prompt", type=int, default=2,
+                   help="--preferences-from: most pairs per prompt")
     p.add_argument("--judge", action="store_true",
                    help="write Think-J judge rows instead (prompt: a question and two answers in "
                         "seeded random order, answer: the letter A or B of the right one) for "

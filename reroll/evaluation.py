@@ -434,10 +434,15 @@ def _prompt_settings(config, run: Path) -> dict[str, tuple[Any, str]]:
                                                                  "data.system_prompt")}
     if config.pipeline == "sft":
         return taken | {"max_prompt_tokens": (data.max_tokens, "data.max_tokens")}
-    reward = config.reward
-    return taken | {"reward": (reward.type, "reward.type"),
-                    "reward_function": (getattr(reward, "function", None), "reward.function"),
-                    "max_prompt_tokens": (data.max_prompt_tokens, "data.max_prompt_tokens")}
+    taken["max_prompt_tokens"] = (data.max_prompt_tokens, "data.max_prompt_tokens")
+    # The run's held-out reward: `eval.reward` when set (a run trained on a learned reward is
+    # measured by its verifier), else `reward`; types --reward cannot name leave the default.
+    reward, key = ((config.eval.reward, "eval.reward") if config.eval.reward is not None
+                   else (config.reward, "reward"))
+    if reward.type not in ("math", "code", "custom"):
+        return taken
+    return taken | {"reward": (reward.type, f"{key}.type"),
+                    "reward_function": (getattr(reward, "function", None), f"{key}.function")}
 
 
 def check_out(out: Path) -> None:

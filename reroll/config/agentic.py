@@ -76,6 +76,10 @@ class AgenticConfig(RLRunConfig):
         if self.distributed.reward is not None:
             problems.append("distributed.reward: agentic runs are scored by their environments "
                             "(env workers), not by a reward role; remove it")
+        distill = self.algorithm.distill
+        if distill is not None and distill.teachers:
+            problems.append("algorithm.distill.teachers routes dataset rows by their `tag`; "
+                            "agentic episodes have no rows: give one `teacher`")
         if problems:
             raise ValueError("; ".join(problems))
         return self

@@ -432,12 +432,37 @@ class OnPolicyDistillConfig(Section):
     A_t = log pi_teacher(y_t) - log pi_student(y_t) (the per-token reverse KL, negated) is the
     advantage (docs/distillation.md)."""
 
-    teacher: TeacherConfig
+    teacher: TeacherConfig | None = None
+    """The teacher of every sample (with `teachers`: of the rows without a `tag` column).
+    None: `teachers` must route every training row."""
+    teachers: dict[str, TeacherConfig] = Field(default_factory=dict)
+    """Several teachers routed by a data tag: the value of a training row's `tag` column ->
+    the teacher of its samples (e.g. `{math: {path: ...}, code: {path: ...}}`). Every training
+    row is checked at start: a tag that names no teacher, or a row without a tag when no
+    `teacher` takes those, is an error naming its file and line (exit 2). RLVR runs only
+    (agentic episodes have no rows)."""
     mode: Literal["pure", "mixed"] = "pure"
     """`pure`: the teacher's advantage replaces the task's (no reward needed to learn);
     `mixed`: it is added to the task's advantage times `coef`."""
     coef: float = Field(1.0, gt=0)
     """`mixed` only: the weight of the teacher's per-token advantage."""
+
+    @model_validator(mode="after")
+    def _some_teacher(self) -> OnPolicyDistillConfig:
+        if self.teacher is None and not self.teachers:
+            raise ValueError("algorithm.distill: give a `teacher` (every sample) or `teachers` "
+                             "(routed by the rows' `tag`), or both")
+        return self
+
+    def names(self) -> list[str | None]:
+        """The teachers in routing order: None (the default `teacher`, when set) first, then
+        the keys of `teachers`."""
+        return ([None] if self.teacher is not None else []) + list(self.teachers)
+
+    def route(self, tag: str | None) -> str | None:
+        """The name of the teacher of a row with this `tag`: a key of `teachers`, or None for
+        the default `teacher` (rows are checked at start, so every tag is routed)."""
+        return tag if tag is not None and tag in self.teachers else None
 
 
 class AlgorithmConfig(Section):

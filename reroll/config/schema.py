@@ -351,6 +351,18 @@ class EvalConfig(Section):
     """0 means greedy decoding."""
 
 
+class PromptEvalConfig(EvalConfig):
+    """Held-out evaluation of an RLVR run (mean reward on `data.eval`)."""
+
+    reward: RewardConfig | None = None
+    """The reward of the held-out evaluation, when it is not the training reward (None: the
+    run's `reward`). A run trained on a learned reward (`type: model` or `judge`) is measured
+    here by the true verifier (`type: math`), so `eval/reward_mean` says whether the learned
+    reward taught the task. Same keys as `reward`; its calls are counted in `eval_reward/*`
+    and bounded by its own `max_failure_rate_*`. Not with `data.domains` (each domain has its
+    own reward)."""
+
+
 class RLRunConfig(Section):
     """What every RL pipeline's config has: the run, the model and its roles, the algorithm, the
     optimisation, evaluation, checkpoints and tracking. `RLConfig` (prompts and a reward) and
@@ -438,6 +450,7 @@ class RLConfig(RLRunConfig):
     pipeline: Literal["rlvr"] = "rlvr"
     """Which pipeline this config is for."""
     data: DataConfig
+    eval: PromptEvalConfig = Field(default_factory=PromptEvalConfig)
     reward: RewardConfig = Field(default_factory=MathReward)
     """How a response is scored, chosen by `type`: `math` (default; math-verify against the
     row's `answer`), `code` (the row's tests run in the sandbox), `custom` (your function,
@@ -458,6 +471,9 @@ class RLConfig(RLRunConfig):
         """Multi-domain runs draw each domain's groups in synchronous rounds of their own."""
         if self.data.domains is None:
             return []
+        if self.eval.reward is not None:
+            return ["eval.reward cannot be combined with data.domains: each domain's eval set "
+                    "is scored by that domain's reward (data.domains[].reward)"]
         return [f"data.domains cannot be combined with {name}.enabled (each domain's prompts are "
                 f"drawn in synchronous rounds of their own); turn it off"
                 for name, section in (("async_training", self.async_training),

@@ -49,6 +49,9 @@ class Trajectory:
     """Multi-turn: an id of the observation each turn acted on (equal ids = the same state)."""
     segments: list[dict[str, Any]] | None = None
     """Multi-turn: the episode as text segments `{text, policy, turn}`, for the run viewer."""
+    tag: str | None = None
+    """The prompt row's `tag` column (None without one): routes the sample to its teacher in
+    on-policy distillation (`algorithm.distill.teachers`)."""
 
     def __post_init__(self) -> None:
         if len(self.behaviour_logprobs) != len(self.response_ids):

@@ -27,6 +27,13 @@ class PromptRow:
     def prompt_text(self) -> str:
         return self.messages[-1]["content"]
 
+    @property
+    def tag(self) -> str | None:
+        """The row's `tag` column as text (None without one): on-policy distillation routes the
+        row's samples to a teacher by it."""
+        value = self.metadata.get("tag")
+        return None if value is None else str(value)
+
 
 def _read_records(path: Path) -> list[tuple[int, Any]]:
     try:

@@ -1,6 +1,7 @@
 """Preference pairs from .jsonl or .parquet files: `prompt` (or `messages`) + `chosen` +
 `rejected`, checked row by row with errors naming the file and line; and a preference set built
-from the arithmetic task (chosen: a right answer, rejected: a wrong one)."""
+from the arithmetic task (chosen: a right answer, rejected: a wrong one), or from a model's own
+verified samples (`reroll eval`'s `.samples.jsonl`: chosen scored right, rejected wrong)."""
 
 from __future__ import annotations
 
@@ -130,4 +131,140 @@ def write_arithmetic_judge(out: str | Path, train_size: int = 2000, eval_size: i
         pairs = [json.loads(line) for line in path.read_text().splitlines()]
         rows = judge_rows(pairs, seed + (1 if split == "eval" else 0))
         path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    return paths
+
+
+def sample_preference_rows(samples: list[dict], threshold: float = 1.0, pairs_per_prompt: int = 2,
+                           seed: int = 0) -> list[dict]:
+    """Preference rows `{prompt, chosen, rejected}` from a model's verified samples (rows
+    of `reroll eval`'s `.samples.jsonl`: `prompt`, `response`, `reward`, `finish_reason`): per
+    prompt, up to `pairs_per_prompt` pairs of a distinct right response (reward >= `threshold`)
+    and a distinct wrong one, drawn without replacement (seeded). Prompts whose samples were all
+    right or all wrong give none; responses cut at the length limit are left out (a pair's
+    responses are trained closed with EOS). Pairs on the policy's own mistakes teach a reward
+    model the errors the policy makes, not only the ones a generator thought of."""
+    groups: dict[str, tuple[list[str], list[str]]] = {}
+    for sample in samples:
+        if sample.get("finish_reason") == "length" or not str(sample["response"]).strip():
+            continue
+        right, wrong = groups.setdefault(sample["prompt"], ([], []))
+        bucket = right if float(sample["reward"]) >= threshold else wrong
+        if sample["response"] not in bucket:
+            bucket.append(sample["response"])
+    rng = random.Random(seed + 13)
+    rows = []
+    for prompt, (right, wrong) in groups.items():
+        rng.shuffle(right)
+        rng.shuffle(wrong)
+        for chosen, rejected in list(zip(right, wrong, strict=False))[:pairs_per_prompt]:
+            rows.append({"prompt": prompt, "chosen": chosen, "rejected": rejected})
+    return rows
+
+
+def write_sample_preferences(samples_path: str | Path, out: str | Path, eval_size: int = 200,
+                             threshold: float = 1.0, pairs_per_prompt: int = 2, seed: int = 0
+                             ) -> dict[str, Path]:
+    """Write `train.jsonl` and `eval.jsonl` pairs from a `.samples.jsonl` file; whole prompts
+    (seeded) are held out until the eval split holds `eval_size` pairs."""
+    samples = read_samples(samples_path)
+    rows = sample_preference_rows(samples, threshold, pairs_per_prompt, seed)
+    counts: dict[str, int] = {}
+    for row in rows:
+        counts[row["prompt"]] = counts.get(row["prompt"], 0) + 1
+    held_out = held_out_prompts(list(counts), counts.__getitem__, eval_size, seed)
+    splits = {"train": [r for r in rows if r["prompt"] not in held_out],
+              "eval": [r for r in rows if r["prompt"] in held_out]}
+    if not splits["train"] or (eval_size and not splits["eval"]):
+        raise ConfigError(f"--preferences-from {samples_path}: {len(rows)} pairs from "
+                          f"{len(samples)} samples (a pair needs a prompt with a right and a "
+                          f"wrong sample): too few for a train split and {eval_size} eval pairs; "
+                          f"sample more (reroll eval --n 8 --temperature 1.0) or lower --eval-size")
+    return _write_splits(out, splits)
+
+
+def read_samples(samples_path: str | Path) -> list[dict]:
+    """The rows of a `reroll eval` `.samples.jsonl` file (each with prompt, response, reward); a
+    broken row is a ConfigError naming the file and line."""
+    samples_path = Path(samples_path)
+    try:
+        lines = samples_path.read_text().splitlines()
+    except OSError as e:
+        raise ConfigError(f"{samples_path}: cannot be read ({e.strerror or e})") from None
+    samples = []
+    for lineno, line in enumerate(lines, start=1):
+        try:
+            sample = json.loads(line)
+            if not isinstance(sample, dict) or not {"prompt", "response", "reward"} <= set(sample):
+                raise ValueError("needs prompt, response and reward")
+        except ValueError as e:
+            raise ConfigError(f"{samples_path}:{lineno}: not a sample row of `reroll eval` "
+                              f"({e})") from None
+        samples.append(sample)
+    return samples
+
+
+def held_out_prompts(prompts: list[str], count_of, eval_size: int, seed: int) -> set[str]:
+    """Whole prompts (seeded order) into the held-out split until it holds `eval_size` rows."""
+    prompts = sorted(set(prompts))
+    random.Random(seed).shuffle(prompts)
+    held_out: set[str] = set()
+    count = 0
+    for prompt in prompts:
+        if count >= eval_size:
+            break
+        held_out.add(prompt)
+        count += count_of(prompt)
+    return held_out
+
+
+def judge_label_rows(samples: list[dict], template: str, threshold: float = 1.0,
+                     seed: int = 0) -> list[dict]:
+    """SFT rows that teach a judge the task (`reward: {type: judge}`): per distinct verified
+    sample, `prompt` the judge prompt (`template` with the question, the reference answer and
+    the response, as the judge reward fills it) and `response` "yes" when the verifier scored it
+    right (reward >= `threshold`), else "no"; as many yes as no rows (seeded), so the judge
+    cannot learn a prior. `question` keeps the task prompt (for held-out splits)."""
+    seen, labelled = set(), {"yes": [], "no": []}
+    for sample in samples:
+        key = (sample["prompt"], sample["response"])
+        if key in seen or sample.get("finish_reason") == "length":
+            continue
+        seen.add(key)
+        verdict = "yes" if float(sample["reward"]) >= threshold else "no"
+        labelled[verdict].append({
+            "question": sample["prompt"], "response": verdict,
+            "prompt": template.format(question=sample["prompt"], response=sample["response"],
+                                      reference=sample.get("answer") or "")})
+    rng = random.Random(seed + 17)
+    size = min(len(labelled["yes"]), len(labelled["no"]))
+    rows = rng.sample(labelled["yes"], size) + rng.sample(labelled["no"], size)
+    rng.shuffle(rows)
+    return rows
+
+
+def write_judge_labels(samples_path: str | Path, out: str | Path, template: str,
+                       eval_size: int = 200, threshold: float = 1.0, seed: int = 0
+                       ) -> dict[str, Path]:
+    """Write `train.jsonl` and `eval.jsonl` judge SFT rows (`judge_label_rows`) from a
+    `.samples.jsonl` file; held-out rows' questions never appear in train."""
+    rows = judge_label_rows(read_samples(samples_path), template, threshold, seed)
+    counts: dict[str, int] = {}
+    for row in rows:
+        counts[row["question"]] = counts.get(row["question"], 0) + 1
+    held_out = held_out_prompts(list(counts), counts.__getitem__, eval_size, seed)
+    splits = {"train": [r for r in rows if r["question"] not in held_out],
+              "eval": [r for r in rows if r["question"] in held_out]}
+    if not splits["train"]:
+        raise ConfigError(f"--judge-labels-from {samples_path}: no right and wrong samples to "
+                          f"label (a judge needs both); sample more (reroll eval --n 8 "
+                          f"--temperature 1.0)")
+    return _write_splits(out, splits)
+
+
+def _write_splits(out: str | Path, splits: dict[str, list[dict]]) -> dict[str, Path]:
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    paths = {"train": out / "train.jsonl", "eval": out / "eval.jsonl"}
+    for split, path in paths.items():
+        path.write_text("".join(json.dumps(row) + "\n" for row in splits[split]))
     return paths

@@ -34,7 +34,13 @@ from reroll.data.reasoning_gym import generate_rows
 from reroll.engines.base import Engine, SamplingParams
 from reroll.models.files import model_context
 from reroll.pipelines.task import rollout_row
-from reroll.pipelines.validation import check_answers, check_lengths, check_rules, prompt_lengths
+from reroll.pipelines.validation import (
+    check_answers,
+    check_lengths,
+    check_rules,
+    check_teacher_tags,
+    prompt_lengths,
+)
 from reroll.rewards import FailureBounds, RewardRunner, build_runner
 from reroll.rollout.sampling import RolloutJob, rollout
 from reroll.rollout.scheduler import SyncSource, signal_keep
@@ -106,6 +112,8 @@ def check_domain(config: RLConfig, tokenizer, spec: DomainConfig, where: str,
             if reward is not None:
                 check_answers(reward.type, field_name, rows)
                 check_rules(reward, rows, f"{where}.reward")
+            if split == "train":
+                check_teacher_tags(config.algorithm.distill, field_name, rows)
             check_lengths(field_name, rows, prompt_lengths(tokenizer, rows),
                           config.data.max_prompt_tokens, config.rollout.max_new_tokens, context)
         except ConfigError as e:

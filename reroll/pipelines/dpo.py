@@ -16,21 +16,17 @@ from torch import Tensor
 
 from reroll.algorithms.preference import dpo_loss, ipo_loss, orpo_loss, simpo_loss
 from reroll.config.preference import REFERENCE_FREE, DPOConfig
-from reroll.models.loading import load_model, load_tokenizer
+from reroll.models.loading import load_model
 from reroll.models.logprobs import batched_logprobs, forward_logprobs
 from reroll.pipelines.preference import (
     SCORE_MICRO_FACTOR,
     Pair,
-    PreferencePipeline,
-    chunks,
-    finished,
-    pair_batch,
+    score_all_pairs,
+    train_preferences,
 )
 from reroll.training.local import LocalStrategy
 
 REFERENCE_FILE = "reference_logprobs.pt"
-SCORE_CHUNK = 256
-"""Pairs per batch when scoring a whole dataset without gradients."""
 
 
 def _sigmoid(cfg, sums, counts, ref, num_pairs):
@@ -70,14 +66,13 @@ def score_pairs(model: torch.nn.Module, pairs: list[Pair], pad_token_id: int,
                 micro_batch_size: int) -> Tensor:
     """Summed response log-probabilities of every pair under `model`, without gradients:
     [N, 2] (chosen, rejected)."""
-    out = []
-    for part in chunks(pairs, SCORE_CHUNK):
-        batch = pair_batch(part, pad_token_id)
+    def sums(batch: TensorDict) -> Tensor:
         mask = batch["response_mask"]
         logprobs = batched_logprobs(model, batch["input_ids"], batch["attention_mask"],
                                     micro_batch_size, response_mask=mask)
-        out.append(sequence_sums(logprobs, mask)[0].view(-1, 2))
-    return torch.cat(out)
+        return sequence_sums(logprobs, mask)[0]
+
+    return score_all_pairs(pairs, pad_token_id, sums)
 
 
 def token_counts(pairs: list[Pair]) -> Tensor:
@@ -158,8 +153,4 @@ class DPOObjective:
 
 def train_dpo(config: DPOConfig) -> dict:
     """Run a DPO-family training; resuming a run already at its last step changes nothing."""
-    done = finished(config)
-    if done is not None:
-        return done
-    tokenizer = load_tokenizer(config.model.path)
-    return PreferencePipeline(config, tokenizer, DPOObjective).run()
+    return train_preferences(config, DPOObjective)

@@ -12,16 +12,19 @@ prompt (`forward_logprobs` packs rows with a common prefix).
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
+import torch
 from tensordict import TensorDict
 
 from reroll.config.errors import ConfigError
 from reroll.config.preference import PreferenceRunConfig
 from reroll.data.batch import Trajectory, collate
 from reroll.data.preferences import PreferenceRow, load_preferences
+from reroll.models.loading import load_tokenizer
 from reroll.pipelines.checkpoints import checkpoint_due, prune_checkpoints
 from reroll.pipelines.common import RunDir, Stopwatch, UpdateGuard, seed_everything, set_threads
 from reroll.rollout.stream import encode_prompt
@@ -31,6 +34,8 @@ from reroll.training.local import LocalStrategy
 SCORE_MICRO_FACTOR = 4
 """Scoring without gradients keeps no activations for a backward: its micro-batches are this
 many times `train.micro_batch_size` (3x faster scoring of the reference on the tiny model)."""
+SCORE_CHUNK = 256
+"""Pairs per batch when scoring a whole dataset without gradients."""
 
 
 @dataclass
@@ -217,3 +222,21 @@ def finished(config: PreferenceRunConfig) -> dict | None:
     if config.steps is None:
         return None
     return RunDir(config.run_dir()).finished_summary(config.resume, config.steps)
+
+
+def score_all_pairs(pairs: list[Pair], pad_token_id: int,
+                    score_batch: Callable[[TensorDict], torch.Tensor]) -> torch.Tensor:
+    """[N, 2] (chosen, rejected) scores of every pair, without gradients: `score_batch` maps a
+    `pair_batch` of up to SCORE_CHUNK pairs to its [2n] sequence scores."""
+    with torch.no_grad():
+        return torch.cat([score_batch(pair_batch(part, pad_token_id)).reshape(-1)
+                          for part in chunks(pairs, SCORE_CHUNK)]).view(-1, 2)
+
+
+def train_preferences(config: PreferenceRunConfig, make_objective) -> dict:
+    """Run the preference pipeline with its objective (`dpo.DPOObjective`,
+    `rm.RewardModelObjective`); resuming a run already at its last step changes nothing."""
+    done = finished(config)
+    if done is not None:
+        return done
+    return PreferencePipeline(config, load_tokenizer(config.model.path), make_objective).run()

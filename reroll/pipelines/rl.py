@@ -71,7 +71,7 @@ from reroll.pipelines import objective
 from reroll.pipelines.checkpoints import checkpoint_due, prune_checkpoints
 from reroll.pipelines.common import RunDir, Stopwatch, UpdateGuard, seed_everything, set_threads
 from reroll.pipelines.inputs import TaskInputs
-from reroll.pipelines.roles import build_roles, weight_sync_to
+from reroll.pipelines.roles import RoutedTeacher, build_roles, check_teachers, weight_sync_to
 from reroll.pipelines.supervisor import supervise
 from reroll.pipelines.task import Task, rollout_row
 from reroll.rollout.metrics import rollout_metrics
@@ -108,6 +108,7 @@ class RLPipeline:
         (inputs or TaskInputs()).write_files(self.run_dir.path)
         self.tokenizer = load_tokenizer(c.model.path)
         self.stop_ids = (self.tokenizer.eos_token_id,)
+        check_teachers(c, self.tokenizer)
         self.task = make_task(c, self.tokenizer)
         # Policy, reference (when a KL term needs it), critic (for gae) and engine: in this
         # process or as Ray actors placed by `distributed:`, behind the same interfaces.
@@ -312,6 +313,8 @@ def make_batch(trajectories: list[Trajectory], config: RLRunConfig, learner: Lea
     a, group_size = config.algorithm, config.rollout.group_size
     batch, metrics = collate_for_rl(trajectories, pad_token_id, a, group_size,
                                     config.rollout.max_new_tokens)
+    if isinstance(learner.teacher, RoutedTeacher):  # each sample's teacher, by its row's tag
+        batch["teacher_route"] = learner.teacher.routes([t.tag for t in trajectories])
     batch, filtered = filter_groups(batch, a.dynamic_sampling, group_size)
     if not batch.batch_size[0]:
         return batch, metrics | filtered
@@ -340,7 +343,14 @@ def distill_advantages(batch: TensorDict, cfg) -> dict[str, float]:
     teacher = algorithms.on_policy_distill_advantages(batch["teacher_logprobs"], student, mask)
     batch["advantages"] = teacher if cfg.mode == "pure" else \
         batch["advantages"] + cfg.coef * teacher
-    return {"distill/reverse_kl": float(algorithms.masked_mean(-teacher, mask))}
+    metrics = {"distill/reverse_kl": float(algorithms.masked_mean(-teacher, mask))}
+    if "teacher_route" in batch.keys():  # several teachers: each one's reverse KL on its samples
+        for i, name in enumerate(cfg.names()):
+            rows = batch["teacher_route"] == i
+            if bool(rows.any()):
+                metrics[f"distill/reverse_kl/{name or 'default'}"] = float(
+                    algorithms.masked_mean(-teacher[rows], mask[rows]))
+    return metrics
 
 
 # -- collate and filter -------------------------------------------------------------------------
@@ -430,6 +440,9 @@ def compute_logprobs_and_values(batch: TensorDict, config: RLRunConfig, learner:
         batch["teacher_logprobs"] = learner.teacher.logprobs(batch, temperature)
         learner.teacher_tokens += int(batch["response_mask"].sum())
         metrics["distill/teacher_tokens"] = float(learner.teacher_tokens)
+        if isinstance(learner.teacher, RoutedTeacher):
+            metrics |= {f"distill/samples/{name or 'default'}": float(n)
+                        for name, n in learner.teacher.samples.items()}
     if objective.needs_old_logprobs(a):
         if rows is None:
             batch["old_logprobs"] = policy.forward_logprobs(batch, temperature)

@@ -65,6 +65,11 @@ class PromptTask:
         # With `distributed.reward` placed, the reward runs in Ray actors on its nodes.
         self.rewards = build_runner(c.reward, remote_reward(c, inputs.reward_factory)
                                     or reward_fn)
+        # `eval.reward`: the held-out prompts are scored by another reward (the true verifier
+        # of a run trained on a learned reward), in this process.
+        self.eval_rewards = None if c.eval.reward is None or not self.eval_rows else \
+            build_runner(c.eval.reward, build_judge(c.eval.reward, c.seed)
+                         if c.eval.reward.type == "judge" else None)
         self.stream = PromptStream(PromptSampler(self.train_rows, c.seed))
         self.source = None
         self.engine: Engine | None = None
@@ -82,36 +87,49 @@ class PromptTask:
     def next_batch(self, step: int, params: SamplingParams) -> list[Trajectory]:
         trajectories = self.source.next_batch(step, step - 1, params)
         self.rewards.check_failure_rate(step)  # a reward that keeps failing stops the run here
+        if self.eval_rewards is not None:  # the last evaluation's calls are in this step's window
+            self.eval_rewards.check_failure_rate(step)
         return trajectories
 
     def evaluate(self, params: SamplingParams) -> dict[str, float]:
         """Mean reward on the held-out prompts."""
         c = self.config
-        job = RolloutJob(self.engine, self.rewards, self.tokenizer, params,
-                         c.data.max_prompt_tokens)
+        runner = self.eval_rewards or self.rewards
+        job = RolloutJob(self.engine, runner, self.tokenizer, params, c.data.max_prompt_tokens)
         trajectories = rollout(job, self.eval_rows, c.eval.samples_per_prompt, c.seed, step=-1)
         self.eval_trajectories = trajectories
         rewards = torch.tensor([t.reward for t in trajectories])
         return {"eval/reward_mean": float(rewards.mean())}
 
     def metrics(self) -> dict[str, float]:
-        return self.rewards.metrics() | self.source.metrics()
+        metrics = self.rewards.metrics() | self.source.metrics()
+        if self.eval_rewards is not None:
+            metrics |= {"eval_reward/" + k.removeprefix("reward/"): v
+                        for k, v in self.eval_rewards.metrics().items()}
+        return metrics
 
     def record(self, step: int, trajectories: list[Trajectory], count: int) -> list[dict]:
         return [rollout_row(t) for t in trajectories[:count]]
 
     def state_dict(self) -> dict[str, Any]:
-        return {"sampler": self.stream.state_dict(),
-                "reward_counters": dict(vars(self.rewards.counters))}
+        state = {"sampler": self.stream.state_dict(),
+                 "reward_counters": dict(vars(self.rewards.counters))}
+        if self.eval_rewards is not None:
+            state["eval_reward_counters"] = dict(vars(self.eval_rewards.counters))
+        return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.stream.load_state_dict(state["sampler"])
         self.rewards.load_counters(state["reward_counters"])
+        if self.eval_rewards is not None and "eval_reward_counters" in state:
+            self.eval_rewards.load_counters(state["eval_reward_counters"])
 
     def close(self) -> None:
         if self.source is not None:
             self.source.close()
         self.rewards.close()
+        if self.eval_rewards is not None:
+            self.eval_rewards.close()
 
 
 def prompt_task(config: RLConfig, tokenizer, inputs: TaskInputs | None = None):

@@ -16,36 +16,30 @@ from torch import Tensor
 
 from reroll.algorithms.preference import bradley_terry_loss
 from reroll.config.preference import RMConfig
-from reroll.models.loading import load_scalar_model, load_tokenizer
+from reroll.models.loading import load_scalar_model
 from reroll.pipelines.preference import (
     SCORE_MICRO_FACTOR,
     Pair,
-    PreferencePipeline,
-    chunks,
-    finished,
-    pair_batch,
+    score_all_pairs,
+    train_preferences,
 )
 from reroll.rewards.model import sequence_scores
 from reroll.training.local import LocalStrategy
-
-SCORE_CHUNK = 256
-"""Pairs per batch when scoring a whole dataset without gradients."""
 
 
 def score_pairs(model: torch.nn.Module, pairs: list[Pair], pad_token_id: int,
                 micro_batch_size: int) -> Tensor:
     """[N, 2] scores of (chosen, rejected) of every pair, without gradients."""
-    out = []
-    with torch.no_grad():
-        for part in chunks(pairs, SCORE_CHUNK):
-            batch = pair_batch(part, pad_token_id)
-            for start in range(0, batch.batch_size[0], micro_batch_size):
-                rows = slice(start, start + micro_batch_size)
-                mask = batch["attention_mask"][rows]
-                width = int(mask.sum(-1).max())
-                out.append(sequence_scores(model, batch["input_ids"][rows, :width],
-                                           mask[:, :width]))
-    return torch.cat(out).view(-1, 2)
+    def scores(batch: TensorDict) -> Tensor:
+        out = []
+        for start in range(0, batch.batch_size[0], micro_batch_size):
+            rows = slice(start, start + micro_batch_size)
+            mask = batch["attention_mask"][rows]
+            width = int(mask.sum(-1).max())
+            out.append(sequence_scores(model, batch["input_ids"][rows, :width], mask[:, :width]))
+        return torch.cat(out)
+
+    return score_all_pairs(pairs, pad_token_id, scores)
 
 
 class RewardModelObjective:
@@ -91,8 +85,4 @@ class RewardModelObjective:
 
 def train_rm(config: RMConfig) -> dict:
     """Train a reward model; resuming a run already at its last step changes nothing."""
-    done = finished(config)
-    if done is not None:
-        return done
-    tokenizer = load_tokenizer(config.model.path)
-    return PreferencePipeline(config, tokenizer, RewardModelObjective).run()
+    return train_preferences(config, RewardModelObjective)

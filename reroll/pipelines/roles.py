@@ -14,7 +14,11 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
+
+import torch
+from tensordict import TensorDict
 
 from reroll.config.schema import RLConfig
 from reroll.distributed.cluster import Cluster, LocalExecutor, RayExecutor, WorkerSpec
@@ -40,6 +44,7 @@ from reroll.distributed.weight_sync import (
 from reroll.engines import engine_factory
 from reroll.engines.base import Engine
 from reroll.models.devices import RoleDevice, machine_devices, plan_devices
+from reroll.models.files import read_config
 from reroll.models.loading import load_model
 from reroll.rewards import build_reward
 from reroll.rewards.base import RewardFn
@@ -124,15 +129,76 @@ def build_roles(c: RLConfig, total_steps: int, pad_token_id: int) -> Roles:
         roles = _ray_roles(c, total_steps, pad_token_id, plan)
     else:
         roles = _local_roles(c, total_steps, pad_token_id, plan)
-    if c.algorithm.distill is not None:
-        roles.teacher = ReferenceGroup(Cluster(teacher_spec(c, plan), 1, LocalExecutor()))
+    distill = c.algorithm.distill
+    if distill is not None:
+        groups = {name: ReferenceGroup(Cluster(teacher_spec(
+                      c, plan, distill.teachers[name] if name else distill.teacher), 1,
+                      LocalExecutor())) for name in distill.names()}
+        roles.teacher = groups[None] if list(groups) == [None] else RoutedTeacher(groups)
     return roles
 
 
-def teacher_spec(c: RLConfig, plan: Plan) -> WorkerSpec:
-    """The teacher of on-policy distillation: a reference worker over the teacher's weights, in
+def check_teachers(c: RLConfig, tokenizer) -> None:
+    """On-policy distillation gathers the teacher's logprob of each sampled token id: every
+    teacher must share the policy's tokenizer and output width (ConfigError at start)."""
+    from reroll.pipelines.distill import check_same_tokenizer
+
+    distill = c.algorithm.distill
+    if distill is None:
+        return
+    width = vocab_width(c.model.path)
+    named = ([("algorithm.distill.teacher.path", distill.teacher)] if distill.teacher else []) \
+        + [(f"algorithm.distill.teachers.{tag}.path", t) for tag, t in distill.teachers.items()]
+    for where, teacher in named:
+        check_same_tokenizer(teacher.path, tokenizer, vocab_width(teacher.path) or width,
+                             width, where)
+
+
+def vocab_width(path: str) -> int | None:
+    """The output width (`vocab_size`) a local model folder's config.json declares."""
+    data, _ = read_config(Path(path))
+    size = (data or {}).get("vocab_size")
+    return size if isinstance(size, int) else None
+
+
+class RoutedTeacher:
+    """Several teachers of on-policy distillation behind the `Reference` interface: a sample's
+    logprobs come from the teacher its prompt row's `tag` names (`algorithm.distill.teachers`;
+    None: the default `teacher`). The batch carries each sample's teacher as
+    `teacher_route` [B], an index into `names`, set from the trajectories' tags."""
+
+    def __init__(self, teachers: dict[str | None, Reference]):
+        self.teachers = teachers
+        self.names = list(teachers)
+        self.samples = dict.fromkeys(self.names, 0)
+        """Samples each teacher scored in the last batch."""
+
+    def routes(self, tags: list[str | None]) -> torch.Tensor:
+        """[B] the teacher index of each tag (a tag no teacher takes goes to the default one;
+        the rows were checked at start)."""
+        index = {name: i for i, name in enumerate(self.names)}
+        return torch.tensor([index.get(tag, index.get(None, -1)) for tag in tags],
+                            dtype=torch.long)
+
+    def logprobs(self, batch: TensorDict, temperature: float = 1.0) -> torch.Tensor:
+        route = batch["teacher_route"]
+        if bool((route < 0).any()):
+            raise ValueError("a sample's tag routes to no teacher (rows are checked at start)")
+        out = None
+        for i, name in enumerate(self.names):
+            rows = (route == i).nonzero().squeeze(-1)
+            self.samples[name] = len(rows)
+            if len(rows):
+                part = self.teachers[name].logprobs(batch[rows], temperature)
+                if out is None:
+                    out = part.new_zeros(batch["input_ids"].shape)
+                out[rows.to(part.device)] = part
+        return out
+
+
+def teacher_spec(c: RLConfig, plan: Plan, teacher) -> WorkerSpec:
+    """A teacher of on-policy distillation: a reference worker over the teacher's weights, in
     the driver's process, on the reference's device."""
-    teacher = c.algorithm.distill.teacher
     return WorkerSpec(ReferenceWorker, dict(model_path=teacher.path, dtype=teacher.dtype,
                                             micro_batch_size=c.train.micro_batch_size,
                                             attn_implementation=c.model.attn_implementation,

@@ -25,11 +25,33 @@ def check_prompts(config, tokenizer, splits: dict[str, list[PromptRow]]) -> None
     if context is not None and max_new >= context:
         raise ConfigError(f"rollout.max_new_tokens={max_new} is past the model's context of "
                           f"{context} tokens ({config.model.path}/config.json)")
+    eval_reward = getattr(config.eval, "reward", None)
+    check_teacher_tags(config.algorithm.distill, "data.train", splits.get("data.train", []))
     for field, rows in splits.items():
-        check_answers(config.reward.type, field, rows)
-        check_rules(config.reward, rows)
+        # The held-out split is scored by `eval.reward` when the run sets one.
+        reward = eval_reward if field == "data.eval" and eval_reward is not None else config.reward
+        check_answers(reward.type, field, rows)
+        check_rules(reward, rows)
         lengths = prompt_lengths(tokenizer, rows)
         check_lengths(field, rows, lengths, config.data.max_prompt_tokens, max_new, context)
+
+
+def check_teacher_tags(distill, field: str, rows: list[PromptRow]) -> None:
+    """On-policy distillation with `teachers`: a training row's `tag` must name one of them (a
+    misspelt tag is refused, not sent to the default teacher); a row without a tag needs the
+    default `teacher`."""
+    if distill is None or not distill.teachers:
+        return
+    unknown = [row for row in rows if row.tag is not None and row.tag not in distill.teachers]
+    untagged = [] if distill.teacher is not None else [row for row in rows if row.tag is None]
+    for bad, what in ((unknown, f"tag {unknown[0].tag!r}" if unknown else ""),
+                      (untagged, "no `tag` column")):
+        if bad:
+            fix = ("fix the tag or add its teacher" if bad is unknown else
+                   "tag it, or add algorithm.distill.teacher for untagged rows")
+            raise ConfigError(f"{field}: {bad[0].source} has {what}, which names none of "
+                              f"algorithm.distill.teachers ({', '.join(distill.teachers)}); "
+                              f"{len(bad)} of {len(rows)} rows are like it: {fix}")
 
 
 def check_answers(reward_type: str, field: str, rows: list[PromptRow]) -> None:

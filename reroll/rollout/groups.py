@@ -90,8 +90,8 @@ class Group:
             prompt_ids=self.prompt_ids, response_ids=s.tokens, behaviour_logprobs=s.logprobs,
             finish_reason=s.finish_reason, group_id=group_id, prompt_text=self.row.prompt_text,
             response_text=s.response_text, answer=self.row.answer, reward=s.reward,
-            reward_info=s.reward_info, policy_version=self.version if version is None else version)
-            for s in self.samples]
+            reward_info=s.reward_info, policy_version=self.version if version is None else version,
+            tag=self.row.tag) for s in self.samples]
 
     def mark(self, state: State) -> int:
         """Move the samples whose life has not ended to `state`; returns how many moved."""

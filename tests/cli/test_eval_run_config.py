@@ -80,3 +80,21 @@ def test_an_rlvr_checkpoint_uses_the_runs_eval_set_and_reward(tmp_path, tiny_mod
         "max_prompt_tokens": "data.max_prompt_tokens", "max_new_tokens": "rollout.max_new_tokens",
         "top_p": "rollout.top_p", "temperature": "rollout.temperature"}
     assert "reward_function='parity_reward:odd_length' (reward.function)" in err
+
+
+@pytest.mark.unit
+def test_a_run_trained_on_a_learned_reward_is_evaluated_with_its_eval_reward(tmp_path):
+    from reroll.evaluation import run_settings
+
+    (tmp_path / "eval.jsonl").write_text('{"prompt": "q", "answer": "1"}\n')
+    base = {"pipeline": "rlvr", "steps": 2, "model": {"path": "m"},
+            "data": {"train": "t.jsonl", "eval": str(tmp_path / "eval.jsonl")},
+            "reward": {"type": "model", "path": "rm"}}
+    for name, config, taken in (("with", base | {"eval": {"reward": {"type": "math"}}},
+                                 ("math", "eval.reward.type")),
+                                ("without", base, None)):
+        run = tmp_path / name / "run"
+        (run / "checkpoints" / "step_2").mkdir(parents=True)
+        (run / "config.yaml").write_text(yaml.safe_dump(config))
+        _, settings = run_settings(str(run / "checkpoints" / "step_2"), {})
+        assert settings.get("reward") == taken  # a model reward is not one --reward can name

@@ -178,3 +178,17 @@ def test_env_placement_is_for_agentic_runs_on_ray(tmp_path):
         tmp_path, agentic, ["distributed.env.labels.pool=env"])
     assert "distributed.env runs on CPUs" in error_of(
         tmp_path, agentic, ["distributed.executor=ray", "distributed.env.colocate_with=policy"])
+
+
+def test_eval_reward_is_a_reward_section_of_rlvr_runs_only(tmp_path):
+    config = load_config(write(tmp_path, {**MINIMAL, "reward": {"type": "model", "path": "rm"},
+                                          "eval": {"reward": {"type": "math"}}}))
+    assert config.reward.type == "model" and config.eval.reward.type == "math"
+    assert load_config(write(tmp_path, MINIMAL)).eval.reward is None
+    assert "eval.reward" in error_of(tmp_path, {**MINIMAL, "eval": {"reward": {"type": "nope"}}})
+    domains = {"domains": [{"name": "a", "train": "t.jsonl"}]}
+    assert "eval.reward cannot be combined with data.domains" in error_of(
+        tmp_path, {**MINIMAL, "data": domains, "eval": {"reward": {"type": "math"}}})
+    agentic = {"pipeline": "agentic", "steps": 2, "model": {"path": "m"},
+               "env": {"id": "guess_number"}, "eval": {"reward": {"type": "math"}}}
+    assert "eval.reward" in error_of(tmp_path, agentic)

@@ -103,3 +103,67 @@ def test_make_data_judge_writes_judge_splits(tmp_path):
         rows = [json.loads(line) for line in (tmp_path / f"{split}.jsonl").read_text().splitlines()]
         assert len(rows) == n
         assert all(r["answer"] in ("A", "B") and "Response B:" in r["prompt"] for r in rows)
+
+
+def sample(prompt, response, reward, finish="stop"):
+    return {"prompt": prompt, "response": response, "reward": reward, "finish_reason": finish}
+
+
+def test_pairs_from_verified_samples_pair_right_with_wrong_of_the_same_prompt():
+    from reroll.data.preferences import sample_preference_rows
+    samples = [sample("p1", "r1", 1.0), sample("p1", "w1", 0.0), sample("p1", "w1", 0.0),
+               sample("p1", "r2", 1.0), sample("p1", "w2", 0.0), sample("p1", "w3", 0.0),
+               sample("p2", "r", 1.0), sample("p2", "r", 1.0),            # all right: no pair
+               sample("p3", "w", 0.0), sample("p3", "cut", 1.0, "length"),  # cut: left out
+               sample("p4", "half", 0.5), sample("p4", "right", 1.0)]
+    rows = sample_preference_rows(samples, threshold=1.0, pairs_per_prompt=2, seed=0)
+    assert rows == sample_preference_rows(samples, threshold=1.0, pairs_per_prompt=2, seed=0)
+    assert [r["prompt"] for r in rows] == ["p1", "p1", "p4"]
+    p1 = rows[:2]
+    assert {r["chosen"] for r in p1} == {"r1", "r2"}
+    assert len({r["rejected"] for r in p1}) == 2 and {r["rejected"] for r in p1} <= {"w1", "w2", "w3"}
+    assert rows[2] == {"prompt": "p4", "chosen": "right", "rejected": "half"}
+    assert [r["prompt"] for r in sample_preference_rows(samples, 0.5, 1)] == ["p1"]  # p4 all right
+
+
+def test_make_data_preferences_from_samples_holds_out_whole_prompts(tmp_path, capsys):
+    rows = [sample(f"q{i}", f"right {i} {k}", 1.0) for i in range(30) for k in range(2)] + \
+           [sample(f"q{i}", f"wrong {i} {k}", 0.0) for i in range(30) for k in range(3)]
+    samples = tmp_path / "model-eval.samples.jsonl"
+    samples.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert main(["make-data", "--preferences-from", str(samples), "--out", str(tmp_path / "p"),
+                 "--eval-size", "10"]) == 0
+    train, held_out = (load_preferences(tmp_path / "p" / f"{s}.jsonl") for s in ("train", "eval"))
+    assert len(held_out) == 10 and len(train) == 50
+    assert not {r.prompt.prompt_text for r in train} & {r.prompt.prompt_text for r in held_out}
+    assert all(r.chosen.startswith("right") and r.rejected.startswith("wrong")
+               for r in train + held_out)
+    samples.write_text(json.dumps(sample("q", "r", 1.0)) + "\n{\"prompt\": \"q\"}\n")
+    assert main(["make-data", "--preferences-from", str(samples), "--out", str(tmp_path / "x")]) == 2
+    err = capsys.readouterr().err
+    assert "model-eval.samples.jsonl:2" in err and "Traceback" not in err
+
+
+def test_judge_labels_from_samples_are_balanced_judge_prompts(tmp_path):
+    from reroll.config.rewards import JUDGE_TEMPLATE
+    from reroll.data.preferences import judge_label_rows
+    samples = [sample(f"q{i}", f"r{i}{k}", float(k == 0)) | {"answer": str(i)}
+               for i in range(20) for k in range(3)] + [sample("q0", "r00", 1.0)]  # a repeat
+    rows = judge_label_rows(samples, JUDGE_TEMPLATE)
+    assert len(rows) == 40 and [r["response"] for r in rows].count("yes") == 20
+    for row in rows:
+        i, k = row["question"][1:], row["prompt"].split("Response: r")[1][len(row["question"]) - 1]
+        assert f"Reference answer: {i}\n" in row["prompt"]
+        assert row["response"] == ("yes" if k == "0" else "no")
+    assert main(["make-data", "--judge-labels-from", str(write_samples(tmp_path, samples)),
+                 "--out", str(tmp_path / "j"), "--eval-size", "6"]) == 0
+    train, held_out = ([json.loads(x) for x in (tmp_path / "j" / f"{s}.jsonl").read_text()
+                        .splitlines()] for s in ("train", "eval"))
+    assert len(train) + len(held_out) == 40 and len(held_out) >= 6
+    assert not {r["question"] for r in train} & {r["question"] for r in held_out}
+
+
+def write_samples(tmp_path, samples):
+    path = tmp_path / "m.samples.jsonl"
+    path.write_text("".join(json.dumps(s) + "\n" for s in samples))
+    return path

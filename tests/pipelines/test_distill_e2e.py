@@ -4,7 +4,9 @@ exactly; a teacher with another tokenizer is refused with the reason."""
 
 from __future__ import annotations
 
+import json
 import shutil
+from pathlib import Path
 
 import pytest
 import yaml
@@ -136,3 +138,30 @@ def test_on_policy_distillation_moves_the_student_toward_the_teacher(tmp_path, w
     assert sum(r["distill/reverse_kl"] for r in rows[-3:]) < sum(r["distill/reverse_kl"]
                                                                  for r in rows[:3])
     assert summary["eval_reward_end"] > summary["eval_reward_start"]
+
+
+def test_teachers_routed_by_tag_score_their_own_rows(tmp_path, warm_model, weak_student):
+    """Two teachers routed by the rows' `tag`: `strong` (the SFT'd teacher) and `self` (the
+    student's own weights). Each scores only its rows: on-policy, the student's own weights
+    give a reverse KL of 0 on theirs, the strong teacher a positive one."""
+    from reroll.pipelines.rlvr import train
+
+    rows = [json.loads(line) for line in Path(warm_model["train"]).read_text().splitlines()]
+    tagged = tmp_path / "tagged.jsonl"
+    tagged.write_text("".join(json.dumps(row | {"tag": ("strong", "self")[i % 2]}) + "\n"
+                              for i, row in enumerate(rows[:64])))
+    config = tmp_path / "rl.yaml"
+    config.write_text(yaml.safe_dump({
+        "output_dir": str(tmp_path / "run"), "steps": 2, "model": {"path": weak_student},
+        "data": {"train": str(tagged)},
+        "rollout": {"prompts_per_step": 8, "group_size": 4, "max_new_tokens": 24},
+        "optimizer": {"lr": 1e-3},
+        "algorithm": {"distill": {"teachers": {"strong": {"path": warm_model["model"]},
+                                               "self": {"path": weak_student}}}},
+        "tracking": {"progress": False, "tensorboard": False}}))
+    train(load_config(config))
+    first = read_metrics(tmp_path / "run")[0]
+    assert first["distill/samples/strong"] + first["distill/samples/self"] == 32
+    assert first["distill/samples/strong"] > 0 and first["distill/samples/self"] > 0
+    assert abs(first["distill/reverse_kl/self"]) < 1e-3
+    assert first["distill/reverse_kl/strong"] > 0.05
