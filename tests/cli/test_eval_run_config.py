@@ -120,6 +120,10 @@ def test_a_multidomain_checkpoint_is_evaluated_per_domain(tmp_path, tiny_model, 
     results, _ = run_eval(capsys, "--model", checkpoint, "--threads", "1", "--out", str(out),
                           "--domain", "code", "--max-prompts", "1")
     assert list(results["domains"]) == ["code"] and results["prompts"] == 1
+    results, _ = run_eval(capsys, "--model", checkpoint, "--threads", "1", "--out", str(out),
+                          "--task", arithmetic["eval"], "--reward", "math", "--max-prompts", "2")
+    assert results["task"] == arithmetic["eval"] and "domains" not in results
+    assert results["prompts"] == 2 and results["max_new_tokens"] == 6  # still the run's
 
     for flags, named in ((["--domain", "cod"], "the run's domains with a held-out set are "
                                                "math, code, gym"),
