@@ -78,6 +78,9 @@ class EvalSpec:
     batch_size: int = 256
     threads: int | None = None
     """torch threads of this process (None: torch's default, every core)."""
+    domains: list[Any] | None = None
+    """A multi-domain run's `data.domains` (DomainConfig, a file domain's reward resolved):
+    each domain is evaluated on its held-out set with its own reward."""
     run_config: str | None = None
     """The config.yaml of the run the model belongs to, when settings were taken from it."""
     taken: dict[str, str] = field(default_factory=dict)
@@ -118,6 +121,9 @@ def evaluate(spec: EvalSpec) -> tuple[dict[str, Any], list[dict[str, Any]]]:
         if spec.env:
             parts = {env_id: _play_env(spec, env_id, engine, tokenizer, params)
                      for env_id in spec.env.split(",")}
+        elif spec.domains:
+            parts = {d.name: _sample_domain(spec, d, engine, tokenizer, params)
+                     for d in spec.domains}
         else:
             parts = {spec.task: _sample_task(spec, engine, tokenizer, params)}
     finally:
@@ -145,12 +151,21 @@ def evaluate(spec: EvalSpec) -> tuple[dict[str, Any], list[dict[str, Any]]]:
         count += len(trajectories)
         samples += [{"source": name, "prompt_index": i // spec.n} | trajectory_row(t)
                     for i, t in enumerate(trajectories)]
-    # A suite's headline figures weigh every environment equally.
+    # A suite's headline figures weigh every environment equally; a multi-domain run's weigh
+    # every prompt equally, as training's `eval/reward_mean` does.
+    weights = {name: part["prompts"] if spec.domains else 1 for name, part in per_part.items()}
     for key in per_part[next(iter(per_part))]:
-        values = [part[key] for part in per_part.values()]
-        results[key] = sum(values) / len(values) if key != "prompts" else sum(values)
+        values = [(part[key], weights[name]) for name, part in per_part.items()]
+        results[key] = sum(v for v, _ in values) if key == "prompts" else \
+            sum(v * w for v, w in values) / sum(w for _, w in values)
     if spec.env:
         results["envs"] = per_part
+    if spec.domains:
+        results["domains"] = per_part
+        results["eval/reward_mean"] = results[f"mean@{spec.n}"]
+        for name, part in per_part.items():  # the names of training's per-domain eval metrics
+            results[f"eval/{name}/reward_mean"] = part[f"mean@{spec.n}"]
+            results[f"eval/{name}/pass_rate"] = part["pass@1"]
     results |= {"response_len_mean": tokens / count, "seconds": round(seconds, 2),
                 "tokens_per_s": round(tokens / max(seconds, 1e-9), 1)}
     return results, samples
@@ -168,6 +183,34 @@ def _sample_task(spec: EvalSpec, engine, tokenizer, params) -> tuple[list, dict[
     finally:
         rewards.close()
     # A failed call (crash, time-out, NaN/inf score) scores 0 and is counted here.
+    return trajectories, {"reward_errors": float(rewards.counters.errors),
+                          "reward_timeouts": float(rewards.counters.timeouts),
+                          "reward_nonfinite": float(rewards.counters.nonfinite)}
+
+
+def _sample_domain(spec: EvalSpec, domain, engine, tokenizer, params
+                   ) -> tuple[list, dict[str, float]]:
+    """A domain's held-out prompts (its eval file or generated reasoning-gym set, the first
+    `max_prompts`) sampled and scored by the domain's reward, as training's evaluation does."""
+    from reroll.config.rewards import MathReward
+    from reroll.pipelines.domains import domain_reward, read_rows
+    from reroll.pipelines.validation import check_answers, check_rules
+    from reroll.rollout.sampling import RolloutJob, rollout
+
+    where = f"data.domains ({domain.name})"
+    rows = read_rows(domain, where, domain.system_prompt or spec.system_prompt)[1]
+    rows = rows[: spec.max_prompts] if spec.max_prompts else rows
+    if domain.reward is not None:
+        check_answers(domain.reward.type, f"{where}.eval", rows)
+        check_rules(domain.reward, rows, f"{where}.reward")
+    # A file domain's reward was resolved from the run; MathReward() gives reasoning-gym's scorer
+    # only its failure bounds, which an evaluation does not enforce (failures are counted).
+    rewards = domain_reward(domain, MathReward())
+    try:
+        trajectories = rollout(RolloutJob(engine, rewards, tokenizer, params,
+                                          spec.max_prompt_tokens), rows, spec.n, spec.seed, step=0)
+    finally:
+        rewards.close()
     return trajectories, {"reward_errors": float(rewards.counters.errors),
                           "reward_timeouts": float(rewards.counters.timeouts),
                           "reward_nonfinite": float(rewards.counters.nonfinite)}
@@ -276,7 +319,9 @@ def add_eval_parser(subparsers: argparse._SubParsersAction) -> argparse.Argument
                               "runs/X/final) is evaluated on the run's task with its settings "
                               "(eval set or environment, reward, turns, token limits, system "
                               "prompt, eval temperature) unless a flag says otherwise; the "
-                              "settings taken are printed.")
+                              "settings taken are printed. A multi-domain run's model is "
+                              "evaluated on each domain's held-out set with its own reward "
+                              "(eval/<domain>/reward_mean and pass_rate, as in training).")
     p.add_argument("--model", required=True, help="model folder (Hugging Face format) or checkpoint")
     where = p.add_mutually_exclusive_group()
     where.add_argument("--task", help="prompts: a .jsonl/.parquet file with prompt and answer, or "
@@ -308,7 +353,12 @@ def add_eval_parser(subparsers: argparse._SubParsersAction) -> argparse.Argument
     p.add_argument("--max-prompt-tokens", type=int,
                    help="longest prompt (for envs: the whole episode's context); default 1024, "
                         "or the run's data.max_prompt_tokens / env.max_context_tokens")
-    p.add_argument("--max-prompts", type=int, help="evaluate the first N prompts only")
+    p.add_argument("--max-prompts", type=int, help="evaluate the first N prompts only (of each "
+                                                   "domain; default: a multi-domain run's "
+                                                   "eval.max_prompts)")
+    p.add_argument("--domain", help="a multi-domain run's model: evaluate only these domains "
+                                    "(comma-separated names; default: every domain with a "
+                                    "held-out set)")
     p.add_argument("--system-prompt", help="default none, or the run's system prompt")
     p.add_argument("--threshold", type=float, default=1.0,
                    help="a sample is correct when its reward is at least this (default 1.0)")
@@ -330,13 +380,15 @@ def spec_from_args(args: argparse.Namespace) -> EvalSpec:
              "reward": args.reward, "reward_function": args.reward_function,
              "temperature": args.temperature, "top_p": args.top_p,
              "max_new_tokens": args.max_new_tokens, "max_prompt_tokens": args.max_prompt_tokens,
-             "system_prompt": args.system_prompt}
+             "system_prompt": args.system_prompt, "max_prompts": args.max_prompts}
     given = {k: v for k, v in given.items() if v is not None}
     run, taken = (None, {}) if args.ignore_run_config else run_settings(args.model, given, args.n)
-    if "task" not in given and "env" not in given and "task" not in taken and "env" not in taken:
+    if not {"task", "env"} & set(given) and not {"task", "env", "domains"} & set(taken):
         raise ConfigError("--task or --env: say what to evaluate on (only a model inside a run "
                           "directory whose config has data.eval or env.id needs neither)")
     chosen = {k: v for k, (v, _) in taken.items()} | given
+    if args.domain is not None:
+        chosen["domains"] = _pick_domains(args.domain, chosen.get("domains"))
     for flag, value, low in (("--n", args.n, 1), ("--max-new-tokens", chosen.get("max_new_tokens", 1), 1),
                              ("--max-prompt-tokens", chosen.get("max_prompt_tokens", 8), 8),
                              ("--batch-size", args.batch_size, 1),
@@ -353,10 +405,24 @@ def spec_from_args(args: argparse.Namespace) -> EvalSpec:
         raise ConfigError(f"--k {args.k!r}: expected comma-separated integers, e.g. 2,4")
     ks = tuple(int(k) for k in args.k.replace(" ", "").split(",") if k)
     return EvalSpec(model=args.model, n=args.n, ks=ks, engine=args.engine,
-                    max_prompts=args.max_prompts, threshold=args.threshold, seed=args.seed,
+                    threshold=args.threshold, seed=args.seed,
                     batch_size=args.batch_size, threads=args.threads, **chosen,
                     run_config=str(run / "config.yaml") if run else None,
                     taken={k: source for k, (_, source) in taken.items()})
+
+
+def _pick_domains(flag: str, domains: list[Any] | None) -> list[Any]:
+    """The domains `--domain a,b` names, in the run's order."""
+    if domains is None:
+        raise ConfigError("--domain: only for a model of a multi-domain run (data.domains), "
+                          "evaluated on its domains' held-out sets (without --task)")
+    wanted = [name.strip() for name in flag.split(",") if name.strip()]
+    known = [d.name for d in domains]
+    unknown = [name for name in wanted if name not in known]
+    if unknown or not wanted:
+        raise ConfigError(f"--domain {flag!r}: the run's domains with a held-out set are "
+                          f"{', '.join(known)}")
+    return [d for d in domains if d.name in wanted]
 
 
 def _json_flag(raw: str | None) -> dict[str, Any] | None:
@@ -407,6 +473,8 @@ def run_settings(model: str, given: dict[str, Any], n: int = 1
         taken = {} if other else _env_settings(config.env)
     elif "env" in given:
         taken = {}
+    elif getattr(config.data, "domains", None):
+        taken = _domain_settings(config, run, given)
     else:
         taken = _prompt_settings(config, run)
     if config.pipeline != "sft":
@@ -423,6 +491,40 @@ def _env_settings(env) -> dict[str, tuple[Any, str]]:
             "episodes": (env.eval_episodes or None, "env.eval_episodes"),
             "max_prompt_tokens": (env.max_context_tokens, "env.max_context_tokens"),
             "system_prompt": (env.system_prompt, "env.system_prompt")}
+
+
+def _domain_settings(config, run: Path, given: dict[str, Any]) -> dict[str, tuple[Any, str]]:
+    """A multi-domain run: every domain with a held-out set, each scored by its own reward, the
+    first `eval.max_prompts` of each (as training's evaluation); `--task` needs `--reward`."""
+    data, names = config.data, ", ".join(d.name for d in config.data.domains)
+    shared = {"system_prompt": (data.system_prompt, "data.system_prompt"),
+              "max_prompt_tokens": (data.max_prompt_tokens, "data.max_prompt_tokens")}
+    if "task" in given:
+        if "reward" not in given:
+            raise ConfigError(f"--task: the model's run has several domains ({names}), each with "
+                              f"its own reward; pass --reward for the file (or drop --task to "
+                              f"evaluate every domain on its held-out set)")
+        return shared
+    if "reward" in given or "reward_function" in given:
+        raise ConfigError(f"--reward: the model's run evaluates each of its domains ({names}) with "
+                          f"its own reward (data.domains[k].reward); to score one file with "
+                          f"another reward, pass --task too")
+    domains = []
+    for k, d in enumerate(data.domains):
+        if d.eval is None and (d.reasoning_gym is None or not d.reasoning_gym.eval_size):
+            continue
+        if d.eval is not None and not Path(d.eval).is_file():
+            raise ConfigError(f"data.domains[{k}] ({d.name}).eval of {run / 'config.yaml'}: "
+                              f"{d.eval} does not exist from here; pass --task and --reward (or "
+                              f"run from where the run was started)")
+        if d.reward is None and d.reasoning_gym is None:
+            d = d.model_copy(update={"reward": config.reward})
+        domains.append(d)
+    if not domains:
+        raise ConfigError(f"none of the domains of {run / 'config.yaml'} ({names}) has a held-out "
+                          f"set (eval, or reasoning_gym.eval_size); pass --task and --reward")
+    return shared | {"domains": (domains, "data.domains"),
+                     "max_prompts": (config.eval.max_prompts, "eval.max_prompts")}
 
 
 def _prompt_settings(config, run: Path) -> dict[str, tuple[Any, str]]:
@@ -461,6 +563,12 @@ def check_out(out: Path) -> None:
                           f"({e.strerror or e})") from None
 
 
+def _shown(spec: EvalSpec, key: str) -> Any:
+    """A setting as printed: the domains by name."""
+    value = getattr(spec, key)
+    return [d.name for d in value] if key == "domains" else value
+
+
 def cmd_eval(args: argparse.Namespace) -> None:
     from rich.console import Console
     from rich.table import Table
@@ -471,21 +579,24 @@ def cmd_eval(args: argparse.Namespace) -> None:
     if spec.taken:
         Console(stderr=True).print(
             f"settings from {spec.run_config} (a flag overrides each; --ignore-run-config drops "
-            f"them): " + ", ".join(f"{k}={getattr(spec, k)!r} ({key})"
+            f"them): " + ", ".join(f"{k}={_shown(spec, k)!r} ({key})"
                                    for k, key in spec.taken.items()), highlight=False)
+    what = spec.task or spec.env or "domains"
     out = Path(args.out) if args.out else Path("runs") / "eval" / (
-        f"{Path(spec.model).name or 'model'}-{Path(spec.task or spec.env).stem}.json")
+        f"{Path(spec.model).name or 'model'}-{Path(what).stem}.json")
     check_out(out)
     results, samples = evaluate(spec)
     out.write_text(dumps(results, indent=2) + "\n")
     samples_path = out.with_suffix(".samples.jsonl")
     samples_path.write_text("".join(dumps(s) + "\n" for s in samples))
-    table = Table(title=f"{spec.model} on {spec.task or spec.env} ({results['prompts']} "
+    if spec.domains:
+        what = "domains " + ", ".join(d.name for d in spec.domains)
+    table = Table(title=f"{spec.model} on {what} ({results['prompts']} "
                         f"{'episodes' if spec.env else 'prompts'}, n={spec.n})")
     table.add_column("metric")
     table.add_column("value", justify="right")
     for key, value in results.items():
-        if key.startswith(("pass@", "mean@", "env/")) or key in (
+        if key.startswith(("pass@", "mean@", "env/", "eval/")) or key in (
                 "truncated_frac", "response_len_mean", "tokens_per_s", "seconds"):
             table.add_row(key, f"{value:.4f}" if isinstance(value, float) else str(value))
     console = Console()

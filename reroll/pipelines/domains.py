@@ -73,18 +73,18 @@ class Domain:
     metrics: dict[str, float] = field(default_factory=dict)
 
 
-def domain_reward(spec: DomainConfig, config: RLConfig) -> RewardRunner:
-    """The domain's reward behind its runner: its own `reward`, reasoning-gym's scorer, or the
-    run's `reward:` section."""
+def domain_reward(spec: DomainConfig, run_reward) -> RewardRunner:
+    """The domain's reward behind its runner: its own `reward`, reasoning-gym's scorer (with
+    the failure bounds of `run_reward`, the run's `reward:` section), or `run_reward`."""
     if spec.reward is None and spec.reasoning_gym is not None:
         from reroll.rewards.reasoning_gym import ReasoningGymReward
 
-        g, section = spec.reasoning_gym, config.reward
+        g, section = spec.reasoning_gym, run_reward
         return RewardRunner(ReasoningGymReward(g.task, g.size, g.eval_size, g.seed, g.config,
                                                g.answer_format), timeout_s=10.0,
                             bounds=FailureBounds(section.max_failure_rate_step,
                                                  section.max_failure_rate_run))
-    return build_runner(spec.reward or config.reward)
+    return build_runner(spec.reward or run_reward)
 
 
 def read_rows(spec: DomainConfig, where: str, system_prompt: str | None
@@ -136,7 +136,7 @@ def build_domain(config: RLConfig, tokenizer, k: int, spec: DomainConfig) -> Dom
     own.seed = config.seed + k * SEED_STRIDE
     own.algorithm.dynamic_sampling = spec.dynamic_sampling or config.algorithm.dynamic_sampling
     return Domain(spec.name, where, own, spec.dynamic_sampling, rows, eval_rows,
-                  domain_reward(spec, config), PromptStream(PromptSampler(rows, own.seed)))
+                  domain_reward(spec, config.reward), PromptStream(PromptSampler(rows, own.seed)))
 
 
 class DomainTask:

@@ -98,3 +98,58 @@ def test_a_run_trained_on_a_learned_reward_is_evaluated_with_its_eval_reward(tmp
         (run / "config.yaml").write_text(yaml.safe_dump(config))
         _, settings = run_settings(str(run / "checkpoints" / "step_2"), {})
         assert settings.get("reward") == taken  # a model reward is not one --reward can name
+
+
+def test_a_multidomain_checkpoint_is_evaluated_per_domain(tmp_path, tiny_model, arithmetic,
+                                                          capsys):
+    """Each domain with a held-out set (a file, or reasoning-gym's generated one) is sampled and
+    scored by its own reward (a file domain without one: the run's `reward:`), at most the run's
+    eval.max_prompts each; the figures carry training's names (eval/<domain>/reward_mean)."""
+    from reroll.data.tasks import write_code
+
+    code = write_code(tmp_path / "code", train_size=8, eval_size=4, seed=0)
+    checkpoint = fake_run(tmp_path, tiny_model, {
+        "steps": 2, "model": {"path": tiny_model},
+        "data": {"domains": [
+            {"name": "math", "train": arithmetic["train"], "eval": arithmetic["eval"]},
+            {"name": "code", "train": str(code["train"]), "eval": str(code["eval"]),
+             "reward": {"type": "code", "time_limit_s": 5.0}},
+            {"name": "gym", "reasoning_gym": {"task": "basic_arithmetic", "size": 8,
+                                              "eval_size": 2}},
+            {"name": "nothing_held_out", "train": arithmetic["train"]}]},
+        "eval": {"max_prompts": 3},
+        "rollout": {"max_new_tokens": 6, "prompts_per_step": 2, "group_size": 2},
+        "train": {"micro_batch_size": 4}})
+    out = tmp_path / "res.json"
+    results, err = run_eval(capsys, "--model", checkpoint, "--threads", "1", "--out", str(out))
+    assert set(results["domains"]) == {"math", "code", "gym"}
+    assert [results["domains"][d]["prompts"] for d in ("math", "code", "gym")] == [3, 3, 2]
+    assert results["prompts"] == 8 and results["taken_from_run"]["max_prompts"] == "eval.max_prompts"
+    samples = [json.loads(line) for line in out.with_suffix(".samples.jsonl").open()]
+    for name in ("math", "code", "gym"):
+        rewards = [s["reward"] for s in samples if s["source"] == name]
+        assert results[f"eval/{name}/reward_mean"] == pytest.approx(sum(rewards) / len(rewards))
+        assert 0.0 <= results[f"eval/{name}/pass_rate"] <= 1.0
+    code_infos = [s["reward_info"] for s in samples if s["source"] == "code"]
+    assert all("passed" in info for info in code_infos)  # scored by the code reward
+    assert results["eval/reward_mean"] == pytest.approx(sum(s["reward"] for s in samples) / 8)
+    assert "domains=['math', 'code', 'gym'] (data.domains)" in err
+
+    results, _ = run_eval(capsys, "--model", checkpoint, "--threads", "1", "--out", str(out),
+                          "--domain", "code", "--max-prompts", "1")
+    assert list(results["domains"]) == ["code"] and results["prompts"] == 1
+    results, _ = run_eval(capsys, "--model", checkpoint, "--threads", "1", "--out", str(out),
+                          "--task", arithmetic["eval"], "--reward", "math", "--max-prompts", "2")
+    assert results["task"] == arithmetic["eval"] and "domains" not in results
+    assert results["prompts"] == 2 and results["max_new_tokens"] == 6  # still the run's
+
+    for flags, named in ((["--domain", "cod"], "the run's domains with a held-out set are "
+                                               "math, code, gym"),
+                         (["--reward", "code"], "--reward: the model's run evaluates"),
+                         (["--task", arithmetic["eval"]], "--task: the model's run has several "
+                                                         "domains")):
+        assert main(["eval", "--model", checkpoint, "--out", str(out), *flags]) == 2
+        assert named in " ".join(capsys.readouterr().err.split())
+    assert main(["eval", "--model", tiny_model, "--task", arithmetic["eval"], "--domain", "a",
+                 "--out", str(out)]) == 2
+    assert "--domain: only for a model of a multi-domain run" in capsys.readouterr().err

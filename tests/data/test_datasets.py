@@ -1,3 +1,4 @@
+import asyncio
 import json
 
 import pyarrow as pa
@@ -100,3 +101,31 @@ def test_collate_aligns_masks_and_logprobs():
     with pytest.raises(ValueError):
         Trajectory([1], [2, 3], [0.0], "stop", 0)
     assert torch.equal(micro[0]["input_ids"], torch.tensor([[1, 2, 3, 4, 5]]))
+
+
+def test_code_task_demonstrations_pass_their_asserts_unless_sloppy(tmp_path):
+    """The `code` task's rows scored by the real code reward in the sandbox: a right
+    demonstration passes its three asserts; a sloppy one (it adds where the prompt says minus
+    or times) fails; eval prompts never appear in train."""
+    from reroll.data.tasks import code_rows, write_code
+    from reroll.rewards.code import CodeReward
+
+    reward = CodeReward(time_limit_s=5)
+    rows = list(code_rows(12, seed=3, sloppy_frac=0.5))
+    sloppy = [" plus " not in r["prompt"] and "return x + " in r["response"] for r in rows]
+    assert any(sloppy) and not all(sloppy)
+    scores = asyncio.run(_score_all(reward, rows))
+    assert scores == [0.0 if s else 1.0 for s in sloppy]
+    assert json.loads(rows[0]["answer"])["asserts"][0].startswith("assert ")
+    paths = write_code(tmp_path, train_size=300, eval_size=20, seed=1, sloppy_frac=0.5)
+    train = {json.loads(line)["prompt"] for line in paths["train"].open()}
+    held_out = [json.loads(line)["prompt"] for line in paths["eval"].open()]
+    assert len(held_out) == len(set(held_out)) == 20 and not train & set(held_out)
+
+
+async def _score_all(reward, rows):
+    from reroll.rewards.base import RewardSample
+    results = await asyncio.gather(*(reward(RewardSample(prompt=r["prompt"], response=r["response"],
+                                                         answer=r["answer"], metadata={}))
+                                     for r in rows))
+    return [r.score for r in results]

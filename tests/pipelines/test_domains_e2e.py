@@ -174,3 +174,48 @@ def test_the_multidomain_example_trains_shrunk(tmp_path, domains_data, monkeypat
             for r in rows] == [(2.0, 1.0, 1.0)] * 2
     assert {"eval/math/reward_mean", "eval/rules/reward_mean", "eval/gym/reward_mean"} <= \
         set(rows[-1])
+
+
+def test_the_math_code_rules_example_trains_shrunk_and_evaluates_per_domain(
+        tmp_path, domains_data, monkeypatch, capsys):
+    """examples/multidomain/code.yaml as documented, with 2 small steps: the code domain's
+    programs run in the sandbox; its metrics (train/code/..., eval/code/...) come with the
+    others', and `reroll eval` on its last checkpoint reports every domain as training does."""
+    from reroll.cli import main
+    from reroll.data.tasks import write_arithmetic
+
+    repo = HERE.parents[1]
+    monkeypatch.chdir(tmp_path)
+    write_arithmetic("data/arithmetic", train_size=64, eval_size=8, seed=0)
+    sys.path.insert(0, str(repo / "examples" / "multidomain"))
+    try:
+        import make_data
+
+        make_data.main()
+    finally:
+        sys.path.remove(str(repo / "examples" / "multidomain"))
+    config = load_config(repo / "examples" / "multidomain" / "code.yaml", [
+        f"model.path={domains_data['model']}", "steps=2", "rollout.prompts_per_step=3",
+        "rollout.group_size=2", "train.micro_batch_size=6", "eval.max_prompts=3",
+        "tracking.progress=false", "tracking.tensorboard=false"])
+    train(config)
+    rows = read_metrics(tmp_path / "runs" / "multidomain-code")
+    names = ("math", "code", "rules")
+    assert [tuple(r[f"train/{n}/prompts"] for n in names) for r in rows] == [(1.0, 1.0, 1.0)] * 2
+    for r in rows:
+        for key in ("reward_mean", "pass_rate", "response_len_mean", "truncated_frac",
+                    "reward_errors"):
+            assert f"train/code/{key}" in r, key
+        assert r["train/code/reward_errors"] == 0.0  # every program ran and was scored
+    assert {f"eval/{n}/reward_mean" for n in names} <= set(rows[-1])
+    assert {f"eval_start/{n}/pass_rate" for n in names} <= set(rows[0])
+    recorded = [json.loads(line) for line in
+                (tmp_path / "runs" / "multidomain-code" / "rollouts" / "step_1.jsonl").open()]
+    assert all("passed" in r["reward_info"] for r in recorded if r["domain"] == "code")
+
+    assert main(["eval", "--model", "runs/multidomain-code/checkpoints/step_2", "--threads", "1",
+                 "--out", "eval.json"]) == 0
+    results = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert list(results["domains"]) == list(names)
+    for n in names:  # greedy, as the run's evaluation: the same figures as its last one
+        assert results[f"eval/{n}/reward_mean"] == pytest.approx(rows[-1][f"eval/{n}/reward_mean"])
