@@ -208,12 +208,12 @@ class DomainTask:
         """The domain's `count` groups, filtered by its own filter, with its metrics; a reward
         past its failure bound gives (no groups, the error)."""
         timer = time.perf_counter()
-        trajectories: list[Trajectory] = []
+        sampled: list[Trajectory] = []
         filtered = 0
         if count:
             d.config.rollout.prompts_per_step = count  # the source reads its share from here
-            trajectories = d.source.next_batch(step, step - 1, params)
-            trajectories, filtered = self.own_filter(d, trajectories)
+            sampled = d.source.next_batch(step, step - 1, params)
+        trajectories, filtered = self.own_filter(d, sampled)
         failed = None
         try:
             d.rewards.check_failure_rate(step)
@@ -221,9 +221,12 @@ class DomainTask:
             d.failed_steps += 1
             failed = RunStopped(f"domain {d.name!r}: {e}")
             log.warning("%s; its groups leave this step, the other domains train on", failed)
-        for t in trajectories:
+        for t in sampled:
             t.reward_info = {**t.reward_info, "domain": d.name}
-        metrics = self.domain_metrics(d, trajectories, count, filtered)
+        # what the domain sampled, its filters' drops included (the source's refills, and its
+        # own filter here): a step whose groups were all dropped still says what they scored
+        everything = [t for g in d.source.sampled for t in g.trajectories(0)] if count else []
+        metrics = self.domain_metrics(d, everything, count, filtered)
         metrics[f"time/{d.name}/rollout_s"] = time.perf_counter() - timer
         return ([] if failed else trajectories), failed, metrics
 

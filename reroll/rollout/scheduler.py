@@ -67,9 +67,14 @@ class SyncSource:
         tail = config.tail_batching
         self.tail = TailBatcher(tail.length_budget, tail.use_history) if tail.enabled else None
         self._metrics: dict[str, float] = {}
+        self.sampled: list[Group] = []
+        """Every group the last `next_batch` collected, those dynamic sampling dropped included
+        (what a domain's reward metrics describe: a step whose groups were all dropped for
+        all-equal rewards still says what they scored)."""
 
     def next_batch(self, step: int, version: int, params: SamplingParams) -> list[Trajectory]:
         c = self.config
+        self.sampled = []
         n, size = c.rollout.prompts_per_step, c.rollout.group_size
         signal = signal_keep(c.algorithm.dynamic_sampling if c.scheduler.refill_filtered else None,
                              size)
@@ -92,11 +97,13 @@ class SyncSource:
                  spare: int = 0) -> CollectResult:
         """One `scheduler.collect`; `first_index` offsets the seeds of a second wave in a step."""
         s, size = self.config.scheduler, self.config.rollout.group_size
-        return asyncio.run(self.scheduler.collect(
+        result = asyncio.run(self.scheduler.collect(
             rows, self.encode, num_groups, size, params,
             lambda i: request_seed(self.config.seed, step, first_index * (size + spare) + i),
             keep=keep, oversample=s.oversample if oversample is None else oversample,
             max_groups=math.ceil(num_groups * s.max_groups_factor), spare=spare))
+        self.sampled += result.groups + result.dropped
+        return result
 
     def _regular_round(self, n: int, params: SamplingParams, signal: KeepFn, step: int):
         """A round under the length budget. Groups that reach it are deferred, not filtered: they
