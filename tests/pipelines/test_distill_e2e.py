@@ -46,13 +46,15 @@ def held_out_reward(model: str, eval_file: str) -> float:
 
 
 def test_a_distilled_student_closes_most_of_the_gap(tmp_path, tiny_model, warm_model):
-    """The teacher had 112 SFT steps on these rows; the fresh student gets 110 distillation
-    steps on the same rows (prompt + the teacher's data), judged on 64 new prompts."""
+    """The teacher had 112 SFT steps on these rows; the fresh student gets 220 distillation
+    steps on the same rows (prompt + the teacher's data), judged on 64 new prompts. (With 110
+    steps it closed 100% of the gap on 2026-11-24's packages and 46% on 2026-11-25's, whose
+    teacher is stronger: 0.41 against 0.25.)"""
     held_out = str(write_arithmetic(tmp_path / "held_out", train_size=1, eval_size=64, seed=7,
                                     levels=(1,))["eval"])
     teacher = held_out_reward(warm_model["model"], held_out)
     student_before = held_out_reward(tiny_model, held_out)
-    summary = train_distill(load_config(distill_config(tmp_path, tiny_model, warm_model, 110),
+    summary = train_distill(load_config(distill_config(tmp_path, tiny_model, warm_model, 220),
                                         expect="distill"))
     student_after = held_out_reward(summary["final_model"], held_out)
     rows = [r for r in read_metrics(tmp_path / "run") if "distill/divergence" in r]
