@@ -106,6 +106,10 @@ class PreferenceRunConfig(Section):
     """Passes over the training pairs (fractions allowed); used when `steps` is not set."""
     batch_size: int = Field(16, ge=1)
     """Pairs per optimizer step (each pair is two sequences, chosen and rejected)."""
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    """Where the model trains (and the reference scores): `auto` is CUDA when torch sees a GPU
+    (float32 weights, bf16 autocast where the GPU has it), else CPU; as `distributed.device` in
+    RL runs."""
     eval_every_steps: int = Field(0, ge=0)
     """Evaluate the held-out pairs every N steps, besides before the first and after the last
     step (0: only then)."""

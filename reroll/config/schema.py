@@ -538,6 +538,9 @@ class SFTConfig(Section):
     """Passes over the training set (fractions allowed); used when `steps` is not set."""
     batch_size: int = Field(32, ge=1)
     """Sequences per optimizer step."""
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    """Where the model trains: `auto` is CUDA when torch sees a GPU (float32 weights, bf16
+    autocast where the GPU has it), else CPU; as `distributed.device` in RL runs."""
     optimizer: OptimizerConfig = Field(default_factory=OptimizerConfig)
     train: TrainConfig = Field(default_factory=TrainConfig)
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)

@@ -33,14 +33,14 @@ class RoleDevice:
     """The rollout engine's weight dtype (`auto`: the trained weights' dtype); rollout only."""
 
 
-def resolve_device(setting: str, cuda_count: int) -> str:
-    """`distributed.device` against this machine: `cpu` or `cuda:0`."""
+def resolve_device(setting: str, cuda_count: int, field: str = "distributed.device") -> str:
+    """`distributed.device` (or the config's `field`) against this machine: `cpu` or `cuda:0`."""
     if setting == "cpu" or (setting == "auto" and cuda_count == 0):
         return "cpu"
     if cuda_count == 0:
-        raise ConfigError("distributed.device: cuda, but torch sees no CUDA device "
+        raise ConfigError(f"{field}: cuda, but torch sees no CUDA device "
                           "(torch.cuda.is_available() is False: no GPU, no driver, or a CPU "
-                          "build of torch); set distributed.device: auto or cpu")
+                          f"build of torch); set {field}: auto or cpu")
     return "cuda:0"
 
 
@@ -73,6 +73,15 @@ def _role(role: str, device: str, bf16_supported: bool, train_bf16: bool,
     # Training keeps CPU numerics exactly as configured: bf16 is opt-in there (slower on most
     # CPUs and changes the trained model's numbers).
     return RoleDevice(device, train_bf16 or fast_bf16)
+
+
+def trainer_device(setting: str, train_bf16: bool, cuda_count: int,
+                   bf16_supported: bool) -> RoleDevice:
+    """The trained model's device and precision in the one-process pipelines (SFT, offline
+    distillation, DPO, reward models) for their `device` setting (`auto` | `cpu` | `cuda`), as
+    the policy's in an RL run with the local executor."""
+    return _role("policy", resolve_device(setting, cuda_count, "device"), bf16_supported,
+                 train_bf16, "auto")
 
 
 def machine_devices() -> tuple[int, bool]:

@@ -53,8 +53,10 @@ class Teacher:
     """The teacher model, forward passes only; counts the response positions it scores."""
 
     def __init__(self, config: TeacherConfig, student_tokenizer, student_width: int,
-                 micro_batch_size: int):
-        self.model = load_model(config.path, config.dtype).eval()
+                 micro_batch_size: int, device: torch.device | str = "cpu"):
+        """`device`: the student's (the teacher scores where the student trains)."""
+        self.device = torch.device(device)
+        self.model = load_model(config.path, config.dtype).eval().to(self.device)
         for p in self.model.parameters():
             p.requires_grad_(False)
         check_same_tokenizer(config.path, student_tokenizer,
@@ -70,11 +72,11 @@ class Teacher:
         ids, logprobs = [], []
         for start in range(0, batch.batch_size[0], self.micro_batch_size):
             micro = batch[start:start + self.micro_batch_size]
-            full = next_token_logprobs(self.model, micro["input_ids"], micro["attention_mask"],
-                                       temperature)
-            top = full.topk(k, dim=-1)
-            ids.append(F.pad(top.indices, (0, 0, 1, 0)))
-            logprobs.append(F.pad(top.values, (0, 0, 1, 0)))
+            full = next_token_logprobs(self.model, micro["input_ids"].to(self.device),
+                                       micro["attention_mask"].to(self.device), temperature)
+            top = full.topk(k, dim=-1)  # back to the CPU with the batch
+            ids.append(F.pad(top.indices, (0, 0, 1, 0)).cpu())
+            logprobs.append(F.pad(top.values, (0, 0, 1, 0)).cpu())
         self.tokens += int(batch["response_mask"].sum())
         return torch.cat(ids), torch.cat(logprobs)
 
@@ -116,7 +118,7 @@ class DistillStep:
         width = student.get_output_embeddings().weight.shape[0]
         self.config = config
         self.teacher = Teacher(config.teacher, student_tokenizer, width,
-                               config.train.micro_batch_size)
+                               config.train.micro_batch_size, next(student.parameters()).device)
 
     def loss(self, batch: TensorDict) -> Callable:
         d = self.config.distill

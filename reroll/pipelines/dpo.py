@@ -16,6 +16,7 @@ from torch import Tensor
 
 from reroll.algorithms.preference import dpo_loss, ipo_loss, orpo_loss, simpo_loss
 from reroll.config.preference import REFERENCE_FREE, DPOConfig
+from reroll.models.devices import machine_devices, trainer_device
 from reroll.models.loading import load_model
 from reroll.models.logprobs import batched_logprobs, forward_logprobs
 from reroll.pipelines.preference import (
@@ -92,7 +93,9 @@ class DPOObjective:
                            c.model.dropout)
         # With model.lora the adapter starts as a no-op, so the reference scored before the
         # first step (below) is the base model, as without it.
+        place = trainer_device(c.device, c.train.bf16_autocast, *machine_devices())
         self.strategy = LocalStrategy(model, c.optimizer, c.train, total_steps=total_steps,
+                                      device=place.device, autocast_bf16=place.autocast_bf16,
                                       lora=c.model.lora)
         self.cache_path = run_dir / REFERENCE_FILE
         self.cache = torch.load(self.cache_path) if self.cache_path.is_file() else {}
@@ -110,7 +113,7 @@ class DPOObjective:
             return
         c = self.config
         model = self.strategy.model if c.reference is None else load_model(
-            c.reference, c.model.dtype, c.model.attn_implementation)
+            c.reference, c.model.dtype, c.model.attn_implementation).to(self.strategy.device)
         self.reference[name] = score_pairs(model, pairs, self.pad_id,
                                            SCORE_MICRO_FACTOR * c.train.micro_batch_size)
         self.cache[name] = self.reference[name]

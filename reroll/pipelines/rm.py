@@ -16,6 +16,7 @@ from torch import Tensor
 
 from reroll.algorithms.preference import bradley_terry_loss
 from reroll.config.preference import RMConfig
+from reroll.models.devices import machine_devices, trainer_device
 from reroll.models.loading import load_scalar_model
 from reroll.pipelines.preference import (
     SCORE_MICRO_FACTOR,
@@ -36,7 +37,9 @@ def score_pairs(model: torch.nn.Module, pairs: list[Pair], pad_token_id: int,
             rows = slice(start, start + micro_batch_size)
             mask = batch["attention_mask"][rows]
             width = int(mask.sum(-1).max())
-            out.append(sequence_scores(model, batch["input_ids"][rows, :width], mask[:, :width]))
+            device = next(model.parameters()).device  # inputs to the model, scores back
+            out.append(sequence_scores(model, batch["input_ids"][rows, :width].to(device),
+                                       mask[:, :width].to(device)).cpu())
         return torch.cat(out)
 
     return score_all_pairs(pairs, pad_token_id, scores)
@@ -51,7 +54,9 @@ class RewardModelObjective:
         self.label = "reward model"
         model = load_scalar_model(c.model.path, c.model.dtype, c.model.attn_implementation,
                                   pad_token_id=self.pad_id)
-        self.strategy = LocalStrategy(model, c.optimizer, c.train, total_steps=total_steps)
+        place = trainer_device(c.device, c.train.bf16_autocast, *machine_devices())
+        self.strategy = LocalStrategy(model, c.optimizer, c.train, total_steps=total_steps,
+                                      device=place.device, autocast_bf16=place.autocast_bf16)
 
     def prepare(self, name: str, pairs: list[Pair]) -> None:
         """Nothing to compute ahead: a reward model has no reference."""

@@ -17,6 +17,7 @@ from reroll.config.errors import ConfigError
 from reroll.config.schema import SFTConfig
 from reroll.data.batch import Trajectory, collate
 from reroll.data.datasets import PromptRow, load_prompts
+from reroll.models.devices import machine_devices, trainer_device
 from reroll.models.loading import load_model, load_tokenizer
 from reroll.models.logprobs import batched_logprobs
 from reroll.pipelines import objective
@@ -68,7 +69,9 @@ class SFTPipeline:
         self.steps = c.total_steps(len(self.train_set))
         model = load_model(c.model.path, c.model.dtype, c.model.attn_implementation,
                            c.model.dropout)
+        place = trainer_device(c.device, c.train.bf16_autocast, *machine_devices())
         self.policy = LocalStrategy(model, c.optimizer, c.train, total_steps=self.steps,
+                                    device=place.device, autocast_bf16=place.autocast_bf16,
                                     lora=c.model.lora)
         self.step = step(c, self.tokenizer, model) if step is not None else None
         self.order: list[int] = []  # the rest of the current pass over the data

@@ -73,3 +73,51 @@ def test_vllm_on_cuda_runs_grpo(tmp_path, tiny_model, arithmetic):
                                      rollout={"prompts_per_step": 4, "group_size": 4,
                                               "max_new_tokens": 16, "engine": "vllm"}))
     assert summary["steps"] == 3
+
+
+def one_process_config(kind, tmp_path, model: str, data: dict, **extra):
+    """SFT, distillation, DPO and reward-model runs of a few steps, `device: auto` (the default)."""
+    return kind.model_validate({
+        "output_dir": str(tmp_path / "run"), "seed": 0, "model": {"path": model}, "steps": 4,
+        "batch_size": 8, "optimizer": {"lr": 1e-3}, "train": {"micro_batch_size": 8},
+        "tracking": {"tensorboard": False, "progress": False}, **data, **extra})
+
+
+def test_sft_distill_dpo_and_reward_model_train_on_cuda(tmp_path, tiny_model, arithmetic):
+    """The one-process pipelines put the trained model (and a teacher or reference) on the GPU,
+    with bf16 autocast, like the RL policy; before, they trained on the CPU beside the GPU."""
+    from reroll.config.distill import DistillConfig
+    from reroll.config.preference import DPOConfig, RMConfig
+    from reroll.config.schema import SFTConfig
+    from reroll.data.preferences import write_arithmetic_preferences
+    from reroll.models.loading import load_tokenizer
+    from reroll.pipelines.distill import DistillStep
+    from reroll.pipelines.dpo import DPOObjective
+    from reroll.pipelines.preference import PreferencePipeline
+    from reroll.pipelines.rm import RewardModelObjective
+    from reroll.pipelines.sft import SFTPipeline
+
+    sft_data = {"data": {"train": arithmetic["train"], "eval": arithmetic["eval"],
+                         "response_key": "solution"}}
+    sft = SFTPipeline(one_process_config(SFTConfig, tmp_path / "sft", tiny_model, sft_data))
+    assert next(sft.policy.model.parameters()).is_cuda and sft.policy.autocast_bf16
+    trained = sft.run()["final_model"]
+
+    distill = SFTPipeline(one_process_config(
+        DistillConfig, tmp_path / "distill", tiny_model, sft_data, pipeline="distill",
+        teacher={"path": trained}, distill={"top_k": 8}), step=DistillStep)
+    assert next(distill.step.teacher.model.parameters()).is_cuda
+    assert distill.run()["steps"] == 4
+
+    paths = write_arithmetic_preferences(tmp_path / "pairs", train_size=64, eval_size=16, seed=0)
+    pairs = {"data": {"train": str(paths["train"]), "eval": str(paths["eval"])}}
+    tokenizer = load_tokenizer(trained)
+    for kind, objective, name in [(DPOConfig, DPOObjective, "dpo"),
+                                  (RMConfig, RewardModelObjective, "rm")]:
+        pipeline = PreferencePipeline(one_process_config(kind, tmp_path / name, trained, pairs,
+                                                         pipeline=name),
+                                      tokenizer, objective)
+        assert next(pipeline.objective.strategy.model.parameters()).is_cuda
+        summary = pipeline.run()
+        assert summary["steps"] == 4
+        assert torch.isfinite(torch.tensor(summary["eval_accuracy_end"]))

@@ -9,7 +9,7 @@ import pytest
 from reroll.config.errors import ConfigError
 from reroll.config.loading import load_config
 from reroll.config.schema import RLConfig
-from reroll.models.devices import RoleDevice, plan_devices, resolve_device
+from reroll.models.devices import RoleDevice, plan_devices, resolve_device, trainer_device
 
 pytestmark = pytest.mark.unit
 
@@ -83,3 +83,15 @@ def test_the_documented_gpu_examples_get_the_documented_placement(example, cuda_
     assert {p.device for p in plan.values()} == devices
     if example == "one_gpu.yaml" and cuda_count:
         assert plan["policy"].autocast_bf16 and plan["rollout"].engine_dtype == "bfloat16"
+
+
+def test_the_one_process_pipelines_train_where_the_rl_policy_would():
+    """SFT, distillation, DPO and reward models (`device`): CUDA with bf16 autocast when there
+    is a GPU, the CPU as configured when there is none or `device: cpu` says so."""
+    assert trainer_device("auto", False, 1, True) == RoleDevice("cuda:0", True)
+    assert trainer_device("auto", False, 1, False) == RoleDevice("cuda:0", False)
+    assert trainer_device("auto", False, 0, False) == RoleDevice("cpu", False)
+    assert trainer_device("auto", True, 0, False) == RoleDevice("cpu", True)
+    assert trainer_device("cpu", False, 4, True) == RoleDevice("cpu", False)
+    with pytest.raises(ConfigError, match="^device: cuda, but torch sees no CUDA device"):
+        trainer_device("cuda", False, 0, False)
