@@ -8,13 +8,13 @@ against the policy that really sampled.
 
 from __future__ import annotations
 
-import hashlib
 import uuid
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Literal, Protocol, runtime_checkable
 
 import torch
+import xxhash
 
 from reroll.config.errors import RunStopped
 
@@ -75,13 +75,16 @@ def fingerprint(named_tensors: Iterable[tuple[str, torch.Tensor]]) -> str:
     """A digest of names, dtypes, shapes and exact bytes of the weights (order-independent).
 
     The policy and every engine compute it over their own copies; after a weight sync they must
-    agree, otherwise the engine is sampling from stale or corrupted weights.
+    agree, otherwise the engine is sampling from stale or corrupted weights. XXH3-128 hashes at
+    memory speed (blake2b took 1.1-1.5 s per SmolLM2-135M sync, twice a step: a third of a GPU
+    step); it detects stale or damaged weights, which is all it is for (no adversary here).
     """
-    digest = hashlib.blake2b(digest_size=16)
+    digest = xxhash.xxh3_128()
     for name, tensor in sorted(named_tensors, key=lambda item: item[0]):
         t = tensor.detach().to("cpu").contiguous()
         digest.update(f"{name}|{t.dtype}|{tuple(t.shape)}|".encode())
-        digest.update(t.view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+        if t.numel():
+            digest.update(t.view(torch.uint8).numpy())  # the buffer itself, not a copy
     return digest.hexdigest()
 
 
