@@ -5,6 +5,8 @@ Each prompt gets `n` samples; a sample counts as correct when its reward reaches
 pass@k uses the unbiased estimator of Chen et al. (2021), 1 - C(n-c, k) / C(n, k) averaged over
 prompts, so pass@1 is the mean share of correct samples and pass@n is "any sample right";
 mean@k is the mean reward of the samples (for rewards that are not 0/1).
+A multi-domain run's model is evaluated on each of its domains' held-out sets, with each
+domain's reward (`reroll.evaluation_domains`).
 """
 
 from __future__ import annotations
@@ -173,44 +175,31 @@ def evaluate(spec: EvalSpec) -> tuple[dict[str, Any], list[dict[str, Any]]]:
 
 def _sample_task(spec: EvalSpec, engine, tokenizer, params) -> tuple[list, dict[str, float]]:
     from reroll.rewards import build_runner
-    from reroll.rollout.sampling import RolloutJob, rollout
 
     rows = load_task(spec)
-    rewards = build_runner(_reward_config(spec))
+    return _score(spec, rows, build_runner(_reward_config(spec)), engine, tokenizer, params)
+
+
+def _sample_domain(spec: EvalSpec, domain, engine, tokenizer, params
+                   ) -> tuple[list, dict[str, float]]:
+    """A domain's held-out prompts scored by the domain's reward, as training's evaluation does."""
+    from reroll.evaluation_domains import held_out
+
+    rows, rewards = held_out(domain, spec.system_prompt, spec.max_prompts)
+    return _score(spec, rows, rewards, engine, tokenizer, params)
+
+
+def _score(spec: EvalSpec, rows: list, rewards, engine, tokenizer, params
+           ) -> tuple[list, dict[str, float]]:
+    """`spec.n` samples of each row, each scored by `rewards` (a RewardRunner, closed here)."""
+    from reroll.rollout.sampling import RolloutJob, rollout
+
     try:
         trajectories = rollout(RolloutJob(engine, rewards, tokenizer, params,
                                           spec.max_prompt_tokens), rows, spec.n, spec.seed, step=0)
     finally:
         rewards.close()
     # A failed call (crash, time-out, NaN/inf score) scores 0 and is counted here.
-    return trajectories, {"reward_errors": float(rewards.counters.errors),
-                          "reward_timeouts": float(rewards.counters.timeouts),
-                          "reward_nonfinite": float(rewards.counters.nonfinite)}
-
-
-def _sample_domain(spec: EvalSpec, domain, engine, tokenizer, params
-                   ) -> tuple[list, dict[str, float]]:
-    """A domain's held-out prompts (its eval file or generated reasoning-gym set, the first
-    `max_prompts`) sampled and scored by the domain's reward, as training's evaluation does."""
-    from reroll.config.rewards import MathReward
-    from reroll.pipelines.domains import domain_reward, read_rows
-    from reroll.pipelines.validation import check_answers, check_rules
-    from reroll.rollout.sampling import RolloutJob, rollout
-
-    where = f"data.domains ({domain.name})"
-    rows = read_rows(domain, where, domain.system_prompt or spec.system_prompt)[1]
-    rows = rows[: spec.max_prompts] if spec.max_prompts else rows
-    if domain.reward is not None:
-        check_answers(domain.reward.type, f"{where}.eval", rows)
-        check_rules(domain.reward, rows, f"{where}.reward")
-    # A file domain's reward was resolved from the run; MathReward() gives reasoning-gym's scorer
-    # only its failure bounds, which an evaluation does not enforce (failures are counted).
-    rewards = domain_reward(domain, MathReward())
-    try:
-        trajectories = rollout(RolloutJob(engine, rewards, tokenizer, params,
-                                          spec.max_prompt_tokens), rows, spec.n, spec.seed, step=0)
-    finally:
-        rewards.close()
     return trajectories, {"reward_errors": float(rewards.counters.errors),
                           "reward_timeouts": float(rewards.counters.timeouts),
                           "reward_nonfinite": float(rewards.counters.nonfinite)}
@@ -388,7 +377,9 @@ def spec_from_args(args: argparse.Namespace) -> EvalSpec:
                           "directory whose config has data.eval or env.id needs neither)")
     chosen = {k: v for k, (v, _) in taken.items()} | given
     if args.domain is not None:
-        chosen["domains"] = _pick_domains(args.domain, chosen.get("domains"))
+        from reroll.evaluation_domains import pick_domains
+
+        chosen["domains"] = pick_domains(args.domain, chosen.get("domains"))
     for flag, value, low in (("--n", args.n, 1), ("--max-new-tokens", chosen.get("max_new_tokens", 1), 1),
                              ("--max-prompt-tokens", chosen.get("max_prompt_tokens", 8), 8),
                              ("--batch-size", args.batch_size, 1),
@@ -409,20 +400,6 @@ def spec_from_args(args: argparse.Namespace) -> EvalSpec:
                     batch_size=args.batch_size, threads=args.threads, **chosen,
                     run_config=str(run / "config.yaml") if run else None,
                     taken={k: source for k, (_, source) in taken.items()})
-
-
-def _pick_domains(flag: str, domains: list[Any] | None) -> list[Any]:
-    """The domains `--domain a,b` names, in the run's order."""
-    if domains is None:
-        raise ConfigError("--domain: only for a model of a multi-domain run (data.domains), "
-                          "evaluated on its domains' held-out sets (without --task)")
-    wanted = [name.strip() for name in flag.split(",") if name.strip()]
-    known = [d.name for d in domains]
-    unknown = [name for name in wanted if name not in known]
-    if unknown or not wanted:
-        raise ConfigError(f"--domain {flag!r}: the run's domains with a held-out set are "
-                          f"{', '.join(known)}")
-    return [d for d in domains if d.name in wanted]
 
 
 def _json_flag(raw: str | None) -> dict[str, Any] | None:
@@ -474,7 +451,9 @@ def run_settings(model: str, given: dict[str, Any], n: int = 1
     elif "env" in given:
         taken = {}
     elif getattr(config.data, "domains", None):
-        taken = _domain_settings(config, run, given)
+        from reroll.evaluation_domains import domain_settings
+
+        taken = domain_settings(config, run, given)
     else:
         taken = _prompt_settings(config, run)
     if config.pipeline != "sft":
@@ -491,40 +470,6 @@ def _env_settings(env) -> dict[str, tuple[Any, str]]:
             "episodes": (env.eval_episodes or None, "env.eval_episodes"),
             "max_prompt_tokens": (env.max_context_tokens, "env.max_context_tokens"),
             "system_prompt": (env.system_prompt, "env.system_prompt")}
-
-
-def _domain_settings(config, run: Path, given: dict[str, Any]) -> dict[str, tuple[Any, str]]:
-    """A multi-domain run: every domain with a held-out set, each scored by its own reward, the
-    first `eval.max_prompts` of each (as training's evaluation); `--task` needs `--reward`."""
-    data, names = config.data, ", ".join(d.name for d in config.data.domains)
-    shared = {"system_prompt": (data.system_prompt, "data.system_prompt"),
-              "max_prompt_tokens": (data.max_prompt_tokens, "data.max_prompt_tokens")}
-    if "task" in given:
-        if "reward" not in given:
-            raise ConfigError(f"--task: the model's run has several domains ({names}), each with "
-                              f"its own reward; pass --reward for the file (or drop --task to "
-                              f"evaluate every domain on its held-out set)")
-        return shared
-    if "reward" in given or "reward_function" in given:
-        raise ConfigError(f"--reward: the model's run evaluates each of its domains ({names}) with "
-                          f"its own reward (data.domains[k].reward); to score one file with "
-                          f"another reward, pass --task too")
-    domains = []
-    for k, d in enumerate(data.domains):
-        if d.eval is None and (d.reasoning_gym is None or not d.reasoning_gym.eval_size):
-            continue
-        if d.eval is not None and not Path(d.eval).is_file():
-            raise ConfigError(f"data.domains[{k}] ({d.name}).eval of {run / 'config.yaml'}: "
-                              f"{d.eval} does not exist from here; pass --task and --reward (or "
-                              f"run from where the run was started)")
-        if d.reward is None and d.reasoning_gym is None:
-            d = d.model_copy(update={"reward": config.reward})
-        domains.append(d)
-    if not domains:
-        raise ConfigError(f"none of the domains of {run / 'config.yaml'} ({names}) has a held-out "
-                          f"set (eval, or reasoning_gym.eval_size); pass --task and --reward")
-    return shared | {"domains": (domains, "data.domains"),
-                     "max_prompts": (config.eval.max_prompts, "eval.max_prompts")}
 
 
 def _prompt_settings(config, run: Path) -> dict[str, tuple[Any, str]]:

@@ -13,7 +13,7 @@ from typing import Any
 
 from reroll.config.errors import ConfigError
 from reroll.data.datasets import PromptRow, load_prompts
-from reroll.data.tasks import arithmetic_rows
+from reroll.data.tasks import arithmetic_rows, write_splits
 
 
 @dataclass
@@ -87,16 +87,11 @@ def write_arithmetic_preferences(out: str | Path, train_size: int = 2000, eval_s
                                  seed: int = 0, levels: tuple[int, ...] = (1, 2, 3, 4)
                                  ) -> dict[str, Path]:
     """Write `train.jsonl` and `eval.jsonl` preference sets; eval prompts never appear in train."""
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
     eval_rows = arithmetic_preference_rows(eval_size, seed + 1_000_003, levels)
     held_out = {row["prompt"] for row in eval_rows}
     train_rows = [r for r in arithmetic_preference_rows(train_size * 4, seed, levels)
                   if r["prompt"] not in held_out][:train_size]
-    paths = {"train": out / "train.jsonl", "eval": out / "eval.jsonl"}
-    for split, rows in (("train", train_rows), ("eval", eval_rows)):
-        paths[split].write_text("".join(json.dumps(row) + "\n" for row in rows))
-    return paths
+    return write_splits(out, {"train": train_rows, "eval": eval_rows})
 
 
 def judge_prompt(question: str, first: str, second: str) -> str:
@@ -168,18 +163,13 @@ def write_sample_preferences(samples_path: str | Path, out: str | Path, eval_siz
     (seeded) are held out until the eval split holds `eval_size` pairs."""
     samples = read_samples(samples_path)
     rows = sample_preference_rows(samples, threshold, pairs_per_prompt, seed)
-    counts: dict[str, int] = {}
-    for row in rows:
-        counts[row["prompt"]] = counts.get(row["prompt"], 0) + 1
-    held_out = held_out_prompts(list(counts), counts.__getitem__, eval_size, seed)
-    splits = {"train": [r for r in rows if r["prompt"] not in held_out],
-              "eval": [r for r in rows if r["prompt"] in held_out]}
+    splits = split_by_prompt(rows, "prompt", eval_size, seed)
     if not splits["train"] or (eval_size and not splits["eval"]):
         raise ConfigError(f"--preferences-from {samples_path}: {len(rows)} pairs from "
                           f"{len(samples)} samples (a pair needs a prompt with a right and a "
                           f"wrong sample): too few for a train split and {eval_size} eval pairs; "
                           f"sample more (reroll eval --n 8 --temperature 1.0) or lower --eval-size")
-    return _write_splits(out, splits)
+    return write_splits(out, splits)
 
 
 def read_samples(samples_path: str | Path) -> list[dict]:
@@ -203,9 +193,14 @@ def read_samples(samples_path: str | Path) -> list[dict]:
     return samples
 
 
-def held_out_prompts(prompts: list[str], count_of, eval_size: int, seed: int) -> set[str]:
-    """Whole prompts (seeded order) into the held-out split until it holds `eval_size` rows."""
-    prompts = sorted(set(prompts))
+def split_by_prompt(rows: list[dict], key: str, eval_size: int, seed: int
+                    ) -> dict[str, list[dict]]:
+    """{"train", "eval"} rows: whole prompts (`row[key]`, seeded order) go to the held-out split
+    until it holds `eval_size` rows, so no held-out prompt appears in train."""
+    counts: dict[str, int] = {}
+    for row in rows:
+        counts[row[key]] = counts.get(row[key], 0) + 1
+    prompts = sorted(counts)
     random.Random(seed).shuffle(prompts)
     held_out: set[str] = set()
     count = 0
@@ -213,8 +208,9 @@ def held_out_prompts(prompts: list[str], count_of, eval_size: int, seed: int) ->
         if count >= eval_size:
             break
         held_out.add(prompt)
-        count += count_of(prompt)
-    return held_out
+        count += counts[prompt]
+    return {"train": [r for r in rows if r[key] not in held_out],
+            "eval": [r for r in rows if r[key] in held_out]}
 
 
 def judge_label_rows(samples: list[dict], template: str, threshold: float = 1.0,
@@ -248,23 +244,9 @@ def write_judge_labels(samples_path: str | Path, out: str | Path, template: str,
     """Write `train.jsonl` and `eval.jsonl` judge SFT rows (`judge_label_rows`) from a
     `.samples.jsonl` file; held-out rows' questions never appear in train."""
     rows = judge_label_rows(read_samples(samples_path), template, threshold, seed)
-    counts: dict[str, int] = {}
-    for row in rows:
-        counts[row["question"]] = counts.get(row["question"], 0) + 1
-    held_out = held_out_prompts(list(counts), counts.__getitem__, eval_size, seed)
-    splits = {"train": [r for r in rows if r["question"] not in held_out],
-              "eval": [r for r in rows if r["question"] in held_out]}
+    splits = split_by_prompt(rows, "question", eval_size, seed)
     if not splits["train"]:
         raise ConfigError(f"--judge-labels-from {samples_path}: no right and wrong samples to "
                           f"label (a judge needs both); sample more (reroll eval --n 8 "
                           f"--temperature 1.0)")
-    return _write_splits(out, splits)
-
-
-def _write_splits(out: str | Path, splits: dict[str, list[dict]]) -> dict[str, Path]:
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
-    paths = {"train": out / "train.jsonl", "eval": out / "eval.jsonl"}
-    for split, path in paths.items():
-        path.write_text("".join(json.dumps(row) + "\n" for row in splits[split]))
-    return paths
+    return write_splits(out, splits)

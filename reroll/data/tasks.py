@@ -22,7 +22,7 @@ from __future__ import annotations
 import json
 import operator
 import random
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 NAMES = ["Sam", "Mia", "Leo", "Ava", "Max", "Zoe", "Ben", "Ivy", "Tom", "Eva", "Kai", "Lua"]
@@ -86,8 +86,6 @@ def write_arithmetic(out: str | Path, train_size: int = 4000, eval_size: int = 2
                      seed: int = 0, levels: tuple[int, ...] = (1, 2, 3, 4),
                      direct_frac: float = 0.0, direct_accuracy: float = 1.0) -> dict[str, Path]:
     """Write `train.jsonl` and `eval.jsonl`; eval prompts never appear in train."""
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
     eval_rows = list(arithmetic_rows(eval_size, seed=seed + 1_000_003, levels=levels))
     held_out = {row["prompt"] for row in eval_rows}
     train_rows = []
@@ -97,11 +95,20 @@ def write_arithmetic(out: str | Path, train_size: int = 4000, eval_size: int = 2
             train_rows.append(row)
         if len(train_rows) == train_size:
             break
-    paths = {"train": out / "train.jsonl", "eval": out / "eval.jsonl"}
-    for split, rows in (("train", train_rows), ("eval", eval_rows)):
+    return write_splits(out, {"train": train_rows, "eval": eval_rows})
+
+
+def write_splits(out: str | Path, splits: dict[str, Iterable[dict]], prefix: str = ""
+                 ) -> dict[str, Path]:
+    """Each split's rows as JSON lines in `out/<prefix><split>.jsonl` (the folder made, the
+    splits written in order); returns split -> path."""
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    paths = {}
+    for split, rows in splits.items():
+        paths[split] = out / f"{prefix}{split}.jsonl"
         with paths[split].open("w") as f:
-            for row in rows:
-                f.write(json.dumps(row) + "\n")
+            f.writelines(json.dumps(row) + "\n" for row in rows)
     return paths
 
 
@@ -133,20 +140,13 @@ def write_code(out: str | Path, train_size: int = 2000, eval_size: int = 64, see
                sloppy_frac: float = 0.0) -> dict[str, Path]:
     """Write `code_train.jsonl` and `code_eval.jsonl` (distinct prompts, drawn with repeats
     from 540); the train rows' `response` has `sloppy_frac` sloppy demonstrations."""
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
     eval_rows, seen = [], set()
     for row in code_rows(10 * eval_size, seed=seed + 1_000_003):
         if row["prompt"] not in seen and len(eval_rows) < eval_size:
             seen.add(row["prompt"])
             eval_rows.append(row)
     train_rows = code_rows(train_size, seed, sloppy_frac, frozenset(seen))
-    paths = {"train": out / "code_train.jsonl", "eval": out / "code_eval.jsonl"}
-    for split, rows in (("train", train_rows), ("eval", eval_rows)):
-        with paths[split].open("w") as f:
-            for row in rows:
-                f.write(json.dumps(row) + "\n")
-    return paths
+    return write_splits(out, {"train": train_rows, "eval": eval_rows}, prefix="code_")
 
 
 def tokenizer_corpus(seed: int = 0, n: int = 3000) -> Iterator[str]:

@@ -3,7 +3,8 @@
 The config picks functions by name (a typed union); this module is the only place that maps a
 config section to a function and its keyword arguments: advantage estimators (`ESTIMATORS`),
 policy losses (`POLICY_LOSSES`), the KL controller, AsyPPO's masks, and the loss closure that a
-`Strategy.train_step` calls per micro-batch.
+`Strategy.train_step` calls per micro-batch; and, once at start, the line saying how samples
+that can be off-policy are corrected (`announce_correction`).
 
 Batch keys read here (all [B, T] unless noted; see `reroll.data.batch`): `rewards` [B] (shaped),
 `response_mask`, `loss_mask` (tokens in the policy loss; defaults to `response_mask`),
@@ -14,6 +15,7 @@ Batch keys read here (all [B, T] unless noted; see `reroll.data.batch`): `reward
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 
 import torch
@@ -23,6 +25,8 @@ from torch import Tensor
 from reroll import algorithms
 from reroll.config.algorithm import AlgorithmConfig, AsyPPOConfig, KLConfig
 from reroll.models.logprobs import forward_logprobs
+
+log = logging.getLogger(__name__)
 
 # ----------------------------------------------------------------------------- advantages
 
@@ -358,3 +362,26 @@ def sft_loss(batch: TensorDict) -> Callable[[torch.nn.Module, TensorDict], tuple
         return loss, {"sft/nll": float(algorithms.masked_mean(-logprobs.detach(), mask))}
 
     return loss_fn
+
+
+# ----------------------------------------------------------------------------- at start
+
+
+def announce_correction(config: AlgorithmConfig, off_policy_reasons: list[str]) -> str | None:
+    """Say, once at start, how samples that can be off-policy are corrected: a warning when
+    `correction: none` leaves them uncorrected, an info line when `auto` turned TIS on.
+    Returns the message (None when the samples are on-policy)."""
+    if not off_policy_reasons:
+        return None
+    why = "; ".join(off_policy_reasons)
+    corr = config.correction
+    if corr.tis is None and corr.ratio_mask is None and config.policy_loss.name != "decoupled_ppo":
+        message = (f"algorithm.correction: none: the samples can be off-policy ({why}) and are "
+                   f"trained without a behaviour-policy correction")
+        log.warning(message)
+        return message
+    how = (f"truncated IS ({corr.tis.level}, cap {corr.tis.cap})" if corr.tis is not None else
+           "ratio mask" if corr.ratio_mask is not None else "decoupled_ppo's behaviour weight")
+    message = f"off-policy samples ({why}) are corrected by {how}"
+    log.info(message)
+    return message

@@ -50,7 +50,6 @@ Keys this step adds to the Batch of `reroll.data.batch.collate`:
 from __future__ import annotations
 
 import functools
-import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -75,25 +74,15 @@ from reroll.pipelines.roles import RoutedTeacher, build_roles, check_teachers, w
 from reroll.pipelines.supervisor import supervise
 from reroll.pipelines.task import Task, rollout_row
 from reroll.rollout.metrics import rollout_metrics
-from reroll.rollout.recording import batch_path, save_batch
+from reroll.rollout.recording import batch_path, save_batch, write_rows
 from reroll.tracking import ProgressBar, Tracker
-from reroll.tracking.jsonsafe import dumps
 from reroll.training.protocols import Critic, Policy, Reference
-
-log = logging.getLogger(__name__)
 
 KLController = algorithms.FixedKLController | algorithms.AdaptiveKLController
 
 TaskFactory = Callable[[Any, Any], Task]
 """make_task(config, tokenizer) -> Task: reads and checks the task's data and starts its reward
 before the models load (a bad row is refused at start, never at step N)."""
-
-
-def write_rows(path: Path, rows: list[dict]) -> None:
-    """JSON lines for `reroll view` (NaN/inf as null)."""
-    path.parent.mkdir(exist_ok=True)
-    with path.open("w") as f:
-        f.writelines(dumps(row) + "\n" for row in rows)
 
 
 class RLPipeline:
@@ -118,7 +107,7 @@ class RLPipeline:
         self.reference: Reference | None = self.roles.reference
         self.critic: Critic | None = self.roles.critic
         self.restarts = 0  # set by the supervisor when this pipeline resumes after a failure
-        announce_correction(c.algorithm, c.off_policy_reasons())
+        objective.announce_correction(c.algorithm, c.off_policy_reasons())
         self.learner = Learner(self.policy, self.reference, self.critic,
                                     objective.kl_controller(c.algorithm.kl),
                                     UpdateGuard(c.train.max_skipped_updates), self.roles.teacher)
@@ -582,26 +571,3 @@ def split_mini_batches(batch: TensorDict, updates: int) -> list[TensorDict]:
     """`updates` consecutive mini-batches of (nearly) equal size; fewer if the batch is smaller."""
     size = -(-batch.batch_size[0] // updates)
     return [batch[start : start + size] for start in range(0, batch.batch_size[0], size)]
-
-
-# -- at start -----------------------------------------------------------------------------------
-
-
-def announce_correction(config: AlgorithmConfig, off_policy_reasons: list[str]) -> str | None:
-    """Say, once at start, how samples that can be off-policy are corrected: a warning when
-    `correction: none` leaves them uncorrected, an info line when `auto` turned TIS on.
-    Returns the message (None when the samples are on-policy)."""
-    if not off_policy_reasons:
-        return None
-    why = "; ".join(off_policy_reasons)
-    corr = config.correction
-    if corr.tis is None and corr.ratio_mask is None and config.policy_loss.name != "decoupled_ppo":
-        message = (f"algorithm.correction: none: the samples can be off-policy ({why}) and are "
-                   f"trained without a behaviour-policy correction")
-        log.warning(message)
-        return message
-    how = (f"truncated IS ({corr.tis.level}, cap {corr.tis.cap})" if corr.tis is not None else
-           "ratio mask" if corr.ratio_mask is not None else "decoupled_ppo's behaviour weight")
-    message = f"off-policy samples ({why}) are corrected by {how}"
-    log.info(message)
-    return message

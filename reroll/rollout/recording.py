@@ -4,6 +4,8 @@ training batch bit for bit without sampling again.
 
 Token ids are stored as int32 and logprobs as float32 tensors, the dtypes the batch is built from
 (`collate` makes float32 logprobs), so nothing the loss sees is rounded by the round trip.
+
+`write_rows` writes a step's samples as JSON lines (`rollouts/step_N.jsonl`) for `reroll view`.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import torch
 
 from reroll.config.errors import ConfigError
 from reroll.data.batch import Trajectory
+from reroll.tracking.jsonsafe import dumps
 
 FORMAT = 1
 # Per-token lists, stored as tensors; every other Trajectory field is stored as it is.
@@ -61,3 +64,10 @@ def load_batch(path: Path) -> list[Trajectory]:
     return [Trajectory(**{k: v.tolist() if isinstance(v, torch.Tensor) else v
                           for k, v in row.items() if k in known})
             for row in data["trajectories"]]
+
+
+def write_rows(path: Path, rows: list[dict]) -> None:
+    """JSON lines for `reroll view` (NaN/inf as null)."""
+    path.parent.mkdir(exist_ok=True)
+    with path.open("w") as f:
+        f.writelines(dumps(row) + "\n" for row in rows)

@@ -64,12 +64,12 @@ def test_turning_the_correction_off_is_logged(caplog):
     config = rl(async_training={"enabled": True, "max_staleness": 3},
                 algorithm={"correction": "none"})
     with caplog.at_level(logging.WARNING):
-        message = pipeline.announce_correction(config.algorithm, config.off_policy_reasons())
+        message = objective.announce_correction(config.algorithm, config.off_policy_reasons())
     assert "algorithm.correction: none" in message and "3 versions old" in message
     assert message in caplog.text
-    assert pipeline.announce_correction(rl().algorithm, rl().off_policy_reasons()) is None
+    assert objective.announce_correction(rl().algorithm, rl().off_policy_reasons()) is None
     auto = rl(async_training={"enabled": True})
-    assert "truncated IS (token, cap 2.0)" in pipeline.announce_correction(
+    assert "truncated IS (token, cap 2.0)" in objective.announce_correction(
         auto.algorithm, auto.off_policy_reasons())
 
 
