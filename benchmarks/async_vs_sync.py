@@ -29,8 +29,8 @@ trained on 0.86 of sync's tokens: the long groups ended after shorter ones start
 were still buffered or running when the run stopped.
 
 Threads: each phase of a sync step runs alone, so it could use both cores; `--sync-threads 2`
-gives sync's trainer and engine 2 threads each (docs/benchmarks.md has the measurement). The
-default, 1 each, is the split async needs (one core per stage).
+gives sync's trainer and engine 2 threads each, sync at its best on 2 cores. The default, 1
+each, gives both modes the same split, the one async needs (one core per stage).
 
 Reports the training-loop wall time of each (the final evaluation excluded) and the final eval
 reward (mean of 4 samples per eval prompt), which must agree within TOLERANCE, and where the time
