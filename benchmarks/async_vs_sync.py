@@ -16,11 +16,21 @@ training (about linear in the batch) comparable to the rollout (whose looping ta
 several rows at once for little more than one); groups of 8 also leave fewer groups without
 signal, which the update skips.
 
-The headline mode keeps the long responses: async with `max_ahead` 2 and `max_staleness` 8
-starts a batch only two versions ahead and leaves the rest of the bound for long responses to
-end in, so it trains on about as many tokens as sync: the comparison is at equal work. Plain
-async (`max_staleness` 4) leaves most 384-token responses out (they end more than 4 versions
-after they started) and trains on about a third of sync's tokens; it is the secondary figure.
+The headline mode is async at equal work: `async_training.order: start` hands the trainer the
+groups in the order they were started, so each async step trains on the same prompts as sync's
+step (`same_prompts`, checked), long responses included, and the trained tokens differ from
+sync's only by the sampled lengths (`trained_tokens_ratio`, printed beside the speedup). With
+`max_ahead` 2 the engine starts batches up to two versions ahead while the trainer waits for its
+batch's slowest group; `max_staleness` 8 leaves room for a long group to end, so none is
+dropped. Plain async (`max_staleness` 4, groups taken as they finish) trains first on the short
+responses and leaves many long ones untrained: fewer tokens, the secondary
+`speedup_short_kept`. The last session's headline (the same settings, taken as they finish)
+trained on 0.86 of sync's tokens: the long groups ended after shorter ones started later and
+were still buffered or running when the run stopped.
+
+Threads: each phase of a sync step runs alone, so it could use both cores; `--sync-threads 2`
+gives sync's trainer and engine 2 threads each, sync at its best on 2 cores. The default, 1
+each, gives both modes the same split, the one async needs (one core per stage).
 
 Reports the training-loop wall time of each (the final evaluation excluded) and the final eval
 reward (mean of 4 samples per eval prompt), which must agree within TOLERANCE, and where the time
@@ -32,7 +42,7 @@ Last line: JSON with `speedup` (async keeping the long responses, at equal work)
 `trained_tokens_ratio` (async over sync), and `speedup_short_kept` (plain async).
 
     .venv/bin/python benchmarks/async_vs_sync.py [--steps N] [--rounds R] [--prompts P]
-        [--group G] [--modes sync,async,...]
+        [--group G] [--modes sync,async,...] [--sync-threads T]
 """
 
 from __future__ import annotations
@@ -77,27 +87,28 @@ near 0.15 (each has a standard error of about 0.022)."""
 
 
 MODES = {"sync": None, "async": {"max_staleness": STALENESS},
-         "async long kept": {"max_staleness": 8, "max_ahead": 2}}
+         "async in order": {"max_staleness": 8, "max_ahead": 2, "order": "start"}}
 """Each mode's `async_training` settings (None: synchronous)."""
 
 
 def train(workload: dict, shape: argparse.Namespace, asynchronous: dict | None) -> dict:
     name = "async" if asynchronous else "sync"
     steps, prompts, group = shape.steps, shape.prompts, shape.group
+    threads = 1 if asynchronous else shape.sync_threads
     config = RLConfig.model_validate({
         "name": f"bench-{name}", "output_dir": str(workload_dir() / f"run_{name}"), "seed": 0, "overwrite": True,
         "steps": steps, "model": {"path": workload["model"]},
         "data": {"train": workload["train"], "eval": workload["eval"]},
         "rollout": {"prompts_per_step": prompts, "group_size": group, "max_new_tokens": MAX_NEW},
         "algorithm": {"correction": {"tis": {"level": "token", "cap": 2.0}}},
-        "optimizer": {"lr": LR}, "train": {"micro_batch_size": group, "num_threads": 1},
+        "optimizer": {"lr": LR}, "train": {"micro_batch_size": group, "num_threads": threads},
         "eval": {"every_steps": 0, "samples_per_prompt": 4, "temperature": 1.0},
-        "scheduler": {"engine_process": True, "engine_threads": 1},
+        "scheduler": {"engine_process": True, "engine_threads": threads},
         "async_training": {"enabled": asynchronous is not None, "in_flight_updates": IN_FLIGHT,
                            **(asynchronous or {})},
         "tracking": {"tensorboard": False, "record_batch_every": 0, "record_rollouts": 0}})
     pipeline = RLVRPipeline(config)
-    evaluate, eval_s, samples = pipeline.evaluate, [], [0]
+    evaluate, eval_s, samples, prompts_trained = pipeline.evaluate, [], [0], []
 
     def timed_evaluate(*args) -> dict:  # the last step evaluates: kept out of the loop's time
         t0 = time.perf_counter()
@@ -110,6 +121,7 @@ def train(workload: dict, shape: argparse.Namespace, asynchronous: dict | None) 
     def counted_next_batch(*args):
         trajectories = next_batch(*args)
         samples[0] += len(trajectories)
+        prompts_trained.append(list(dict.fromkeys(t.prompt_text for t in trajectories)))
         return trajectories
 
     pipeline.evaluate, pipeline.task.source.next_batch = timed_evaluate, counted_next_batch
@@ -139,7 +151,7 @@ def train(workload: dict, shape: argparse.Namespace, asynchronous: dict | None) 
             "trained_tokens": sum(r["rollout/tokens"] for r in rows),
             "generated_tokens": generated[0],
             "engine_tokens_per_s": generated[1],  # per second with a request in flight
-            "samples": samples[0]}
+            "samples": samples[0], "prompts": prompts_trained}
 
 
 def main() -> None:
@@ -151,6 +163,8 @@ def main() -> None:
                         help="runs of each mode, alternating (default 2); the fastest counts")
     parser.add_argument("--modes", default=",".join(MODES),
                         help="comma-separated subset of the modes (the headline needs all)")
+    parser.add_argument("--sync-threads", type=int, default=1, choices=(1, 2),
+                        help="torch threads of sync's trainer and engine (async: 1 each)")
     args = parser.parse_args()
     modes = {m: MODES[m] for m in args.modes.split(",")}
     workload = build_workload()
@@ -159,7 +173,8 @@ def main() -> None:
                                   args.rounds, "train_loop_s")
     sync = best.get("sync")
     table = Table(title=f"{args.steps} steps x {args.prompts} prompts x {args.group} samples, "
-                        f"max_new_tokens {MAX_NEW}; engine actor 1 CPU, trainer 1 thread; "
+                        f"max_new_tokens {MAX_NEW}; engine actor 1 CPU; async 1 thread per stage, sync "
+                        f"{args.sync_threads}; "
                         f"fastest of {args.rounds} runs each (load average "
                         f"{os.getloadavg()[0]:.1f} at the end)")
     for column in ("mode", "loop s", "every run s", "speedup", "rollout (wait) s/step",
@@ -183,11 +198,13 @@ def main() -> None:
                       f"two at sync's rollout speed can reach {bound(sync):.2f}x at most")
     if set(best) != set(MODES):
         print(json.dumps({mode: {k: round(v, 3) if isinstance(v, float) else v
-                                 for k, v in r.items()} for mode, r in best.items()}))
+                                 for k, v in r.items() if k != "prompts"}
+                          for mode, r in best.items()}))
         return
-    asyn, long_kept = best["async"], best["async long kept"]
+    asyn, long_kept = best["async"], best["async in order"]
     report = headline(sync, asyn, long_kept)
-    console.print(f"speedup {report['speedup']:.2f}x at equal work (trained tokens async/sync "
+    console.print(f"speedup {report['speedup']:.2f}x at equal work (same prompts every step: "
+                  f"{report['same_prompts']}; trained tokens async/sync "
                   f"{report['trained_tokens_ratio']:.2f}, within {TOKENS_TOLERANCE:.0%}: "
                   f"{report['same_tokens']}; eval reward within {TOLERANCE}: "
                   f"{report['same_eval_reward']}; bound {report['bound']:.2f}x; goal >= 1.8x). "
@@ -195,6 +212,7 @@ def main() -> None:
                   f"of sync's tokens: {report['speedup_short_kept']:.2f}x")
     print(json.dumps(report | {
         "steps": args.steps, "prompts": args.prompts, "group": args.group,
+        "sync_threads": args.sync_threads,
         "load_average": round(os.getloadavg()[0], 2),
         "sync_s": round(sync["train_loop_s"], 2), "async_s": round(long_kept["train_loop_s"], 2),
         "async_short_kept_s": round(asyn["train_loop_s"], 2), "samples": sync["samples"],
@@ -224,13 +242,15 @@ def bound(sync: dict) -> float:
 
 
 def headline(sync: dict, asyn: dict, long_kept: dict) -> dict:
-    """The headline `speedup` is the async run at equal work: the one that keeps the long
-    responses, so it trains on about as many tokens as sync (`trained_tokens_ratio`, async over
-    sync, within TOKENS_TOLERANCE) and must reach the same eval reward. Plain async, which leaves
-    most long responses out, is the secondary `speedup_short_kept`."""
+    """The headline `speedup` is the async run at equal work: the one that takes its groups in
+    start order, so it trains on sync's prompts step by step (`same_prompts`) and on about as
+    many tokens (`trained_tokens_ratio`, async over sync, within TOKENS_TOLERANCE), and must reach
+    the same eval reward. Plain async, which leaves many long responses out, is the secondary
+    `speedup_short_kept`."""
     ratio = long_kept["trained_tokens"] / sync["trained_tokens"]
     return {
         "speedup": round(sync["train_loop_s"] / long_kept["train_loop_s"], 3),
+        "same_prompts": long_kept["prompts"] == sync["prompts"],
         "bound": round(bound(sync), 3),
         "trained_tokens_ratio": round(ratio, 3),
         "same_tokens": abs(ratio - 1) <= TOKENS_TOLERANCE,

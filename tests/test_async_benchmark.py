@@ -20,17 +20,18 @@ def bench():
     return module
 
 
-def run(loop_s, tokens, reward, rollout_s=1.0, train_s=0.5):
+def run(loop_s, tokens, reward, rollout_s=1.0, train_s=0.5, prompts=(("a", "b"), ("c", "d"))):
     return {"train_loop_s": loop_s, "trained_tokens": tokens, "eval_end": reward,
-            "rollout_s": rollout_s, "train_s": train_s}
+            "rollout_s": rollout_s, "train_s": train_s, "prompts": [list(p) for p in prompts]}
 
 
-def test_the_headline_is_the_run_that_keeps_the_long_responses(bench):
+def test_the_headline_is_the_run_that_trains_on_syncs_prompts(bench):
     sync = run(30.0, 1000, 0.20, rollout_s=0.6, train_s=0.4)
     short_kept = run(10.0, 400, 0.15)       # fast, on 40% of sync's tokens
     long_kept = run(20.0, 950, 0.26)        # 1.5x on 95% of them
     report = bench.headline(sync, short_kept, long_kept)
     assert report["speedup"] == 1.5 and report["trained_tokens_ratio"] == 0.95
+    assert report["same_prompts"]
     assert report["same_tokens"] and report["same_eval_reward"]
     assert report["speedup_short_kept"] == 3.0 and report["trained_tokens_ratio_short_kept"] == 0.4
     assert report["bound"] == pytest.approx(1.0 / 0.6, abs=1e-3)  # (0.6 + 0.4) / max(0.6, 0.4)
@@ -38,8 +39,10 @@ def test_the_headline_is_the_run_that_keeps_the_long_responses(bench):
 
 def test_fewer_tokens_or_another_reward_is_not_equal_work(bench):
     sync = run(30.0, 1000, 0.20)
-    report = bench.headline(sync, run(10.0, 400, 0.20), run(15.0, 850, 0.30))
+    reordered = run(15.0, 850, 0.30, prompts=(("a", "c"), ("b", "d")))
+    report = bench.headline(sync, run(10.0, 400, 0.20), reordered)
     assert not report["same_tokens"] and not report["same_eval_reward"]  # 0.85 < 0.9; 0.10 > 0.08
+    assert not report["same_prompts"]
 
 
 def test_balanced_steps_bound_at_two(bench):

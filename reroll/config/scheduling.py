@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import Field
 
 from reroll.config.base import Section
@@ -44,6 +46,13 @@ class AsyncTrainingConfig(Section):
     Below max_staleness, a batch is started when the trainer is at most this far behind, and the
     rest of the bound is left for long responses to finish in: more of them end within it, and
     fewer groups share the engine at once, so each decodes faster."""
+    order: Literal["finish", "start"] = "finish"
+    """Which finished groups the trainer takes first. finish: as they finish, so short responses
+    come first and long ones wait (past the staleness bound, or untrained at the end of the run):
+    async then trains on fewer tokens than sync at the same number of steps. start: in the order
+    they were started, so step k trains on the prompts sync's step k would, long responses
+    included (equal work); the trainer waits for its batch's slowest group while the engine
+    works on the next batches."""
     partial_rollout: bool = True
     """At a weight update, abort the running requests and resume them under the new weights,
     keeping their tokens and behaviour logprobs (false: let them finish under the old weights

@@ -45,7 +45,8 @@ class AsyncSource:
         self.groups_per_step = config.rollout.prompts_per_step
         self.scheduler = RolloutScheduler([engine], rewards, tokenizer,
                                           config.scheduler.max_running_per_engine)
-        self.buffer = VersionedBuffer(a.max_staleness, self.groups_per_step * (a.max_staleness + 1))
+        self.buffer = VersionedBuffer(a.max_staleness, self.groups_per_step * (a.max_staleness + 1),
+                                      in_order=a.order == "start")
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, name="rollout-producer",
                                        daemon=True)
@@ -160,6 +161,7 @@ class AsyncSource:
         return outstanding < self.groups_per_step * bound
 
     async def _finish(self, group: Group, keep: KeepFn) -> None:
+        kept = False
         try:
             await self.scheduler.run_group(group, self._params)
             if group.cancelled:  # the source is closing
@@ -167,10 +169,13 @@ class AsyncSource:
             if all(s.state is State.REWARDED for s in group.samples) and keep(group):
                 self.scheduler.lifecycle[State.KEPT.value] += group.mark(State.KEPT)
                 self.buffer.put(BufferedGroup(group, group.version))
+                kept = True
             else:
                 self.scheduler.lifecycle[State.FILTERED.value] += group.mark(State.FILTERED)
         finally:
             self.in_flight -= 1
+            if not kept:  # filtered, aborted or failed: an in-order buffer stops waiting for it
+                self.buffer.skip(group.index)
 
     def _encode(self, row) -> list[int]:
         return encode_prompt(self.tokenizer, row, self.config.data.max_prompt_tokens)
@@ -298,12 +303,21 @@ class VersionedBuffer:
     """Completed groups wait here tagged with the policy version behind their oldest token. The
     trainer at version v takes only groups with staleness v - version <= max_staleness; older
     ones are dropped (and counted), never trained on. Producer and consumer run in different
-    threads."""
+    threads.
 
-    def __init__(self, max_staleness: int, capacity_groups: int):
+    Groups are handed out in the order they finished, or with `in_order` in the order they were
+    started (`Group.index`, counted from 0): a finished group waits until every group started
+    before it was put or skipped (`skip`: it will never come)."""
+
+    def __init__(self, max_staleness: int, capacity_groups: int, in_order: bool = False):
         self.max_staleness = max_staleness
         self.capacity = capacity_groups
+        self.in_order = in_order
         self._groups: deque[BufferedGroup] = deque()
+        """Groups the trainer may take, in the order it takes them."""
+        self._waiting: dict[int, BufferedGroup | None] = {}
+        """In order: groups (None: skipped) finished after one started before them, by index."""
+        self._next_index = 0
         self._cond = threading.Condition()
         self._closed: BaseException | bool = False
         self.dropped_stale_groups = 0
@@ -311,12 +325,31 @@ class VersionedBuffer:
 
     def put(self, group: BufferedGroup) -> None:
         with self._cond:
-            self._groups.append(group)
+            if self.in_order:
+                self._waiting[group.group.index] = group
+                self._release_in_order()
+            else:
+                self._groups.append(group)
             self._cond.notify_all()
+
+    def skip(self, index: int) -> None:
+        """The group started as `index` will never be put (filtered, aborted or failed)."""
+        if self.in_order:
+            with self._cond:
+                self._waiting[index] = None
+                self._release_in_order()
+                self._cond.notify_all()
+
+    def _release_in_order(self) -> None:
+        while self._next_index in self._waiting:
+            group = self._waiting.pop(self._next_index)
+            if group is not None:
+                self._groups.append(group)
+            self._next_index += 1
 
     def __len__(self) -> int:
         with self._cond:
-            return len(self._groups)
+            return len(self._groups) + sum(g is not None for g in self._waiting.values())
 
     def take(self, num_groups: int, version: int, timeout_s: float | None = None
              ) -> list[BufferedGroup]:

@@ -14,7 +14,7 @@ from reroll.engines.base import SamplingParams, WeightSyncError, fingerprint
 from reroll.pipelines.rlvr import build_source
 from reroll.rollout.async_source import AsyncSource, BufferedGroup, StaleBatchError, VersionedBuffer
 from reroll.rollout.groups import Group
-from reroll.rollout.stream import PromptStream
+from reroll.rollout.stream import PromptStream, encode_prompt
 
 TOKEN = 40
 PARAMS = SamplingParams(max_new_tokens=64, temperature=1.0)
@@ -174,3 +174,54 @@ def test_max_ahead_bounds_how_far_the_producer_runs_ahead(tokenizer, max_ahead, 
 def test_max_ahead_beyond_max_staleness_is_a_config_error():
     with pytest.raises(ValueError, match="async_training.max_ahead"):
         config(max_staleness=1, max_ahead=2)
+
+
+def in_order_group(index: int, version: int = 0) -> BufferedGroup:
+    row = PromptRow([{"role": "user", "content": f"q{index}"}], "0")
+    return BufferedGroup(Group(index, row, [1], 0, []), version)
+
+
+def test_an_in_order_buffer_hands_out_groups_in_start_order():
+    buffer = VersionedBuffer(max_staleness=1, capacity_groups=8, in_order=True)
+    for index in (2, 1, 4):  # 0 still running, 3 will be filtered
+        buffer.put(in_order_group(index))
+    assert len(buffer) == 3
+    with pytest.raises(TimeoutError):
+        buffer.take(1, version=0, timeout_s=0.05)  # nothing before group 0 finishes
+    buffer.put(in_order_group(0))
+    assert [g.group.index for g in buffer.take(2, version=0)] == [0, 1]
+    with pytest.raises(TimeoutError):
+        buffer.take(2, version=0, timeout_s=0.05)  # 2, then 3 unknown: 4 waits behind it
+    buffer.skip(3)
+    assert [g.group.index for g in buffer.take(2, version=0)] == [2, 4]
+    buffer.put(in_order_group(5, version=0))
+    buffer.put(in_order_group(6, version=2))
+    assert [g.group.index for g in buffer.take(1, version=2)] == [6]  # 5 too stale: dropped
+    assert buffer.dropped_stale_groups == 1 and len(buffer) == 0
+
+
+@pytest.mark.parametrize("order", ["finish", "start"])
+def test_order_start_trains_each_step_on_the_prompts_sync_would(tokenizer, order):
+    """The first prompt's responses run 12x longer than the others'. Taken as they finish, the
+    first batch leaves it out (later groups finish first); taken in start order, the first
+    batch is the stream's first three prompts, the long one included, as in sync."""
+    cfg = config(max_staleness=2, order=order)
+    first, expected = next(stream()), [r.prompt_text for r in stream().next_batch(3)]
+    long_ids = encode_prompt(tokenizer, first, cfg.data.max_prompt_tokens)
+    engine = ScriptedEngine(lambda prompt, seed: 60 if prompt == long_ids else 5, TOKEN,
+                            tick=0.002)
+    source = build_source(cfg, engine, runner(), tokenizer, stream())
+    try:
+        batch = source.next_batch(1, 0, PARAMS)
+        prompts = list(dict.fromkeys(t.prompt_text for t in batch))  # one per group, in order
+        if order == "start":
+            assert prompts == expected and max(len(t.response_ids) for t in batch) == 60
+        else:
+            assert first.prompt_text not in prompts and len(prompts) == 3
+    finally:
+        source.close()
+
+
+def test_order_is_checked():
+    with pytest.raises(ValueError, match="order"):
+        config(order="shortest")

@@ -219,6 +219,32 @@ def test_async_training_with_in_flight_updates(tmp_path, tiny_model, arithmetic,
     assert sum(r["rollout/samples_kept"] for r in rows) >= 4 * 16
 
 
+def trained_prompts(config) -> list[list[str]]:
+    """Run the pipeline; the prompts of each step's batch, one per group, in order."""
+    pipeline, steps = RLVRPipeline(config), []
+    next_batch = pipeline.task.source.next_batch
+
+    def recorded(*args):
+        trajectories = next_batch(*args)
+        steps.append(list(dict.fromkeys(t.prompt_text for t in trajectories)))
+        return trajectories
+
+    pipeline.task.source.next_batch = recorded
+    pipeline.run()
+    return steps
+
+
+def test_async_in_start_order_trains_each_step_on_syncs_prompts(tmp_path, tiny_model, arithmetic,
+                                                                reward_module):
+    """`order: start` makes async training equal work with sync: the same prompts, step by step,
+    while the engine runs up to a batch ahead."""
+    sync = trained_prompts(rl_config(tmp_path / "sync", tiny_model, arithmetic))
+    config = rl_config(tmp_path / "async", tiny_model, arithmetic,
+                       async_training={"enabled": True, "max_staleness": 2, "max_ahead": 1,
+                                       "order": "start"})
+    assert trained_prompts(config) == sync and len(sync) == 4
+
+
 def test_in_flight_updates_need_the_hf_engine(tmp_path, tiny_model, arithmetic):
     with pytest.raises(ValueError, match="async_training.in_flight_updates needs rollout.engine"):
         rl_config(tmp_path, tiny_model, arithmetic,
