@@ -14,9 +14,8 @@ import uuid
 from pathlib import Path
 
 import pytest
-import yaml
+from small_runs import small_run_config
 
-from reroll.config import load_config
 from reroll.config.schema import MathReward
 from reroll.pipelines.inputs import TaskInputs
 from reroll.pipelines.rlvr import train
@@ -31,19 +30,7 @@ SERVED = {"executor": "ray", "reward": {"num_cpus": 0.5,
 
 def make_config(tmp_path: Path, tiny_model: str, arithmetic: dict, name: str, steps: int = 2,
                 **distributed):
-    data = {
-        "name": name, "output_dir": str(tmp_path / name), "seed": 3, "steps": steps,
-        "model": {"path": tiny_model},
-        "data": {"train": arithmetic["train"], "eval": arithmetic["eval"]},
-        "rollout": {"prompts_per_step": 4, "group_size": 4, "max_new_tokens": 12},
-        "optimizer": {"lr": 1e-3}, "train": {"micro_batch_size": 8, "num_threads": 1},
-        "eval": {"every_steps": steps, "max_prompts": 8, "temperature": 1.0},
-        "tracking": {"progress": False, "tensorboard": False, "record_rollouts": 0},
-        "distributed": distributed,
-    }
-    path = tmp_path / f"{name}.yaml"
-    path.write_text(yaml.safe_dump(data))
-    return load_config(path)
+    return small_run_config(tmp_path, tiny_model, arithmetic, name, steps=steps, **distributed)
 
 
 def test_served_reward_scores_as_the_one_process_run(ray_session, tmp_path, tiny_model,
