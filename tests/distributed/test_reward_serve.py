@@ -101,8 +101,12 @@ def test_killed_replica_costs_only_its_calls_in_flight(ray_session, tmp_path, ti
     lost = [p for p in marks.iterdir() if p.name.startswith(killed["replica"] + "@")]
     # The calls in flight on the killed replica failed, each counted, and nothing else did: the
     # other replica scored the rest of the step (16 calls) and every later one.
-    # (a call marked on the killed replica may have finished just before the kill: marks bound
-    # nothing from below; the fresh clone's make test saw 5 marks and 4 lost calls)
+    # Marks are not lost calls one for one: a replica starts a call as soon as it accepts it, and
+    # Serve's router retries on another replica a call whose replica died before the router read
+    # that acceptance (ray/serve/_private/router.py, ActorDiedError). Measured (marks, lost calls,
+    # errors): (5, 4, ?) in a fresh clone, then (8, 8, 8), (3, 1, 1), (1, 1, 1) on 2026-11-25.
+    print({"marks": len(lost), "lost_calls": last["reward/lost_calls"],
+           "errors": last["reward/errors"]})
     assert len(lost) >= 1 and 1 <= last["reward/lost_calls"] == last["reward/errors"] < 16
     assert rows[0]["reward/errors"] == 0 and last["reward/timeouts"] == 0
     assert last["reward/replicas"] == 2  # Serve replaced the killed replica
