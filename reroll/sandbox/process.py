@@ -200,7 +200,11 @@ class SandboxProcess:
         proc = cls(spec, popen, parent, tmpfs_bytes)
         info = proc.loop.create_task(_read_to_eof(info_r)) if info_r is not None else None
         try:
-            await asyncio.wait_for(proc._handshake(info), timeout)
+            # `asyncio.timeout`, not `wait_for`: on Python 3.11 `wait_for` returns the result when
+            # the caller is cancelled just as the handshake ends, and the cancelled run went on
+            # to run its program to the end (the cancellation was lost).
+            async with asyncio.timeout(timeout):
+                await proc._handshake(info)
         except BaseException as exc:
             await asyncio.shield(proc._abort_start(info))
             if isinstance(exc, TimeoutError):
@@ -311,12 +315,11 @@ class SandboxProcess:
         budget = _OutputBudget(output_bytes, self.kill)
         out = _Capture(budget, self.loop)
         err = _Capture(budget, self.loop)
-        transports = [
-            (await self.loop.connect_read_pipe(lambda: out, self.popen.stdout))[0],
-            (await self.loop.connect_read_pipe(lambda: err, self.popen.stderr))[0],
-        ]
-        t0 = time.perf_counter()
-        try:
+        transports: list = []
+        try:  # from the first await on: a cancelled caller still kills the sandbox (`_finish`)
+            transports.append((await self.loop.connect_read_pipe(lambda: out, self.popen.stdout))[0])
+            transports.append((await self.loop.connect_read_pipe(lambda: err, self.popen.stderr))[0])
+            t0 = time.perf_counter()
             await self._deliver(job, stdin, transports)
             done, _ = await asyncio.wait({self._exited}, timeout=wall_s)
             timed_out = not done

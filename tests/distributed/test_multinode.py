@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from small_runs import small_run_config
 
 from reroll.config import ConfigError, load_config
 from reroll.pipelines.rlvr import train
@@ -73,21 +74,8 @@ def second_rollout_node(cluster):
 
 
 def make_config(tmp_path: Path, tiny_model: str, arithmetic: dict, name: str, **distributed):
-    data = {
-        "name": name, "output_dir": str(tmp_path / name), "seed": 3, "steps": 3,
-        "model": {"path": tiny_model},
-        "data": {"train": arithmetic["train"], "eval": arithmetic["eval"]},
-        "rollout": {"prompts_per_step": 4, "group_size": 4, "max_new_tokens": 12},
-        "algorithm": {"kl": {"coef": 0.05}},
-        "optimizer": {"lr": 1e-3}, "train": {"micro_batch_size": 8, "num_threads": 1},
-        "eval": {"every_steps": 3, "max_prompts": 8, "temperature": 1.0},
-        "checkpoint": {"every_steps": 1, "keep_last": 3},
-        "tracking": {"progress": False, "tensorboard": False, "record_rollouts": 0},
-        "distributed": distributed,
-    }
-    path = tmp_path / f"{name}.yaml"
-    path.write_text(yaml.safe_dump(data))
-    return load_config(path)
+    return small_run_config(tmp_path, tiny_model, arithmetic, name, steps=3, checkpoint_every=1,
+                            kl_coef=0.05, **distributed)
 
 
 class NodeWatch:

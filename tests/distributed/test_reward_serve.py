@@ -14,9 +14,8 @@ import uuid
 from pathlib import Path
 
 import pytest
-import yaml
+from small_runs import small_run_config
 
-from reroll.config import load_config
 from reroll.config.schema import MathReward
 from reroll.pipelines.inputs import TaskInputs
 from reroll.pipelines.rlvr import train
@@ -31,19 +30,7 @@ SERVED = {"executor": "ray", "reward": {"num_cpus": 0.5,
 
 def make_config(tmp_path: Path, tiny_model: str, arithmetic: dict, name: str, steps: int = 2,
                 **distributed):
-    data = {
-        "name": name, "output_dir": str(tmp_path / name), "seed": 3, "steps": steps,
-        "model": {"path": tiny_model},
-        "data": {"train": arithmetic["train"], "eval": arithmetic["eval"]},
-        "rollout": {"prompts_per_step": 4, "group_size": 4, "max_new_tokens": 12},
-        "optimizer": {"lr": 1e-3}, "train": {"micro_batch_size": 8, "num_threads": 1},
-        "eval": {"every_steps": steps, "max_prompts": 8, "temperature": 1.0},
-        "tracking": {"progress": False, "tensorboard": False, "record_rollouts": 0},
-        "distributed": distributed,
-    }
-    path = tmp_path / f"{name}.yaml"
-    path.write_text(yaml.safe_dump(data))
-    return load_config(path)
+    return small_run_config(tmp_path, tiny_model, arithmetic, name, steps=steps, **distributed)
 
 
 def test_served_reward_scores_as_the_one_process_run(ray_session, tmp_path, tiny_model,
@@ -114,8 +101,12 @@ def test_killed_replica_costs_only_its_calls_in_flight(ray_session, tmp_path, ti
     lost = [p for p in marks.iterdir() if p.name.startswith(killed["replica"] + "@")]
     # The calls in flight on the killed replica failed, each counted, and nothing else did: the
     # other replica scored the rest of the step (16 calls) and every later one.
-    # (a call marked on the killed replica may have finished just before the kill: marks bound
-    # nothing from below; the fresh clone's make test saw 5 marks and 4 lost calls)
+    # Marks are not lost calls one for one: a replica starts a call as soon as it accepts it, and
+    # Serve's router retries on another replica a call whose replica died before the router read
+    # that acceptance (ray/serve/_private/router.py, ActorDiedError). Measured (marks, lost calls,
+    # errors): (5, 4, ?) in a fresh clone, then (8, 8, 8), (3, 1, 1), (1, 1, 1) on 2026-11-25.
+    print({"marks": len(lost), "lost_calls": last["reward/lost_calls"],
+           "errors": last["reward/errors"]})
     assert len(lost) >= 1 and 1 <= last["reward/lost_calls"] == last["reward/errors"] < 16
     assert rows[0]["reward/errors"] == 0 and last["reward/timeouts"] == 0
     assert last["reward/replicas"] == 2  # Serve replaced the killed replica

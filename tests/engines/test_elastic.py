@@ -6,6 +6,7 @@ once its own traffic nears the objective, and new weights reach both sides (fing
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 
 import pytest
@@ -93,6 +94,24 @@ def elastic(tiny_model, tokenizer, url: str, objective: ServingObjective) -> Ela
     return ElasticEngine(dedicated, url, objective, dedicated_max_in_flight=2, model="tiny")
 
 
+@contextlib.contextmanager
+def lending_to_a_yielding_endpoint(tiny_model, tokenizer, objective: ServingObjective,
+                                   settle_s: float):
+    """A yielding endpoint around the tiny model, an ElasticEngine lending to it under
+    ``objective``, and its users' client; after ``settle_s`` of control ticks. Closed after."""
+    server = CompletionServer(HFEngine(load_model(tiny_model), 64, tokenizer.pad_token_id),
+                              "tiny", yield_to_serving=True)
+    engine = elastic(tiny_model, tokenizer, server.url, objective)
+    users = RemoteEngine([server.url])
+    try:
+        time.sleep(settle_s)
+        yield server, engine, users
+    finally:
+        users.close()
+        engine.close()
+        server.close()
+
+
 def test_rollouts_are_lent_to_an_idle_endpoint_and_weights_reach_both(
         endpoint, tiny_model, tokenizer):
     roomy = ServingObjective(ttft_p99_s=60, tpot_p99_s=60, control_interval_s=0.05, max_lent=4)
@@ -159,13 +178,9 @@ def test_an_aborted_wait_does_not_block_the_queue(endpoint, tiny_model, tokenize
 
 def test_a_yielding_endpoint_aborts_lent_rollouts_for_its_users_and_they_finish_elsewhere(
         tiny_model, tokenizer):
-    server = CompletionServer(HFEngine(load_model(tiny_model), 64, tokenizer.pad_token_id),
-                              "tiny", yield_to_serving=True)
     idle = ServingObjective(ttft_p99_s=60, tpot_p99_s=60, control_interval_s=0.05, max_lent=4)
-    engine = elastic(tiny_model, tokenizer, server.url, idle)
-    users = RemoteEngine([server.url])
-    try:
-        time.sleep(0.3)
+    with lending_to_a_yielding_endpoint(tiny_model, tokenizer, idle,
+                                        settle_s=0.3) as (server, engine, users):
 
         async def scenario():
             rollouts = [asyncio.create_task(engine.generate(r))
@@ -180,10 +195,6 @@ def test_a_yielding_endpoint_aborts_lent_rollouts_for_its_users_and_they_finish_
         assert engine.counters.preempted > 0
         assert [len(o.token_ids) for o in outs] == [300] * 6  # every rollout finished whole
         assert all(len(o.logprobs) == 300 for o in outs)
-    finally:
-        users.close()
-        engine.close()
-        server.close()
 
 
 def test_a_yielding_endpoint_turns_rollouts_away_while_users_are_served_and_says_when_they_end(
@@ -220,13 +231,9 @@ def test_a_yielding_endpoint_turns_rollouts_away_while_users_are_served_and_says
 
 
 def test_lending_resumes_as_soon_as_the_users_leave_not_on_the_next_tick(tiny_model, tokenizer):
-    server = CompletionServer(HFEngine(load_model(tiny_model), 64, tokenizer.pad_token_id),
-                              "tiny", yield_to_serving=True)
     slow = ServingObjective(ttft_p99_s=60, tpot_p99_s=60, control_interval_s=1.0, max_lent=4)
-    engine = elastic(tiny_model, tokenizer, server.url, slow)
-    users = RemoteEngine([server.url])
-    try:
-        time.sleep(1.3)
+    with lending_to_a_yielding_endpoint(tiny_model, tokenizer, slow,
+                                        settle_s=1.3) as (server, engine, users):
         assert engine.cap == 4
 
         async def scenario():
@@ -246,10 +253,6 @@ def test_lending_resumes_as_soon_as_the_users_leave_not_on_the_next_tick(tiny_mo
         # the controller was waiting on the endpoint: the whole cap again well within a tick
         assert reopened_s < 0.8 and engine.cap == 4
         assert [len(o.token_ids) for o in outs] == [300] * 6
-    finally:
-        users.close()
-        engine.close()
-        server.close()
 
 
 async def until(condition, timeout_s: float = 60.0) -> None:
@@ -262,13 +265,9 @@ async def until(condition, timeout_s: float = 60.0) -> None:
 
 def test_the_rest_of_a_yielded_rollout_goes_ahead_and_the_caller_can_still_abort_it(
         tiny_model, tokenizer):
-    server = CompletionServer(HFEngine(load_model(tiny_model), 64, tokenizer.pad_token_id),
-                              "tiny", yield_to_serving=True)
     idle = ServingObjective(ttft_p99_s=60, tpot_p99_s=60, control_interval_s=0.05, max_lent=2)
-    engine = elastic(tiny_model, tokenizer, server.url, idle)
-    users = RemoteEngine([server.url])
-    try:
-        time.sleep(0.3)
+    with lending_to_a_yielding_endpoint(tiny_model, tokenizer, idle,
+                                        settle_s=0.3) as (server, engine, users):
 
         async def scenario():
             requests = rollout_requests(8, length=200)
@@ -295,10 +294,6 @@ def test_the_rest_of_a_yielded_rollout_goes_ahead_and_the_caller_can_still_abort
         by_id = {o.request_id: o for o in outs}
         assert by_id[lent[0]].finish_reason == "abort" and len(by_id[lent[0]].token_ids) < 200
         assert [len(o.token_ids) for o in outs if o.request_id != lent[0]] == [200] * 7
-    finally:
-        users.close()
-        engine.close()
-        server.close()
 
 
 @pytest.mark.e2e

@@ -2,6 +2,7 @@
 metrics are present and move, a domain whose reward fails fails alone, and resume is exact."""
 
 import json
+import os
 import shutil
 import sys
 from pathlib import Path
@@ -149,27 +150,39 @@ def test_resume_with_domains_reproduces_the_uninterrupted_run(tmp_path, domains_
         sum(r["train/rules/prompts"] for r in full[1:])
 
 
-def test_the_multidomain_example_trains_shrunk(tmp_path, domains_data, monkeypatch):
-    """examples/multidomain/grpo.yaml as documented (its data written by its script), with
-    fewer and smaller steps: math, rules and reasoning-gym domains in one run."""
+@pytest.fixture(scope="module")
+def example_data(tmp_path_factory) -> Path:
+    """A folder with the multidomain examples' data, written as documented (by their script),
+    once for the examples' tests; each test's run goes to its own runs/<name> below it."""
     from reroll.data.tasks import write_arithmetic
 
-    repo = HERE.parents[1]
-    monkeypatch.chdir(tmp_path)
-    write_arithmetic("data/arithmetic", train_size=64, eval_size=8, seed=0)
-    sys.path.insert(0, str(repo / "examples" / "multidomain"))
+    root = tmp_path_factory.mktemp("multidomain")
+    example = HERE.parents[1] / "examples" / "multidomain"
+    cwd = os.getcwd()
+    os.chdir(root)
+    sys.path.insert(0, str(example))
     try:
+        write_arithmetic("data/arithmetic", train_size=64, eval_size=8, seed=0)
         import make_data
 
         make_data.main()
     finally:
-        sys.path.remove(str(repo / "examples" / "multidomain"))
+        sys.path.remove(str(example))
+        os.chdir(cwd)
+    return root
+
+
+def test_the_multidomain_example_trains_shrunk(example_data, domains_data, monkeypatch):
+    """examples/multidomain/grpo.yaml as documented (its data written by its script), with
+    fewer and smaller steps: math, rules and reasoning-gym domains in one run."""
+    repo = HERE.parents[1]
+    monkeypatch.chdir(example_data)
     config = load_config(repo / "examples" / "multidomain" / "grpo.yaml", [
         f"model.path={domains_data['model']}", "steps=2", "rollout.prompts_per_step=4",
         "rollout.group_size=2", "train.micro_batch_size=8", "eval.max_prompts=4",
         "tracking.progress=false", "tracking.tensorboard=false"])
     train(config)
-    rows = read_metrics(tmp_path / "runs" / "multidomain-grpo")
+    rows = read_metrics(example_data / "runs" / "multidomain-grpo")
     assert [(r["train/math/prompts"], r["train/rules/prompts"], r["train/gym/prompts"])
             for r in rows] == [(2.0, 1.0, 1.0)] * 2
     assert {"eval/math/reward_mean", "eval/rules/reward_mean", "eval/gym/reward_mean"} <= \
@@ -177,29 +190,19 @@ def test_the_multidomain_example_trains_shrunk(tmp_path, domains_data, monkeypat
 
 
 def test_the_math_code_rules_example_trains_shrunk_and_evaluates_per_domain(
-        tmp_path, domains_data, monkeypatch, capsys):
+        example_data, domains_data, monkeypatch, capsys):
     """examples/multidomain/code.yaml as documented, with 2 small steps: the code domain's
     programs run in the sandbox; its metrics (train/code/..., eval/code/...) come with the
     others', and `reroll eval` on its last checkpoint reports every domain as training does."""
     from reroll.cli import main
-    from reroll.data.tasks import write_arithmetic
-
     repo = HERE.parents[1]
-    monkeypatch.chdir(tmp_path)
-    write_arithmetic("data/arithmetic", train_size=64, eval_size=8, seed=0)
-    sys.path.insert(0, str(repo / "examples" / "multidomain"))
-    try:
-        import make_data
-
-        make_data.main()
-    finally:
-        sys.path.remove(str(repo / "examples" / "multidomain"))
+    monkeypatch.chdir(example_data)
     config = load_config(repo / "examples" / "multidomain" / "code.yaml", [
         f"model.path={domains_data['model']}", "steps=2", "rollout.prompts_per_step=3",
         "rollout.group_size=2", "train.micro_batch_size=6", "eval.max_prompts=3",
         "tracking.progress=false", "tracking.tensorboard=false"])
     train(config)
-    rows = read_metrics(tmp_path / "runs" / "multidomain-code")
+    rows = read_metrics(example_data / "runs" / "multidomain-code")
     names = ("math", "code", "rules")
     assert [tuple(r[f"train/{n}/prompts"] for n in names) for r in rows] == [(1.0, 1.0, 1.0)] * 2
     for r in rows:
@@ -210,7 +213,7 @@ def test_the_math_code_rules_example_trains_shrunk_and_evaluates_per_domain(
     assert {f"eval/{n}/reward_mean" for n in names} <= set(rows[-1])
     assert {f"eval_start/{n}/pass_rate" for n in names} <= set(rows[0])
     recorded = [json.loads(line) for line in
-                (tmp_path / "runs" / "multidomain-code" / "rollouts" / "step_1.jsonl").open()]
+                (example_data / "runs" / "multidomain-code" / "rollouts" / "step_1.jsonl").open()]
     assert all("passed" in r["reward_info"] for r in recorded if r["domain"] == "code")
 
     assert main(["eval", "--model", "runs/multidomain-code/checkpoints/step_2", "--threads", "1",

@@ -6,6 +6,7 @@ import asyncio
 import logging
 import os
 import sys
+import time
 
 import pytest
 from pydantic import ValidationError
@@ -18,6 +19,7 @@ from reroll.sandbox import (
     SandboxUnavailable,
     parse_size,
 )
+from reroll.sandbox.process import SandboxProcess
 
 pytestmark = pytest.mark.unit
 
@@ -144,6 +146,39 @@ def test_cancelling_a_run_kills_the_sandbox(sandbox, host):
             await task
 
     asyncio.run(scenario())
+    assert host.descendants() - before == set()
+
+
+def test_a_run_cancelled_just_as_its_sandbox_is_ready_stays_cancelled(sandbox, host):
+    """`Sandbox.run` is start + execute; here the caller is cancelled in the very step the
+    start-up handshake ends. The cancellation must not be lost: the run raises `CancelledError`
+    at once and the sandbox is killed. (Python 3.11's `asyncio.wait_for` returned the started
+    sandbox instead, and a code-reward test cancelled by all-or-nothing ran for its whole time
+    limit.)"""
+    before = host.descendants()
+    runner: asyncio.Task | None = None
+
+    class CancelledWhenReady(SandboxProcess):
+        async def _handshake(self, info):
+            await super()._handshake(info)
+            runner.cancel()
+
+    async def run_cancelled_when_ready():
+        job = sandbox.job("import time\ntime.sleep(8)\nprint('ran to the end')")
+        size = job.limits.tmpfs_bytes
+        spec = sandbox.backend.launch_spec(size)
+        proc = await CancelledWhenReady.start(spec, size, sandbox.config.spawn_timeout_s)
+        return await sandbox.execute(proc, job, time.perf_counter())
+
+    async def scenario():
+        nonlocal runner
+        runner = asyncio.create_task(run_cancelled_when_ready())
+        with pytest.raises(asyncio.CancelledError):
+            await runner
+
+    started = time.perf_counter()
+    asyncio.run(scenario())
+    assert time.perf_counter() - started < 6
     assert host.descendants() - before == set()
 
 
