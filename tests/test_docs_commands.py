@@ -159,6 +159,15 @@ ALLOWLIST = {
     "--out data/arithmetic-sample-pairs": "needs the samples of the full SFT's model",
     "reroll rm examples/preferences/rm_samples.yaml": "needs the pairs of the full SFT's samples",
     "reroll train examples/preferences/rm_rl.yaml": "needs that reward model (40 steps, ~1 min)",
+    # docs/preferences.md's Think-J: warm-up and RLVR start from the full SFT's model (a shrunk one
+    # has not learnt the arithmetic the judge rows ask about); `make-data --judge` and its rows
+    # are tested in tests/data/test_preferences.py, the configs load below.
+    "reroll make-data --judge --out data/arithmetic-judge": "the Think-J data, for the warm-up "
+                                                             "and RLVR of the full SFT's model",
+    "reroll sft examples/preferences/judge_warmup.yaml": "starts from the full SFT's model",
+    "reroll eval --model runs/arithmetic-judge-warmup/final --task data/arithmetic-judge/eval.jsonl "
+    "--ignore-run-config --n 1 --temperature 0 --max-new-tokens 12": "needs the warm-up's model",
+    "reroll train examples/preferences/judge_rl.yaml": "needs the warm-up's model (40 steps)",
     # docs/multidomain.md's math + code + rules example: its data script, config and
     # `reroll eval` on its final model are run shrunk by test_domains_e2e.py::
     # test_the_math_code_rules_example_trains_shrunk_and_evaluates_per_domain.

@@ -102,17 +102,19 @@ def judge_prompt(question: str, first: str, second: str) -> str:
 
 
 def judge_rows(pairs: list[dict], seed: int) -> list[dict]:
-    """RLVR rows `{prompt, answer}` from preference rows `{prompt, chosen, rejected}`: the chosen
-    response is shown as A or B at random (seeded, so a judge cannot learn the position), and the
-    answer is the letter of the chosen one."""
+    """RLVR rows `{prompt, answer, response}` from preference rows `{prompt, chosen, rejected}`:
+    the chosen response is shown as A or B at random (seeded, so a judge cannot learn the
+    position), the answer is the letter of the chosen one, and `response` the right verdict in
+    the reply format (an SFT target for a judge's warm-up)."""
     rng = random.Random(seed + 11)
     rows = []
     for pair in pairs:
         chosen_first = rng.random() < 0.5
         first, second = ((pair["chosen"], pair["rejected"]) if chosen_first
                          else (pair["rejected"], pair["chosen"]))
-        rows.append({"prompt": judge_prompt(pair["prompt"], first, second),
-                     "answer": "A" if chosen_first else "B"})
+        letter = "A" if chosen_first else "B"
+        rows.append({"prompt": judge_prompt(pair["prompt"], first, second), "answer": letter,
+                     "response": f"The answer is \\boxed{{{letter}}}."})
     return rows
 
 

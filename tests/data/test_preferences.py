@@ -92,6 +92,7 @@ def test_judge_rows_randomise_order_and_the_math_reward_scores_agreement():
         second = row["prompt"].index("Response B:")
         shown_a = row["prompt"][first:second]
         assert (pair["chosen"] in shown_a) == (row["answer"] == "A")
+        assert verify_boxed(row["response"], row["answer"])[0] == 1.0  # the warm-up's target
     assert verify_boxed("\\boxed{A}", "A")[0] == 1.0
     assert verify_boxed("\\boxed{B}", "A")[0] == 0.0
 
