@@ -24,6 +24,7 @@ from reroll.config.errors import ConfigError
 from reroll.config.preference import PreferenceRunConfig
 from reroll.data.batch import Trajectory, collate
 from reroll.data.preferences import PreferenceRow, load_preferences
+from reroll.models.devices import machine_devices, trainer_device
 from reroll.models.loading import load_tokenizer
 from reroll.pipelines.checkpoints import checkpoint_due, prune_checkpoints
 from reroll.pipelines.common import RunDir, Stopwatch, UpdateGuard, seed_everything, set_threads
@@ -106,6 +107,7 @@ class PreferencePipeline:
         self.config = c = config
         set_threads(c.train.num_threads)
         seed_everything(c.seed)
+        trainer_device(c.device, c.train.bf16_autocast, *machine_devices())  # before the run dir
         self.run_dir = RunDir.for_run(c.run_dir(), c.resume, c.overwrite)
         self.tokenizer = tokenizer
         self.train_set = self.load(c.data.train)

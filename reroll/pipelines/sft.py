@@ -61,6 +61,8 @@ class SFTPipeline:
         self.config = c = config
         set_threads(c.train.num_threads)
         seed_everything(c.seed)
+        # A device this machine lacks stops the run before its directory is made.
+        place = trainer_device(c.device, c.train.bf16_autocast, *machine_devices())
         self.run_dir = RunDir.for_run(c.run_dir(), c.resume, c.overwrite)
         (inputs or TaskInputs()).write_files(self.run_dir.path)  # datasets passed as objects
         self.tokenizer = load_tokenizer(c.model.path)
@@ -69,7 +71,6 @@ class SFTPipeline:
         self.steps = c.total_steps(len(self.train_set))
         model = load_model(c.model.path, c.model.dtype, c.model.attn_implementation,
                            c.model.dropout)
-        place = trainer_device(c.device, c.train.bf16_autocast, *machine_devices())
         self.policy = LocalStrategy(model, c.optimizer, c.train, total_steps=self.steps,
                                     device=place.device, autocast_bf16=place.autocast_bf16,
                                     lora=c.model.lora)

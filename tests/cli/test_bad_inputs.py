@@ -257,3 +257,20 @@ def test_every_row_is_checked_at_load_and_quickly(tokenizer, arithmetic):
     seconds = time.perf_counter() - t0
     assert lengths == [len(encode_prompt(tokenizer, row, 10**6)) for row in rows]
     assert seconds < 5, seconds
+
+
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="needs a machine without CUDA")
+@pytest.mark.parametrize("pipeline", ["sft", "distill", "dpo", "rm"])
+def test_device_cuda_without_a_gpu_stops_before_the_run_directory(pipeline, tmp_path, tiny_model,
+                                                                  arithmetic, capfd):
+    teacher = str(tmp_path / "teacher")  # not read: the device is checked first
+    extra = {"teacher": {"path": teacher}} if pipeline == "distill" else {}
+    config = tmp_path / f"{pipeline}.yaml"
+    config.write_text(yaml.safe_dump({
+        "pipeline": pipeline, "output_dir": str(tmp_path / "run"), "device": "cuda",
+        "model": {"path": tiny_model}, "data": {"train": arithmetic["train"]},
+        "train": {"micro_batch_size": 16}, **extra}))
+    assert main([pipeline, str(config)]) == 2
+    err = capfd.readouterr().err
+    assert "device: cuda, but torch sees no CUDA device" in err and "Traceback" not in err
+    assert not (tmp_path / "run").exists()
