@@ -16,7 +16,7 @@ from torch import Tensor
 
 from reroll.algorithms.preference import dpo_loss, ipo_loss, orpo_loss, simpo_loss
 from reroll.config.preference import REFERENCE_FREE, DPOConfig
-from reroll.models.devices import machine_devices, trainer_device
+from reroll.models.devices import RoleDevice
 from reroll.models.loading import load_model
 from reroll.models.logprobs import batched_logprobs, forward_logprobs
 from reroll.pipelines.preference import (
@@ -85,7 +85,8 @@ def token_counts(pairs: list[Pair]) -> Tensor:
 class DPOObjective:
     """The policy trained with a DPO-family loss against cached reference log-probabilities."""
 
-    def __init__(self, config: DPOConfig, tokenizer, run_dir: Path, total_steps: int):
+    def __init__(self, config: DPOConfig, tokenizer, run_dir: Path, total_steps: int,
+                 place: RoleDevice):
         self.config = c = config
         self.pad_id = tokenizer.pad_token_id
         self.label = f"DPO {c.loss.name}"
@@ -93,7 +94,6 @@ class DPOObjective:
                            c.model.dropout)
         # With model.lora the adapter starts as a no-op, so the reference scored before the
         # first step (below) is the base model, as without it.
-        place = trainer_device(c.device, c.train.bf16_autocast, *machine_devices())
         self.strategy = LocalStrategy(model, c.optimizer, c.train, total_steps=total_steps,
                                       device=place.device, autocast_bf16=place.autocast_bf16,
                                       lora=c.model.lora)

@@ -103,17 +103,19 @@ class PreferencePipeline:
     """Train `objective` on the pairs of `config.data`: steps, checkpoints and `resume` as SFT."""
 
     def __init__(self, config: PreferenceRunConfig, tokenizer, make_objective):
-        """`make_objective(config, tokenizer, run_dir)`: the Objective (its model loaded)."""
+        """`make_objective(config, tokenizer, run_dir, total_steps, place)`: the Objective (its
+        model loaded on `place`, the trainer's device and precision)."""
         self.config = c = config
         set_threads(c.train.num_threads)
         seed_everything(c.seed)
-        trainer_device(c.device, c.train.bf16_autocast, *machine_devices())  # before the run dir
+        # A device this machine lacks stops the run before its directory is made.
+        place = trainer_device(c.device, c.train.bf16_autocast, *machine_devices())
         self.run_dir = RunDir.for_run(c.run_dir(), c.resume, c.overwrite)
         self.tokenizer = tokenizer
         self.train_set = self.load(c.data.train)
         self.eval_set = self.load(c.data.eval) if c.data.eval else []
         self.steps = c.total_steps(len(self.train_set))
-        self.objective = make_objective(c, tokenizer, self.run_dir.path, self.steps)
+        self.objective = make_objective(c, tokenizer, self.run_dir.path, self.steps, place)
         self.objective.prepare("train", self.train_set)
         if self.eval_set:
             self.objective.prepare("eval", self.eval_set)

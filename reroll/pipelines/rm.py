@@ -16,7 +16,7 @@ from torch import Tensor
 
 from reroll.algorithms.preference import bradley_terry_loss
 from reroll.config.preference import RMConfig
-from reroll.models.devices import machine_devices, trainer_device
+from reroll.models.devices import RoleDevice
 from reroll.models.loading import load_scalar_model
 from reroll.pipelines.preference import (
     SCORE_MICRO_FACTOR,
@@ -32,12 +32,11 @@ def score_pairs(model: torch.nn.Module, pairs: list[Pair], pad_token_id: int,
                 micro_batch_size: int) -> Tensor:
     """[N, 2] scores of (chosen, rejected) of every pair, without gradients."""
     def scores(batch: TensorDict) -> Tensor:
-        out = []
+        out, device = [], next(model.parameters()).device  # inputs to the model, scores back
         for start in range(0, batch.batch_size[0], micro_batch_size):
             rows = slice(start, start + micro_batch_size)
             mask = batch["attention_mask"][rows]
             width = int(mask.sum(-1).max())
-            device = next(model.parameters()).device  # inputs to the model, scores back
             out.append(sequence_scores(model, batch["input_ids"][rows, :width].to(device),
                                        mask[:, :width].to(device)).cpu())
         return torch.cat(out)
@@ -48,13 +47,13 @@ def score_pairs(model: torch.nn.Module, pairs: list[Pair], pad_token_id: int,
 class RewardModelObjective:
     """The scalar-head model trained with the Bradley–Terry loss."""
 
-    def __init__(self, config: RMConfig, tokenizer, run_dir: Path, total_steps: int):
+    def __init__(self, config: RMConfig, tokenizer, run_dir: Path, total_steps: int,
+                 place: RoleDevice):
         self.config = c = config
         self.pad_id = tokenizer.pad_token_id
         self.label = "reward model"
         model = load_scalar_model(c.model.path, c.model.dtype, c.model.attn_implementation,
                                   pad_token_id=self.pad_id)
-        place = trainer_device(c.device, c.train.bf16_autocast, *machine_devices())
         self.strategy = LocalStrategy(model, c.optimizer, c.train, total_steps=total_steps,
                                       device=place.device, autocast_bf16=place.autocast_bf16)
 
