@@ -30,7 +30,10 @@ The result depends on the share of accelerator time to CPU time: the monolithic 
 of the two, the disaggregated one at best their maximum. With the figures below they are close
 (the regime RollArt targets: agentic tasks whose environments cost as much as the decoding).
 Both modes compute the same rewards (checked). The modes alternate ROUNDS times; each keeps its
-fastest run. Last line: JSON with `speedup` (monolithic time / disaggregated time).
+fastest run. Last line: JSON with `speedup` (monolithic time / disaggregated time) and, per
+run, the CPU seconds of each part (`cpu_s`: the benchmark's work, the modelled engines' event
+loops, Ray's and Serve's daemons, the driver, and other work on the machine, which a figure taken
+beside it should be read against).
 
     .venv/bin/python benchmarks/disaggregation.py [--rounds R] [--episodes N]
 """
@@ -46,6 +49,7 @@ import os
 import threading
 import time
 
+import psutil
 from rich.console import Console
 
 from reroll.config.distributed import RewardServe
@@ -100,7 +104,9 @@ class BurnReward:
         return burn(f"r{sample.prompt}/{sample.response}", REWARD_HASHES) % 1000 / 1000
 
     async def __call__(self, sample: RewardSample) -> RewardResult:
-        return RewardResult(self.score(sample))
+        # off the event loop, as reroll's own verifiers run (in a pool): a replica whose loop
+        # is busy hashing cannot answer the Serve router's queue probes, and every call waits
+        return RewardResult(await asyncio.to_thread(self.score, sample))
 
 
 def sample_of(episode: int, observation: int) -> RewardSample:
@@ -221,6 +227,36 @@ class Disaggregated:
         return dict(enumerate(scores))
 
 
+ROLE_OF_PROCESS = (("MonolithicNode", "work"), ("EnvWorker", "work"), ("ServeReplica", "work"),
+                   ("Engine", "engines"), ("raylet", "ray"), ("gcs_server", "ray"),
+                   ("ServeController", "ray"), ("DashboardAgent", "ray"), ("log_monitor", "ray"),
+                   ("ray::", "ray"), ("ray/", "ray"))
+"""Which part of the run a process is, by its command line: the benchmark's own CPU work (the
+environment steps and rewards, in whichever mode), the modelled engines' event loops, Ray's and
+Serve's daemons and idle workers; the driver is this process; anything else is other work on
+the machine."""
+
+
+def cpu_seconds() -> dict[int, tuple[str, float]]:
+    """Every process's command line and CPU seconds so far."""
+    out = {}
+    for proc in psutil.process_iter(["cmdline", "cpu_times"]):
+        times, cmd = proc.info["cpu_times"], " ".join(proc.info["cmdline"] or [])
+        if times is not None:
+            out[proc.pid] = (cmd, times.user + times.system)
+    return out
+
+
+def cpu_by_part(before: dict, after: dict) -> dict[str, float]:
+    """CPU seconds each part of the run used between two `cpu_seconds()` snapshots."""
+    parts = dict.fromkeys(("work", "engines", "ray", "driver", "other"), 0.0)
+    for pid, (cmd, seconds) in after.items():
+        part = "driver" if pid == os.getpid() else next(
+            (p for key, p in ROLE_OF_PROCESS if key in cmd), "other")
+        parts[part] += seconds - before.get(pid, (cmd, 0.0))[1]
+    return {k: round(v, 2) for k, v in parts.items()}
+
+
 class ReplicaWatch:
     """The most reward replicas running at once while a run lasts."""
 
@@ -251,6 +287,7 @@ def main() -> None:
         modes = {"monolithic": Monolithic(), "disaggregated": Disaggregated()}
         served = modes["disaggregated"].served
         times: dict[str, list[float]] = {m: [] for m in modes}
+        cpu: dict[str, list[dict]] = {m: [] for m in modes}
         replicas: list[int] = []
         scores = {}
         modes["monolithic"].run(2), modes["disaggregated"].run(2)  # warm up every actor
@@ -258,12 +295,14 @@ def main() -> None:
             for name, mode in modes.items():
                 time.sleep(4)  # the reward replicas back to their minimum between runs
                 watch = ReplicaWatch(served) if name == "disaggregated" else None
-                start = time.perf_counter()
+                before, start = cpu_seconds(), time.perf_counter()
                 scores[name] = mode.run(args.episodes)
                 times[name].append(round(time.perf_counter() - start, 3))
+                cpu[name].append(cpu_by_part(before, cpu_seconds()))
                 if watch:
                     replicas.append(watch.close())
-                console.print(f"{name}: {times[name][-1]:.2f} s", highlight=False)
+                console.print(f"{name}: {times[name][-1]:.2f} s, CPU s {cpu[name][-1]}",
+                              highlight=False)
         if scores["monolithic"] != scores["disaggregated"]:
             raise SystemExit("the two modes scored the episodes differently")
         errors = modes["disaggregated"].runner.counters.failed()
@@ -275,7 +314,7 @@ def main() -> None:
     accel_s = TURNS * decode_s(args.episodes // 2)
     print(json.dumps({
         "speedup": round(mono / disagg, 3), "monolithic_s": mono, "disaggregated_s": disagg,
-        "runs": times, "episodes": args.episodes, "turns": TURNS,
+        "runs": times, "cpu_s": cpu, "episodes": args.episodes, "turns": TURNS,
         "reward_replicas_max": replicas, "reward_failures": errors,
         "modelled_accelerator_s_per_node": round(accel_s, 3),
         "mean_reward": round(sum(scores["monolithic"].values()) / args.episodes, 4),

@@ -14,16 +14,26 @@ turns the calls into counted time-outs, never a hung run.
 from __future__ import annotations
 
 import functools
+import os
+import sys
 import warnings
 from collections.abc import Callable
 from typing import Any
-
-import torch
 
 from reroll.rewards.base import RewardFn, RewardResult, RewardSample
 
 ACTOR_RESTARTS = -1
 """Ray restarts a lost reward actor as often as it takes (each restart is on a live node)."""
+
+
+def limit_threads(num_threads: int) -> None:
+    """Cap the host's intra-op threads without loading torch: most rewards (verifiers, judges
+    over HTTP, sandboxes) never use it, and its import (seconds on a busy node) would delay every
+    replica an autoscaler starts for a burst. OMP_NUM_THREADS covers a torch loaded later."""
+    os.environ["OMP_NUM_THREADS"] = str(num_threads)
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        torch.set_num_threads(num_threads)
 
 
 class RewardHost:
@@ -33,8 +43,9 @@ class RewardHost:
     def __init__(self, factory: Callable[[], RewardFn], num_threads: int):
         import ray  # deferred: Ray is heavy to import and only Ray runs get here
 
-        torch.set_num_threads(num_threads)
+        limit_threads(num_threads)
         self.fn = factory()
+        limit_threads(num_threads)  # the factory may have loaded torch with its own default
         with warnings.catch_warnings():  # Ray's own property trips its deprecation of actor_id
             warnings.simplefilter("ignore", DeprecationWarning)
             self.restarted = bool(ray.get_runtime_context().was_current_actor_reconstructed)

@@ -95,6 +95,9 @@ def start_reward_service(factory: Callable[[], RewardFn], config: RewardServe,
     deployment = serve.deployment(
         RewardHost, name=DEPLOYMENT, ray_actor_options=actor_options,
         max_ongoing_requests=config.max_ongoing_requests,
+        # a run makes thousands of reward calls: Serve's INFO line per call would flood the
+        # driver's terminal and cost CPU in every process that ships and prints it
+        logging_config={"enable_access_log": False, "log_level": "WARNING"},
         autoscaling_config={
             "min_replicas": config.min_replicas, "max_replicas": config.max_replicas,
             "initial_replicas": config.min_replicas,
