@@ -92,7 +92,8 @@ MODES = {"sync": None, "async": {"max_staleness": STALENESS},
 
 
 def train(workload: dict, shape: argparse.Namespace, asynchronous: dict | None) -> dict:
-    name = "async" if asynchronous else "sync"
+    name = ("async_in_order" if asynchronous.get("order") == "start" else "async") \
+        if asynchronous else "sync"  # each mode's run directory is its own
     steps, prompts, group = shape.steps, shape.prompts, shape.group
     threads = 1 if asynchronous else shape.sync_threads
     config = RLConfig.model_validate({
