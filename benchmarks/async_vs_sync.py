@@ -52,7 +52,7 @@ Last line: JSON with `speedup` (async keeping the long responses, at equal work)
 `speedup_vs_sync_2_threads`.
 
     .venv/bin/python benchmarks/async_vs_sync.py [--steps N] [--rounds R] [--prompts P]
-        [--group G] [--epochs E] [--modes "sync,async in order,async,sync 2 threads"]
+        [--group G] [--epochs E] [--max-ahead A] [--modes "sync,async in order,async,sync 2 threads"]
 """
 
 from __future__ import annotations
@@ -110,6 +110,8 @@ THREADS = {"sync 2 threads": 2}
 
 def train(workload: dict, shape: argparse.Namespace, mode: str) -> dict:
     asynchronous, threads = MODES[mode], THREADS.get(mode, 1)
+    if asynchronous and "max_ahead" in asynchronous:
+        asynchronous = asynchronous | {"max_ahead": shape.max_ahead}
     name = mode.replace(" ", "_")  # each mode's run directory is its own
     steps, prompts, group = shape.steps, shape.prompts, shape.group
     config = RLConfig.model_validate({
@@ -181,6 +183,8 @@ def main() -> None:
     parser.add_argument("--group", type=int, default=GROUP, help="samples per prompt")
     parser.add_argument("--epochs", type=int, default=EPOCHS,
                         help=f"passes over each batch, algorithm.epochs (default {EPOCHS})")
+    parser.add_argument("--max-ahead", type=int, default=MODES["async in order"]["max_ahead"],
+                        help="async in order: versions the engine may start ahead (default 2)")
     parser.add_argument("--rounds", type=int, default=1,
                         help="runs of each mode, alternating (default 1); the fastest counts")
     parser.add_argument("--modes", default=",".join(MODES),
@@ -236,7 +240,7 @@ def main() -> None:
                       if "speedup_vs_sync_2_threads" in report else ""))
     print(json.dumps(report | {
         "steps": args.steps, "prompts": args.prompts, "group": args.group,
-        "epochs": args.epochs,
+        "epochs": args.epochs, "max_ahead": args.max_ahead,
         "load_average": round(os.getloadavg()[0], 2),
         "sync_s": round(sync["train_loop_s"], 2), "async_s": round(long_kept["train_loop_s"], 2),
         "async_short_kept_s": round(asyn["train_loop_s"], 2), "samples": sync["samples"],
