@@ -16,9 +16,9 @@ rollout (whose looping tail decodes many rows for little more than one; groups o
 fewer groups without signal, which the update skips), but over 10 steps training fell to 0.60x
 of the rollout (bound 1.60): RL makes more responses run to `max_new_tokens`, so the rollout
 grows. The default is therefore 2 epochs (`algorithm.epochs`, PPO epochs: two passes over each
-batch, as PPO runs and the verl/OpenRLHF/ROLL `ppo_epochs` allow; GRPO recipes mostly keep 1),
-which makes training about as long as the rollout, the balanced step that ROLL Flash's RLVR
-overlap needs; `--epochs 1` gives the one-pass shape.
+batch, as PPO runs and the verl/OpenRLHF/ROLL `ppo_epochs` allow; GRPO recipes mostly keep 1):
+training then takes 1.34x the rollout, nearer the balanced step that overlapping needs than
+1 epoch's 0.60x (bounds 1.74 and 1.60); `--epochs 1` gives the one-pass shape.
 
 The headline mode is async at equal work: `async_training.order: start` hands the trainer the
 groups in the order they were started, so each async step trains on the same prompts as sync's
@@ -33,8 +33,9 @@ responses and leaves many long ones untrained: fewer tokens, the secondary
 Why async samples fewer tokens on the same prompts: not the seeds or the engine (the first
 batch, which both modes sample from the starting weights, differs by ~1%:
 `first_step_tokens_ratio`), but the policy's lag. Here RL raises the share of responses that run
-to `max_new_tokens` step after step (`truncated`), and async samples each batch from weights 1-2
-versions older than sync's, so it trails that growth.
+to `max_new_tokens` step after step with 1 epoch (`truncated`), and async samples each batch
+from weights 1-2 versions older than sync's, so it trails that growth (0.89 of sync's tokens
+over 10 steps); with 2 epochs the share did not grow and the tokens matched (1.03).
 
 Threads: each phase of a sync step runs alone, so it could use both cores; the mode `sync 2
 threads` gives sync's trainer and engine 2 threads each, sync at its best on 2 cores (the
@@ -82,10 +83,9 @@ of the four or so looping groups) and its training (the pi_old forward and the u
 micro-batches of one group, so short groups are not padded to the long ones). 10 steps = 320
 prompts, 1.25 passes over the 256 (about 10 minutes for the four modes)."""
 EPOCHS = 2
-"""Two passes over each batch (PPO epochs): training then takes about as long as the rollout
-(4-step probes: 0.88x with 1 epoch, about 1.1x with 2 after the first step's warm-up; over 10
-steps 1 epoch fell to 0.60x as the looping responses grew), the balanced step whose overlap can
-approach 2x."""
+"""Two passes over each batch (PPO epochs). 10-step runs: training 0.60x the rollout with 1
+epoch (bound 1.60), 1.34x with 2 (bound 1.74); the per-step costs swing with the looping
+responses either way."""
 IN_FLIGHT = True
 """New weights are loaded between two decoding steps, not by aborting and re-prefilling every
 running request (which made the same 30 async steps take 90.7 s instead of 33.0 s)."""
