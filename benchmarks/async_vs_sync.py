@@ -32,8 +32,9 @@ responses and leaves many long ones untrained: fewer tokens, the secondary
 
 Why async samples fewer tokens on the same prompts: not the seeds or the engine (the first
 batch, which both modes sample from the starting weights, differs by ~1%:
-`first_step_tokens_ratio`), but the policy's lag. Here RL raises the share of responses that run
-to `max_new_tokens` step after step with 1 epoch (`truncated`), and async samples each batch
+`first_step_tokens_ratio`), but, as far as one 4-step probe shows, the policy's lag. Here RL
+raises the share of responses that run to `max_new_tokens` step after step with 1 epoch
+(`truncated`), and async samples each batch
 from weights 1-2 versions older than sync's, so it trails that growth (0.89 of sync's tokens
 over 10 steps); with 2 epochs the share did not grow and the tokens matched (1.03).
 
