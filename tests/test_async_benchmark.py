@@ -48,3 +48,11 @@ def test_fewer_tokens_or_another_reward_is_not_equal_work(bench):
 def test_balanced_steps_bound_at_two(bench):
     assert bench.bound(run(1, 1, 0, rollout_s=0.5, train_s=0.5)) == 2.0
     assert bench.bound(run(1, 1, 0, rollout_s=1.0, train_s=0.2)) == pytest.approx(1.2)
+
+
+def test_sync_on_two_threads_is_a_secondary_figure(bench):
+    long_kept = run(20.0, 950, 0.26)
+    assert bench.sync_2_threads(None, long_kept) == {}
+    report = bench.sync_2_threads(run(28.0, 1000, 0.20, rollout_s=0.5, train_s=0.4), long_kept)
+    assert report["speedup_vs_sync_2_threads"] == 1.4
+    assert report["bound_sync_2_threads"] == pytest.approx(1.8)  # (0.5 + 0.4) / 0.5

@@ -485,6 +485,11 @@ class AlgorithmConfig(Section):
     """Optimizer steps per rollout batch: the batch is split into this many mini-batches, one
     step each (PPO mini-batches). With 1 the update is exactly on-policy, so the old logprobs are
     the current ones and no extra forward pass is spent on them."""
+    epochs: int = Field(1, ge=1, le=16)
+    """Passes over each rollout batch (PPO epochs; the inner iterations of GRPO), each of
+    `updates_per_batch` optimizer steps, so a step makes epochs x updates_per_batch of them, in
+    the same mini-batch order every pass. The critic, if any, makes as many passes. Above 1 the
+    passes after the first are off-policy, so pi_old is computed before the update."""
     skip_zero_advantage: bool = True
     """Leave out of the forward/backward pass the samples whose advantage is 0 on every loss
     token (e.g. GRPO groups whose rewards are all equal): every policy loss here is the advantage

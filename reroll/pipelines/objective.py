@@ -217,9 +217,10 @@ def policy_loss_fn(config: AlgorithmConfig) -> Callable:
 
 
 def needs_old_logprobs(config: AlgorithmConfig) -> bool:
-    """Whether pi_old must be computed before the update: several updates per batch, or something
+    """Whether pi_old must be computed before the update: several updates (or passes) per batch, or something
     that compares it with the behaviour or reference policy before the loss."""
-    return (config.updates_per_batch > 1 or config.policy_loss.name == "decoupled_ppo"
+    return (config.updates_per_batch > 1 or config.epochs > 1
+            or config.policy_loss.name == "decoupled_ppo"
             or config.correction.tis is not None or config.correction.ratio_mask is not None
             or (config.kl.in_reward and config.kl.coef > 0))
 

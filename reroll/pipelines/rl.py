@@ -101,7 +101,7 @@ class RLPipeline:
         self.task = make_task(c, self.tokenizer)
         # Policy, reference (when a KL term needs it), critic (for gae) and engine: in this
         # process or as Ray actors placed by `distributed:`, behind the same interfaces.
-        self.roles = build_roles(c, c.steps * c.algorithm.updates_per_batch,
+        self.roles = build_roles(c, c.steps * c.algorithm.updates_per_batch * c.algorithm.epochs,
                                  self.tokenizer.pad_token_id)
         self.policy: Policy = self.roles.policy
         self.reference: Reference | None = self.roles.reference
@@ -522,7 +522,9 @@ def update(batch: TensorDict, config: RLRunConfig, learner: Learner,
     a, t0 = config.algorithm, time.perf_counter()
     metrics: dict[str, float] = {}
     if batch.batch_size[0] and learner.critic is not None:
-        metrics |= learner.critic.update(batch, a.updates_per_batch)
+        for _ in range(a.epochs):  # the last pass's metrics
+            critic_metrics = learner.critic.update(batch, a.updates_per_batch)
+        metrics |= critic_metrics
     warmup = a.critic.warmup_steps if a.critic else 0
     if step > warmup and batch.batch_size[0] and float(batch["loss_mask"].sum()) > 0:
         metrics |= update_policy(batch, config, learner, step)
@@ -534,10 +536,11 @@ def update(batch: TensorDict, config: RLRunConfig, learner: Learner,
 
 def update_policy(batch: TensorDict, config: RLRunConfig, learner: Learner,
                   step: int) -> dict[str, float]:
-    """One optimizer step per mini-batch; one skipped for a non-finite loss or gradient norm
-    is counted, and too many in a row stop the run (`UpdateGuard`)."""
+    """One optimizer step per mini-batch, `algorithm.epochs` passes over them (metrics: the mean
+    over all the steps); one skipped for a non-finite loss or gradient norm is counted, and too
+    many in a row stop the run (`UpdateGuard`)."""
     a, kl_coef = config.algorithm, learner.kl.value
-    minis = split_mini_batches(batch, a.updates_per_batch)
+    minis = split_mini_batches(batch, a.updates_per_batch) * a.epochs
     metrics: dict[str, float] = {}
     for mini in minis:
         # Normalised over the whole mini-batch, run on the samples that carry a gradient.

@@ -305,7 +305,7 @@ def test_asyppo_masks_by_hand():
 def test_old_logprobs_are_computed_only_when_something_reads_them():
     assert not objective.needs_old_logprobs(AlgorithmConfig())
     assert not objective.needs_old_logprobs(AlgorithmConfig(kl={"coef": 0.1}))
-    for algorithm in ({"updates_per_batch": 2}, {"policy_loss": {"name": "decoupled_ppo"}},
+    for algorithm in ({"updates_per_batch": 2}, {"epochs": 2}, {"policy_loss": {"name": "decoupled_ppo"}},
                       {"correction": {"tis": {}}}, {"correction": {"ratio_mask": {}}},
                       {"kl": {"coef": 0.1, "mode": "reward"}}):
         assert objective.needs_old_logprobs(AlgorithmConfig(**algorithm)), algorithm
