@@ -1,13 +1,17 @@
 """reroll dpo vs TRL's DPOTrainer: the same DPO work on the same tiny model and pairs, on CPU.
 
     .venv/bin/python benchmarks/dpo_vs_trl.py [--steps 60] [--rounds 2] [--threads 2]
+                                              [--micro-batch 16]
 
 Both sides start from the same warm-started model (a short reroll SFT of a freshly built tiny
 model on worked arithmetic solutions) and train on the same preference pairs (`reroll make-data
 --preferences`: chosen the worked right answer, rejected a wrong one), with the same loss (sigmoid
 DPO, beta 0.1), batch (16 pairs), steps, learning rate (constant after 2 warm-up steps, AdamW,
 gradient clip 1.0) and reference (the starting model). TRL gets the pairs in its conversational
-format (it applies the same chat template).
+format (it applies the same chat template) and runs each batch as one forward; reroll runs it as
+micro-batches of `--micro-batch` sequences (its `train.micro_batch_size`; 16 = two micro-batches
+of 8 pairs, shortest pairs first, the gradient accumulated: the same update of 16 pairs; 32 = one
+forward, as measured before 2026-11-26).
 
 Each training run is a fresh process with the same torch thread count; the sides alternate
 (TRL, reroll, TRL, reroll, ...) so drift of the machine cancels. Timed: TRL's `trainer.train()`;
@@ -42,6 +46,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--steps", type=int, default=60, help="training steps per run")
     p.add_argument("--rounds", type=int, default=2, help="runs per side, alternating")
     p.add_argument("--threads", type=int, default=2, help="torch threads of each process")
+    p.add_argument("--micro-batch", type=int, default=BATCH_PAIRS,
+                   help="reroll's train.micro_batch_size (sequences; 2 per pair)")
     p.add_argument("--side", choices=["trl", "reroll"], help=argparse.SUPPRESS)
     p.add_argument("--work", help=argparse.SUPPRESS)
     p.add_argument("--out", help=argparse.SUPPRESS)
@@ -72,7 +78,7 @@ def prepare(work: Path, threads: int) -> dict[str, str]:
             "eval": str(pairs["eval"])}
 
 
-def run_reroll(paths: dict, steps: int, threads: int, out: Path) -> float:
+def run_reroll(paths: dict, steps: int, threads: int, out: Path, micro: int) -> float:
     from reroll.config.preference import DPOConfig
     from reroll.models.loading import load_tokenizer
     from reroll.pipelines.dpo import DPOObjective
@@ -83,7 +89,7 @@ def run_reroll(paths: dict, steps: int, threads: int, out: Path) -> float:
         "data": {"train": paths["train"]}, "steps": steps, "batch_size": BATCH_PAIRS,
         "loss": {"name": "sigmoid", "beta": BETA},
         "optimizer": {"lr": LR, "warmup_steps": 2, "grad_clip": 1.0},
-        "train": {"micro_batch_size": 2 * BATCH_PAIRS, "num_threads": threads},
+        "train": {"micro_batch_size": micro, "num_threads": threads},
         "tracking": {"progress": False, "tensorboard": False}})
     tokenizer = load_tokenizer(paths["model"])
     start = time.perf_counter()
@@ -141,8 +147,10 @@ def held_out_accuracy(paths: dict, model_dir: str, threads: int) -> float:
 def child(args: argparse.Namespace) -> None:
     paths = json.loads(Path(args.work, "paths.json").read_text())
     out = Path(args.out)
-    run = run_trl if args.side == "trl" else run_reroll
-    seconds = run(paths, args.steps, args.threads, out)
+    if args.side == "trl":
+        seconds = run_trl(paths, args.steps, args.threads, out)
+    else:
+        seconds = run_reroll(paths, args.steps, args.threads, out, args.micro_batch)
     accuracy = held_out_accuracy(paths, str(out / "final"), args.threads)
     print(json.dumps({"seconds": seconds, "accuracy": accuracy}))
 
@@ -163,7 +171,8 @@ def main() -> None:
             done = subprocess.run(
                 [sys.executable, __file__, "--side", side, "--work", str(work), "--out",
                  str(work / f"{side}-{i}"), "--steps", str(args.steps), "--threads",
-                 str(args.threads)], env=env, capture_output=True, text=True, check=False)
+                 str(args.threads), "--micro-batch", str(args.micro_batch)],
+                env=env, capture_output=True, text=True, check=False)
             if done.returncode != 0:
                 sys.exit(f"{side} run failed:\n{done.stderr[-3000:]}")
             result = json.loads(done.stdout.strip().splitlines()[-1])
@@ -178,7 +187,8 @@ def main() -> None:
         "reroll_pairs_per_s": round(speed["reroll"], 1), "trl_pairs_per_s": round(speed["trl"], 1),
         "reroll_accuracy": round(accuracy["reroll"], 3),
         "trl_accuracy": round(accuracy["trl"], 3),
-        "steps": args.steps, "batch_pairs": BATCH_PAIRS, "rounds": args.rounds,
+        "steps": args.steps, "batch_pairs": BATCH_PAIRS, "reroll_micro_batch": args.micro_batch,
+        "rounds": args.rounds,
         "threads": args.threads}))
 
 

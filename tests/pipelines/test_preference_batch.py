@@ -56,3 +56,27 @@ def test_packed_micro_batches_give_the_unpacked_batch_loss(pairs, tokenizer, tin
     ref = batch["ref_sums"]
     whole, _ = dpo_loss(sums[0::2], sums[1::2], ref[0::2], ref[1::2], beta=0.1)
     assert loss_sum == pytest.approx(float(whole), abs=1e-4)
+
+
+def test_pairs_scored_in_length_order_come_back_in_their_order(pairs, tokenizer, tiny_model):
+    """`score_pairs` forwards the pairs shortest first, packed, in micro-batches; each pair's
+    sums are those of its own two rows forwarded alone, unpacked, and in the pairs' order."""
+    from reroll.pipelines.dpo import score_pairs
+    from reroll.pipelines.preference import by_length, packed_length
+
+    torch.manual_seed(0)
+    model = load_model(tiny_model)
+    shuffled = [pairs[i] for i in (3, 0, 5, 1, 4, 2)]
+    order = by_length(shuffled)
+    assert [packed_length(shuffled[i]) for i in order] == sorted(map(packed_length, shuffled))
+    assert order != list(range(6))  # the arithmetic pairs differ in length: a real reordering
+    scored = score_pairs(model, shuffled, tokenizer.pad_token_id, 4)
+    assert scored.shape == (6, 2) and not scored.is_inference()
+    for pair, sums in zip(shuffled, scored, strict=True):
+        for ids, value in ((pair.chosen_ids, sums[0]), (pair.rejected_ids, sums[1])):
+            row = torch.tensor([pair.prompt_ids + ids])
+            with torch.no_grad():
+                logits = model(input_ids=row).logits[0, :-1].float()
+            token = torch.log_softmax(logits, -1).gather(-1, row[0, 1:, None])[:, 0]
+            assert float(value) == pytest.approx(float(token[-len(ids):].sum()), rel=1e-6,
+                                                 abs=1e-5)
