@@ -9,7 +9,8 @@ from reroll.config.schema import RLConfig
 from reroll.pipelines.judge import build_judge
 from reroll.rewards import build_runner
 from reroll.rewards.base import RewardSample
-from reroll.rewards.judge import JudgeRewardFn, VerdictError, parse_choice, parse_score
+from reroll.rewards.judge import (JudgeRewardFn, VerdictError, parse_choice, parse_score,
+                                 verdict_agreement)
 
 pytestmark = pytest.mark.unit
 
@@ -38,6 +39,17 @@ def test_parse_choice_takes_the_first_named_choice_as_a_whole_word():
     assert parse_choice("no", choices) == 0.0
     with pytest.raises(VerdictError):
         parse_choice("eyes nothing", choices)  # not whole words
+
+
+def test_verdict_agreement_scores_the_first_verdict_against_the_rows_verdict():
+    def agree(reply: str, verdict: str | None) -> float:
+        return verdict_agreement(RewardSample("q", reply, answer=verdict))
+
+    assert agree("yes", "yes") == 1.0 and agree("No.", "no") == 1.0
+    assert agree("yes", "no") == 0.0 and agree("no, yes", "yes") == 0.0
+    assert agree("maybe", "yes") == 0.0 and agree("maybe", "no") == 0.0  # no verdict: wrong
+    with pytest.raises(ValueError, match="not a verdict"):
+        agree("yes", "5")
 
 
 class Scripted:
