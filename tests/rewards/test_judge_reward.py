@@ -9,8 +9,13 @@ from reroll.config.schema import RLConfig
 from reroll.pipelines.judge import build_judge
 from reroll.rewards import build_runner
 from reroll.rewards.base import RewardSample
-from reroll.rewards.judge import (JudgeRewardFn, VerdictError, parse_choice, parse_score,
-                                 verdict_agreement)
+from reroll.rewards.judge import (
+    JudgeRewardFn,
+    VerdictError,
+    parse_choice,
+    parse_score,
+    verdict_agreement,
+)
 
 pytestmark = pytest.mark.unit
 
