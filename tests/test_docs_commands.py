@@ -169,9 +169,10 @@ ALLOWLIST = {
     "--ignore-run-config --n 1 --temperature 0 --max-new-tokens 12": "needs the warm-up's model",
     "reroll train examples/preferences/judge_rl.yaml": "needs the warm-up's model (40 steps)",
     # docs/preferences.md's GRPO on an LLM judge: the judge learns the full SFT's own mistakes
-    # from its verified samples (the eval command above). Run small by
-    # tests/pipelines/test_judge_reward_e2e.py (sampling, `make-data --judge-labels-from`, the
-    # judge's SFT and held-out agreement, GRPO on its verdicts); the configs load below.
+    # from its verified samples (the eval command above); a small one judges near chance. Its
+    # pieces are tested apart: `make-data --judge-labels-from` in tests/data/test_preferences.py,
+    # `verdict_agreement` in tests/rewards/test_judge_reward.py, GRPO on a judge's verdicts in
+    # tests/pipelines/test_judge_reward_e2e.py; the configs load below.
     "reroll make-data --judge-labels-from runs/eval/sft-train.samples.jsonl "
     "--out data/arithmetic-judge-labels": "needs the samples of the full SFT's model",
     "reroll sft examples/preferences/judge_labels.yaml": "starts from the full SFT's model",
