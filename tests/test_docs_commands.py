@@ -168,6 +168,19 @@ ALLOWLIST = {
     "reroll eval --model runs/arithmetic-judge-warmup/final --task data/arithmetic-judge/eval.jsonl "
     "--ignore-run-config --n 1 --temperature 0 --max-new-tokens 12": "needs the warm-up's model",
     "reroll train examples/preferences/judge_rl.yaml": "needs the warm-up's model (40 steps)",
+    # docs/preferences.md's GRPO on an LLM judge: the judge learns the full SFT's own mistakes
+    # from its verified samples (the eval command above); a small one judges near chance. Its
+    # pieces are tested apart: `make-data --judge-labels-from` in tests/data/test_preferences.py,
+    # `verdict_agreement` in tests/rewards/test_judge_reward.py, GRPO on a judge's verdicts in
+    # tests/pipelines/test_judge_reward_e2e.py; the configs load below.
+    "reroll make-data --judge-labels-from runs/eval/sft-train.samples.jsonl "
+    "--out data/arithmetic-judge-labels": "needs the samples of the full SFT's model",
+    "reroll sft examples/preferences/judge_labels.yaml": "starts from the full SFT's model",
+    "reroll eval --model runs/arithmetic-judge-labels/final "
+    "--task data/arithmetic-judge-labels/eval.jsonl --ignore-run-config --reward custom "
+    "--reward-function reroll.rewards.judge:verdict_agreement --max-new-tokens 4 "
+    "--out runs/eval/judge-labels.json": "needs the judge's model",
+    "reroll train examples/preferences/judge_reward_rl.yaml": "needs the judge (40 steps, minutes)",
     # docs/multidomain.md's math + code + rules example: its data script, config and
     # `reroll eval` on its final model are run shrunk by test_domains_e2e.py::
     # test_the_math_code_rules_example_trains_shrunk_and_evaluates_per_domain.

@@ -221,7 +221,9 @@ def judge_label_rows(samples: list[dict], template: str, threshold: float = 1.0,
     sample, `prompt` the judge prompt (`template` with the question, the reference answer and
     the response, as the judge reward fills it) and `response` "yes" when the verifier scored it
     right (reward >= `threshold`), else "no"; as many yes as no rows (seeded), so the judge
-    cannot learn a prior. `question` keeps the task prompt (for held-out splits)."""
+    cannot learn a prior. `question` keeps the task prompt (for held-out splits), `answer` the
+    verdict too (`reroll eval --reward custom --reward-function
+    reroll.rewards.judge:verdict_agreement` scores a judge's held-out agreement with it)."""
     seen, labelled = set(), {"yes": [], "no": []}
     for sample in samples:
         key = (sample["prompt"], sample["response"])
@@ -230,7 +232,7 @@ def judge_label_rows(samples: list[dict], template: str, threshold: float = 1.0,
         seen.add(key)
         verdict = "yes" if float(sample["reward"]) >= threshold else "no"
         labelled[verdict].append({
-            "question": sample["prompt"], "response": verdict,
+            "question": sample["prompt"], "response": verdict, "answer": verdict,
             "prompt": template.format(question=sample["prompt"], response=sample["response"],
                                       reference=sample.get("answer") or "")})
     rng = random.Random(seed + 17)

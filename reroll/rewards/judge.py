@@ -65,6 +65,20 @@ def parse_choice(text: str, choices: dict[str, float]) -> float:
     return best[1]
 
 
+def verdict_agreement(sample: RewardSample) -> float:
+    """1.0 when the reply's first yes/no (as `verdict: choice` parses it) is the row's `answer`
+    ("yes" or "no"), else 0.0: a judge's agreement with known verdicts, as a custom reward
+    (`reroll eval --reward custom --reward-function reroll.rewards.judge:verdict_agreement` on
+    the rows of `reroll make-data --judge-labels-from`)."""
+    if (sample.answer or "").strip().lower() not in ("yes", "no"):
+        raise ValueError(f"the row's answer {sample.answer!r} is not a verdict (yes or no)")
+    try:
+        said = parse_choice(sample.response, {"yes": 1.0, "no": 0.0})
+    except VerdictError:
+        return 0.0
+    return float(said == (sample.answer.strip().lower() == "yes"))
+
+
 @dataclass
 class JudgeCounters:
     requests: int = 0

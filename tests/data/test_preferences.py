@@ -155,7 +155,7 @@ def test_judge_labels_from_samples_are_balanced_judge_prompts(tmp_path):
     for row in rows:
         i, k = row["question"][1:], row["prompt"].split("Response: r")[1][len(row["question"]) - 1]
         assert f"Reference answer: {i}\n" in row["prompt"]
-        assert row["response"] == ("yes" if k == "0" else "no")
+        assert row["response"] == row["answer"] == ("yes" if k == "0" else "no")
     assert main(["make-data", "--judge-labels-from", str(write_samples(tmp_path, samples)),
                  "--out", str(tmp_path / "j"), "--eval-size", "6"]) == 0
     train, held_out = ([json.loads(x) for x in (tmp_path / "j" / f"{s}.jsonl").read_text()

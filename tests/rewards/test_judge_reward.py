@@ -9,7 +9,13 @@ from reroll.config.schema import RLConfig
 from reroll.pipelines.judge import build_judge
 from reroll.rewards import build_runner
 from reroll.rewards.base import RewardSample
-from reroll.rewards.judge import JudgeRewardFn, VerdictError, parse_choice, parse_score
+from reroll.rewards.judge import (
+    JudgeRewardFn,
+    VerdictError,
+    parse_choice,
+    parse_score,
+    verdict_agreement,
+)
 
 pytestmark = pytest.mark.unit
 
@@ -38,6 +44,17 @@ def test_parse_choice_takes_the_first_named_choice_as_a_whole_word():
     assert parse_choice("no", choices) == 0.0
     with pytest.raises(VerdictError):
         parse_choice("eyes nothing", choices)  # not whole words
+
+
+def test_verdict_agreement_scores_the_first_verdict_against_the_rows_verdict():
+    def agree(reply: str, verdict: str | None) -> float:
+        return verdict_agreement(RewardSample("q", reply, answer=verdict))
+
+    assert agree("yes", "yes") == 1.0 and agree("No.", "no") == 1.0
+    assert agree("yes", "no") == 0.0 and agree("no, yes", "yes") == 0.0
+    assert agree("maybe", "yes") == 0.0 and agree("maybe", "no") == 0.0  # no verdict: wrong
+    with pytest.raises(ValueError, match="not a verdict"):
+        agree("yes", "5")
 
 
 class Scripted:
@@ -122,3 +139,32 @@ def test_a_judge_on_the_hf_engine_of_the_tiny_model(tiny_model):
     assert len({r.score for r in results}) == 1
     for r in results:
         assert ("judge" in r.info) or ("VerdictError" in r.info["error"])
+
+
+def test_reroll_eval_scores_a_judge_on_verdict_rows(tmp_path, tiny_model):
+    """`reroll eval --reward custom --reward-function reroll.rewards.judge:verdict_agreement` on
+    the rows of `make-data --judge-labels-from` (docs/preferences.md): each sample is scored
+    against its row's verdict."""
+    import json
+
+    from reroll.cli import main
+    from reroll.config.rewards import JUDGE_TEMPLATE
+    from reroll.data.preferences import judge_label_rows
+
+    samples = [{"prompt": f"What is {i} + 1?", "response": f"\\boxed{{{i + k}}}",
+                "answer": str(i + 1), "reward": float(k == 1)} for i in range(3) for k in (1, 2)]
+    rows = tmp_path / "labels.jsonl"
+    rows.write_text("".join(json.dumps(r) + "\n" for r in judge_label_rows(samples,
+                                                                             JUDGE_TEMPLATE)))
+    out = tmp_path / "agreement.json"
+    assert main(["eval", "--model", tiny_model, "--task", str(rows), "--ignore-run-config",
+                 "--reward", "custom", "--reward-function",
+                 "reroll.rewards.judge:verdict_agreement", "--max-new-tokens", "4",
+                 "--threads", "1", "--out", str(out)]) == 0
+    assert json.loads(out.read_text())["reward_errors"] == 0.0
+    scored = [json.loads(line) for line in out.with_suffix(".samples.jsonl").read_text()
+              .splitlines()]
+    assert sorted(s["answer"] for s in scored) == ["no"] * 3 + ["yes"] * 3
+    for s in scored:
+        assert s["reward"] == verdict_agreement(RewardSample(s["prompt"], s["response"],
+                                                             answer=s["answer"]))
