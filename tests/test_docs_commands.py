@@ -172,7 +172,7 @@ ALLOWLIST = {
     # from its verified samples (the eval command above); a small one judges near chance. Its
     # pieces are tested apart: `make-data --judge-labels-from` in tests/data/test_preferences.py,
     # `verdict_agreement` in tests/rewards/test_judge_reward.py, GRPO on a judge's verdicts in
-    # tests/pipelines/test_judge_reward_e2e.py; the configs load below.
+    # tests/pipelines/test_rlvr_e2e.py (the judge test); the configs load below.
     "reroll make-data --judge-labels-from runs/eval/sft-train.samples.jsonl "
     "--out data/arithmetic-judge-labels": "needs the samples of the full SFT's model",
     "reroll sft examples/preferences/judge_labels.yaml": "starts from the full SFT's model",

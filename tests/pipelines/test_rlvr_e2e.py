@@ -153,3 +153,50 @@ def test_code_reward_runs_inside_training(tmp_path, warm_model):
     assert last["train/reward_mean"] == 0.0 and last["reward/errors"] == 0.0
     recorded = [json.loads(line) for line in (tmp_path / "run" / "rollouts" / "step_1.jsonl").open()]
     assert all("passed" in r["reward_info"] for r in recorded)
+
+
+JUDGE_STEPS, JUDGE_PROMPTS, JUDGE_GROUP = 3, 8, 4
+"""GRPO with an LLM judge as the reward (`reward: {type: judge}`): the judge's engine runs beside
+the policy's, every training sample is judged, the verdicts train the policy, the held-out
+evaluation uses its own reward (`eval.reward`), and the judge's counters add up. That a judge
+raises the true task reward is measured at full size in docs/preferences.md ("RLVR on an LLM
+judge"): a small version (a judge SFT'd in seconds) judged at 0.55, too close to chance for a
+test to rely on."""
+
+
+def test_grpo_on_a_judge_trains_and_counts_the_judges_verdicts(tmp_path, warm_model):
+    """The warm model judges its own responses (the response alone is its prompt; the first
+    digit of its reply is a score on 0-5): its replies follow the response, so the scores differ
+    within a group and train the policy, and a first digit over 5 is an unparseable verdict, so
+    parse failures, retries and failed calls happen. The counters must agree: each call asks
+    until a reply parses or its retries are spent, so the generations less the unparseable
+    replies are the calls less the failed ones (the cache is off: every call generates)."""
+    config = write_config(tmp_path / "rl.yaml", {
+        "output_dir": str(tmp_path / "run"), "seed": 0, "steps": JUDGE_STEPS,
+        "model": {"path": warm_model["model"]},
+        "data": {"train": warm_model["train"], "eval": warm_model["eval"]},
+        "rollout": {"prompts_per_step": JUDGE_PROMPTS, "group_size": JUDGE_GROUP, "max_new_tokens": 24},
+        "reward": {"type": "judge", "model": warm_model["model"], "template": "{response}",
+                   "verdict": "score", "score_pattern": r"(\d)", "score_min": 0, "score_max": 5,
+                   "max_new_tokens": 16, "temperature": 1.0, "retries": 1, "cache": False,
+                   "max_failure_rate_step": 1.0, "max_failure_rate_run": 1.0},
+        "optimizer": {"lr": 1e-3}, "train": {"micro_batch_size": 32},
+        "eval": {"every_steps": JUDGE_STEPS, "max_prompts": 8, "reward": {"type": "math"}},
+        "checkpoint": {"every_steps": JUDGE_STEPS},
+        "tracking": {"progress": False, "tensorboard": False}})
+    summary = train(load_config(config))
+    rows = read_metrics(tmp_path / "run")
+    assert summary["steps"] == JUDGE_STEPS and summary["eval_reward_start"] is not None
+    assert "eval/reward_mean" in rows[-1]  # the held-out set, scored by the math reward
+    for step, row in enumerate(rows, 1):
+        calls = step * JUDGE_PROMPTS * JUDGE_GROUP  # the counters are cumulative
+        requests, failures = row["reward/judge_requests"], row["reward/judge_parse_failures"]
+        assert requests - failures == calls - row["reward/errors"], row
+        assert row["reward/judge_cache_hits"] == 0 and row["reward/timeouts"] == 0
+    last = rows[-1]
+    assert last["reward/judge_parse_failures"] > 0  # some replies held no verdict ...
+    assert last["reward/judge_requests"] > last["reward/judge_parse_failures"]  # ... some did
+    assert last["reward/errors"] < JUDGE_STEPS * JUDGE_PROMPTS * JUDGE_GROUP
+    before = load_file(Path(warm_model["model"]) / "model.safetensors")
+    after = load_file(tmp_path / "run" / "checkpoints" / f"step_{JUDGE_STEPS}" / "model.safetensors")
+    assert any(not torch.equal(before[k], after[k]) for k in before)  # the verdicts trained it
