@@ -14,12 +14,12 @@ turns the calls into counted time-outs, never a hung run.
 from __future__ import annotations
 
 import functools
-import os
 import sys
 import warnings
 from collections.abc import Callable
 from typing import Any
 
+from reroll import settings
 from reroll.rewards.base import RewardFn, RewardResult, RewardSample
 
 ACTOR_RESTARTS = -1
@@ -30,7 +30,7 @@ def limit_threads(num_threads: int) -> None:
     """Cap the host's intra-op threads without loading torch: most rewards (verifiers, judges
     over HTTP, sandboxes) never use it, and its import (seconds on a busy node) would delay every
     replica an autoscaler starts for a burst. OMP_NUM_THREADS covers a torch loaded later."""
-    os.environ["OMP_NUM_THREADS"] = str(num_threads)
+    settings.export({"OMP_NUM_THREADS": str(num_threads)})
     torch = sys.modules.get("torch")
     if torch is not None:
         torch.set_num_threads(num_threads)
