@@ -24,7 +24,7 @@ it would there), network distance, and a real trace (the bursts are synthetic).
 Last line: JSON with `speedup` (elastic over fixed rollout throughput), `slo_attainment`
 (elastic), `slo_attainment_fixed`, and the runs.
 
-    .venv/bin/python benchmarks/elastic_rollout.py [--rounds R] [--model small|tiny]
+    .venv/bin/python benchmarks/elastic_rollout.py [--rounds R] [--model small|tiny] [--beside K]
 """
 
 from __future__ import annotations
@@ -56,6 +56,7 @@ BURST_RATE, BURST_S, IDLE_RATE, IDLE_S = 6.0, 3.0, 0.5, 5.0
 SLO_FACTOR = 2.0
 CALIBRATION_S = 24.0
 MAX_LENT, DEDICATED_MAX = 16, 16
+BESIDE = 0
 """The dedicated engine decodes at most DEDICATED_MAX sequences at once in both modes (its
 memory's limit on a GPU; here about where one core's throughput stops growing with the batch)."""
 console = Console(stderr=True)
@@ -124,9 +125,10 @@ class Users:
         return sorted(self.results, key=lambda r: r["at"])
 
 
-def start_server(model: str, port: int) -> subprocess.Popen:
+def start_server(model: str, port: int, beside: int) -> subprocess.Popen:
     server = subprocess.Popen([sys.executable, "-m", "reroll.engines.server", model,
-                               "--port", str(port), "--threads", "1", "--yield-to-serving"],
+                               "--port", str(port), "--threads", "1", "--yield-to-serving",
+                               "--rollouts-beside-serving", str(beside)],
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     seen = []
     for line in server.stdout:  # progress bars come first
@@ -204,11 +206,14 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--model", default="small", choices=["small", "tiny"])
     parser.add_argument("--port", type=int, default=8931)
+    parser.add_argument("--beside", type=int, default=BESIDE,
+                        help="rollouts the endpoint keeps beside its users (--rollouts-beside-"
+                             "serving); 0: every rollout yields to a user")
     args = parser.parse_args()
     torch.set_num_threads(1)
     model = build_model(args.model)
     vocab = load_model(model).config.vocab_size
-    server = start_server(model, args.port)
+    server = start_server(model, args.port, args.beside)
     url = f"http://127.0.0.1:{args.port}/v1"
     try:
         base = calibrate(url, vocab)
@@ -230,7 +235,7 @@ def main() -> None:
         "speedup": best["fixed"]["seconds"] / best["elastic"]["seconds"],
         "slo_attainment": best["elastic"]["slo_attainment"],
         "slo_attainment_fixed": best["fixed"]["slo_attainment"],
-        "rollout_tokens": best["fixed"]["rollout_tokens"],
+        "rollout_tokens": best["fixed"]["rollout_tokens"], "beside": args.beside,
         "objective": {"ttft_p99_s": objective.ttft_p99_s, "tpot_p99_s": objective.tpot_p99_s},
         "users_alone": base, "runs": runs}))
 

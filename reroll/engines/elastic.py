@@ -22,7 +22,9 @@ them while its own traffic stays within its objective:
   served. A rollout that comes back so (finish reason `abort`, not aborted by the caller) closes
   the lending until the controller sees the endpoint idle, and its rest (prompt + its tokens, the
   rest of its budget) goes ahead of the requests that have not started, to whichever side has
-  room first; its tokens and logprobs are kept (the same weights sampled them). Without
+  room first; its tokens and logprobs are kept (the same weights sampled them). An endpoint
+  that keeps K rollouts beside its users (`--rollouts-beside-serving K`) aborts only the others,
+  and the cap falls to K, not 0, while they are served (still 0 past the headroom). Without
   yielding, a rollout already on the endpoint when the cap drops runs to its end beside the
   users' requests.
 """
@@ -60,21 +62,23 @@ class ServingObjective:
     """Most rollout requests the endpoint holds at once."""
 
 
-def next_cap(cap: int, serving: dict, objective: ServingObjective, yields: bool = False) -> int:
+def next_cap(cap: int, serving: dict, objective: ServingObjective, yields: bool = False,
+             beside: int = 0) -> int:
     """The lending cap after one control interval, from the serving traffic's recent p99s
     (`serving`: `ttft_p99_s`, `tpot_p99_s`, None when no request finished in the window):
     0 when either passes `headroom` x its objective or a serving request is running, else doubled
     (at least 1), up to `max_lent`. An idle endpoint (no serving request in the window) lends the
     most, and so does one that `yields` (started with `--yield-to-serving`): its users never
-    share more than one decoding step with rollouts, so a gradual ramp would protect nothing
-    while the p99s stay within the objective."""
+    share more than one decoding step with rollouts (or with the `beside` rollouts it keeps), so
+    a gradual ramp would protect nothing while the p99s stay within the objective. While its
+    users are served, a yielding endpoint that keeps `beside` rollouts may hold that many."""
     limits = {"ttft_p99_s": objective.ttft_p99_s, "tpot_p99_s": objective.tpot_p99_s}
     for key, limit in limits.items():
         value = serving.get(key)
         if value is not None and value > objective.headroom * limit:
             return 0
     if serving.get("in_flight", 0) > 0:  # users are being served right now
-        return 0
+        return min(beside, objective.max_lent) if yields else 0
     if yields or serving.get("requests", 0) == 0:
         return objective.max_lent
     return min(objective.max_lent, max(1, 2 * cap))
@@ -117,6 +121,7 @@ class ElasticEngine:
         self._in_flight = {"dedicated": 0, "serving": 0}
         self._lent_since = 0.0
         self._yields = 0  # rollouts the endpoint gave back for its users, so far
+        self._beside = 0  # rollouts a yielding endpoint keeps beside its users (its /load says)
         self._where: dict[str, tuple[str, str]] = {}  # request -> (side, id of its part)
         self._aborted: set[str] = set()  # aborted by the caller, not preempted
         self._lock = threading.Lock()
@@ -167,7 +172,9 @@ class ElasticEngine:
                 self._in_flight[side] -= 1
                 if side == "serving" and part is not None and part.finish_reason == "abort" \
                         and original_id not in self._aborted:
-                    self.cap = 0  # it yielded: no lending until the controller sees them gone
+                    # it yielded: no more lending than it keeps beside its users until the
+                    # controller sees them gone
+                    self.cap = min(self.cap, self._beside)
                     self._yields += 1
                 if side == "serving" and self._in_flight[side] == 0:
                     self.counters.lent_busy_s += time.perf_counter() - self._lent_since
@@ -285,12 +292,14 @@ class ElasticEngine:
             try:
                 load = self._http.get(f"{self.serving_url}/load", params=params).json()
                 users_busy = load["serving"]["in_flight"] > 0
-                cap = next_cap(self.cap, load["serving"], o, load.get("yield_to_serving", False))
+                self._beside = int(load.get("rollouts_beside_serving", 0))
+                cap = next_cap(self.cap, load["serving"], o, load.get("yield_to_serving", False),
+                               self._beside)
             except Exception:  # noqa: BLE001 - an endpoint that does not answer lends nothing
                 cap, users_busy = 0, False
             with self._lock:
                 if self._yields != yields:  # a rollout yielded since the read: users came
-                    cap, users_busy = 0, True
+                    cap, users_busy = min(cap, self._beside), True
                 if cap == 0 and self.cap > 0:
                     self.counters.backoffs += 1
                 self.cap = cap

@@ -17,6 +17,10 @@ rollout request running here: they return what they generated (finish reason `ab
 trainer finishes them elsewhere, and a rollout request that arrives while a serving request
 runs is turned away at once (no tokens, finish reason `abort`), so the users' requests never
 share a batch with rollouts beyond the decoding step under way when they arrive.
+`rollouts_beside_serving` K (`--rollouts-beside-serving K`) softens that for an endpoint whose
+latency objective leaves room for a few more sequences in a batch: the K rollouts that started
+first keep running beside the users (only the others are aborted), and rollouts are turned away
+only while K already run.
 """
 
 from __future__ import annotations
@@ -97,13 +101,16 @@ class CompletionServer:
     """Serves `engine` on host:port in a background thread (port 0: any free port)."""
 
     def __init__(self, engine: Engine, model_name: str, host: str = "127.0.0.1", port: int = 0,
-                 yield_to_serving: bool = False):
+                 yield_to_serving: bool = False, rollouts_beside_serving: int = 0):
+        if rollouts_beside_serving < 0:
+            raise ValueError(f"rollouts_beside_serving must be >= 0, not {rollouts_beside_serving}")
         self.engine, self.model_name = engine, model_name
         self.yield_to_serving = yield_to_serving
+        self.rollouts_beside_serving = rollouts_beside_serving
         self.latency = LatencyLog()
         self.refused = 0
         """Rollout requests turned away at once because users were being served (yielding)."""
-        self._rollouts: set[str] = set()  # rollout requests running here
+        self._rollouts: dict[str, None] = {}  # rollout requests running here, oldest first
         self._rollouts_lock = threading.Lock()
         self._loop = BackgroundLoop("reroll-server")
         self._http = ThreadingHTTPServer((host, port), _handler(self))
@@ -129,13 +136,14 @@ class CompletionServer:
         kind = "rollout" if body.get("reroll_kind") == "rollout" else "serving"
         with self._rollouts_lock:
             refused = kind == "rollout" and self.yield_to_serving \
-                and self.latency.in_flight["serving"] > 0
+                and self.latency.in_flight["serving"] > 0 \
+                and len(self._rollouts) >= self.rollouts_beside_serving
             if refused:  # users are being served: the rollout goes back untouched
                 self.refused += 1
             elif kind == "rollout":
-                self._rollouts.add(request.request_id)
-            elif self.yield_to_serving:
-                for rollout_id in self._rollouts:
+                self._rollouts[request.request_id] = None
+            elif self.yield_to_serving:  # the oldest K stay: they are the furthest along
+                for rollout_id in list(self._rollouts)[self.rollouts_beside_serving:]:
                     self.engine.abort(rollout_id)
             if not refused:
                 self.latency.started(kind)
@@ -148,7 +156,7 @@ class CompletionServer:
             out = self._loop.run(self.engine.generate(request))
         finally:
             with self._rollouts_lock:
-                self._rollouts.discard(request.request_id)
+                self._rollouts.pop(request.request_id, None)
         self.latency.finished(kind, time.perf_counter() - start, out)
         return self._reply(out, prompt)
 
@@ -201,7 +209,9 @@ def _handler(server: CompletionServer) -> type[BaseHTTPRequestHandler]:
                 if wait > 0:
                     server.latency.wait_idle(wait)
                 self._reply(200, server.latency.report(window) | {
-                    "yield_to_serving": server.yield_to_serving, "refused": server.refused})
+                    "yield_to_serving": server.yield_to_serving,
+                    "rollouts_beside_serving": server.rollouts_beside_serving,
+                    "refused": server.refused})
             elif route == "/v1/weights_fingerprint":
                 self._reply(200, {"fingerprint": server.engine.weights_fingerprint()})
             else:
@@ -240,7 +250,12 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: all)")
     parser.add_argument("--yield-to-serving", action="store_true",
                         help="a serving request aborts the rollout requests running here")
+    parser.add_argument("--rollouts-beside-serving", type=int, default=0, metavar="K",
+                        help="with --yield-to-serving: the K oldest rollouts keep running beside "
+                             "the users' requests (default 0)")
     args = parser.parse_args()
+    if args.rollouts_beside_serving < 0:
+        parser.error(f"--rollouts-beside-serving must be >= 0, not {args.rollouts_beside_serving}")
     if args.threads:
         import torch
 
@@ -250,7 +265,8 @@ def main() -> None:
 
     engine = HFEngine(load_model(args.model), args.max_batch_size,
                       load_tokenizer(args.model).pad_token_id)
-    server = CompletionServer(engine, args.model, args.host, args.port, args.yield_to_serving)
+    server = CompletionServer(engine, args.model, args.host, args.port, args.yield_to_serving,
+                              args.rollouts_beside_serving)
     print(f"serving {args.model} at {server.url}", flush=True)
     threading.Event().wait()
 

@@ -49,6 +49,19 @@ def test_an_endpoint_that_yields_lends_its_most_at_once_while_its_users_are_with
     assert next_cap(cap, serving, OBJECTIVE, yields=True) == expected
 
 
+@pytest.mark.parametrize(("serving", "beside", "expected"), [
+    ({"requests": 5, "in_flight": 1, "ttft_p99_s": 0.5, "tpot_p99_s": 0.05}, 2, 2),  # keeps 2
+    ({"requests": 5, "in_flight": 1, "ttft_p99_s": 0.5, "tpot_p99_s": 0.05}, 20, 8),  # max_lent
+    ({"requests": 5, "in_flight": 1, "ttft_p99_s": 0.5, "tpot_p99_s": 0.09}, 2, 0),  # past it
+    ({"requests": 5, "ttft_p99_s": 0.5, "tpot_p99_s": 0.05}, 2, 8),  # users gone: the most
+])
+def test_an_endpoint_that_keeps_rollouts_beside_its_users_may_hold_that_many_while_they_run(
+        serving, beside, expected):
+    assert next_cap(8, serving, OBJECTIVE, yields=True, beside=beside) == expected
+    assert next_cap(8, serving, OBJECTIVE, yields=False, beside=beside) == \
+        (0 if serving.get("in_flight") else 8)  # without yielding `beside` means nothing
+
+
 def test_p99_is_the_nearest_rank():
     assert p99([]) is None
     assert p99([3.0]) == 3.0
@@ -228,6 +241,50 @@ def test_a_yielding_endpoint_turns_rollouts_away_while_users_are_served_and_says
         assert httpx.get(f"{server.url}/load", params={"wait_idle_s": "x"}).status_code == 400
     finally:
         server.close()
+
+
+def test_an_endpoint_that_keeps_one_rollout_beside_its_users_aborts_only_the_later_ones(
+        tiny_model, tokenizer):
+    import threading
+
+    import httpx
+
+    server = CompletionServer(HFEngine(load_model(tiny_model), 64, tokenizer.pad_token_id),
+                              "tiny", yield_to_serving=True, rollouts_beside_serving=1)
+    replies: dict[str, dict] = {}
+
+    def call(name: str, body: dict) -> None:
+        replies[name] = server.complete(body | {"ignore_eos": True})
+
+    try:
+        calls = [threading.Thread(target=call, args=(name, {
+            "prompt": [1, 2], "max_tokens": 200, "reroll_kind": "rollout"}))
+            for name in ("older", "newer")]
+        for running, thread in enumerate(calls, start=1):
+            thread.start()  # in order: "older" runs before "newer" starts
+            while len(server._rollouts) < running:
+                time.sleep(0.002)
+        user = threading.Thread(target=call, args=("user", {"prompt": [1, 2, 3],
+                                                            "max_tokens": 300}))
+        user.start()
+        while server.latency.report(60)["serving"]["in_flight"] == 0:
+            time.sleep(0.002)
+        # one rollout (the older) already runs beside the user: a third is turned away
+        third = server.complete({"prompt": [1, 2], "max_tokens": 50, "reroll_kind": "rollout"})
+        assert third["choices"][0]["finish_reason"] == "abort" and server.refused == 1
+        for thread in [*calls, user]:
+            thread.join(timeout=120)
+        older, newer = (replies[n]["choices"][0] for n in ("older", "newer"))
+        assert older["finish_reason"] == "length" and len(older["token_ids"]) == 200
+        assert newer["finish_reason"] == "abort" and len(newer["token_ids"]) < 200
+        assert len(replies["user"]["choices"][0]["token_ids"]) == 300
+        load = httpx.get(f"{server.url}/load").json()
+        assert load["rollouts_beside_serving"] == 1 and load["yield_to_serving"] is True
+    finally:
+        server.close()
+    with pytest.raises(ValueError, match="rollouts_beside_serving"):
+        CompletionServer(HFEngine(load_model(tiny_model), 4, 0), "tiny",
+                         rollouts_beside_serving=-1)
 
 
 def test_lending_resumes_as_soon_as_the_users_leave_not_on_the_next_tick(tiny_model, tokenizer):
