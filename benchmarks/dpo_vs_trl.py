@@ -7,8 +7,10 @@ Both sides start from the same warm-started model (a short reroll SFT of a fresh
 model on worked arithmetic solutions) and train on the same preference pairs (`reroll make-data
 --preferences`: chosen the worked right answer, rejected a wrong one), with the same loss (sigmoid
 DPO, beta 0.1), batch (16 pairs), steps, learning rate (constant after 2 warm-up steps, AdamW,
-gradient clip 1.0) and reference (the starting model). TRL gets the pairs in its conversational
-format (it applies the same chat template) and runs each batch as one forward; reroll runs it as
+gradient clip 1.0), precision (fp32, no gradient checkpointing: TRL 1.x defaults to bf16 and
+checkpointing, turned off here) and reference (the starting model). TRL gets the pairs in its
+conversational format (it applies the same chat template) and runs each batch as one forward;
+reroll runs it as
 micro-batches of `--micro-batch` sequences (its `train.micro_batch_size`; 16 = two micro-batches
 of 8 pairs, shortest pairs first, the gradient accumulated: the same update of 16 pairs; 32 = one
 forward, as measured before 2026-11-26).
@@ -26,6 +28,7 @@ The last line printed is one JSON object; `throughput_ratio` is reroll's pairs/s
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
 import json
 import os
 import statistics
@@ -114,7 +117,10 @@ def run_trl(paths: dict, steps: int, threads: int, out: Path) -> float:
                      max_steps=steps, learning_rate=LR, lr_scheduler_type="constant_with_warmup",
                      warmup_steps=2, max_grad_norm=1.0, beta=BETA, loss_type="sigmoid",
                      report_to="none", save_strategy="no", logging_steps=steps, use_cpu=True,
-                     dataloader_num_workers=0, disable_tqdm=True, seed=0)
+                     dataloader_num_workers=0, disable_tqdm=True, seed=0,
+                     # TRL 1.x turns both on by default; reroll trains in fp32 without
+                     # checkpointing here, and bf16 on a CPU without bf16 units is many times slower
+                     bf16=False, gradient_checkpointing=False)
     model = AutoModelForCausalLM.from_pretrained(paths["model"])
     trainer = DPOTrainer(model=model, args=args, train_dataset=dataset,
                          processing_class=tokenizer)
@@ -188,8 +194,8 @@ def main() -> None:
         "reroll_accuracy": round(accuracy["reroll"], 3),
         "trl_accuracy": round(accuracy["trl"], 3),
         "steps": args.steps, "batch_pairs": BATCH_PAIRS, "reroll_micro_batch": args.micro_batch,
-        "rounds": args.rounds,
-        "threads": args.threads}))
+        "rounds": args.rounds, "threads": args.threads,
+        "trl_version": importlib.metadata.version("trl")}))
 
 
 if __name__ == "__main__":
