@@ -167,7 +167,9 @@ ALLOWLIST = {
     "reroll sft examples/preferences/judge_warmup.yaml": "starts from the full SFT's model",
     "reroll eval --model runs/arithmetic-judge-warmup/final --task data/arithmetic-judge/eval.jsonl "
     "--ignore-run-config --n 1 --temperature 0 --max-new-tokens 12": "needs the warm-up's model",
-    "reroll train examples/preferences/judge_rl.yaml": "needs the warm-up's model (40 steps)",
+    "reroll train examples/preferences/judge_rl.yaml": "needs the warm-up's model (60 steps)",
+    "reroll eval --model runs/arithmetic-judge-rl/checkpoints/step_60 "
+    "--task data/arithmetic-judge/eval.jsonl --ignore-run-config --n 1 --temperature 0 --max-new-tokens 12": "needs the RLVR run's model",
     # docs/preferences.md's GRPO on an LLM judge: the judge learns the full SFT's own mistakes
     # from its verified samples (the eval command above); a small one judges near chance. Its
     # pieces are tested apart: `make-data --judge-labels-from` in tests/data/test_preferences.py,

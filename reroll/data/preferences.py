@@ -102,19 +102,25 @@ def judge_prompt(question: str, first: str, second: str) -> str:
 
 
 def judge_rows(pairs: list[dict], seed: int) -> list[dict]:
-    """RLVR rows `{prompt, answer, response}` from preference rows `{prompt, chosen, rejected}`:
-    the chosen response is shown as A or B at random (seeded, so a judge cannot learn the
-    position), the answer is the letter of the chosen one, and `response` the right verdict in
-    the reply format (an SFT target for a judge's warm-up)."""
+    """RLVR rows `{prompt, answer, response, format_response}` from preference rows `{prompt,
+    chosen, rejected}`: the chosen response is shown as A or B at random (seeded, so a judge
+    cannot learn the position), the answer is the letter of the chosen one, `response` the right
+    verdict in the reply format, and `format_response` a verdict in the same format whose letter
+    is drawn at random, independent of the answer (the target of a warm-up that teaches the
+    format and nothing of which response is right, so what a judge knows after it comes from
+    RL)."""
     rng = random.Random(seed + 11)
+    coin = random.Random(seed + 13)  # its own stream: the rows' order and answers stay as they were
     rows = []
     for pair in pairs:
         chosen_first = rng.random() < 0.5
         first, second = ((pair["chosen"], pair["rejected"]) if chosen_first
                          else (pair["rejected"], pair["chosen"]))
         letter = "A" if chosen_first else "B"
+        guess = "A" if coin.random() < 0.5 else "B"
         rows.append({"prompt": judge_prompt(pair["prompt"], first, second), "answer": letter,
-                     "response": f"The answer is \\boxed{{{letter}}}."})
+                     "response": f"The answer is \\boxed{{{letter}}}.",
+                     "format_response": f"The answer is \\boxed{{{guess}}}."})
     return rows
 
 

@@ -92,7 +92,14 @@ def test_judge_rows_randomise_order_and_the_math_reward_scores_agreement():
         second = row["prompt"].index("Response B:")
         shown_a = row["prompt"][first:second]
         assert (pair["chosen"] in shown_a) == (row["answer"] == "A")
-        assert verify_boxed(row["response"], row["answer"])[0] == 1.0  # the warm-up's target
+        assert verify_boxed(row["response"], row["answer"])[0] == 1.0  # the right verdict
+    # The format-only warm-up's target: a verdict in the reply format whose letter says nothing
+    # of the answer (about half of its letters agree with it, about half are A).
+    guesses = [r["format_response"].removeprefix("The answer is \\boxed{").removesuffix("}.")
+               for r in rows]
+    assert set(guesses) == {"A", "B"} and 70 < guesses.count("A") < 130
+    agree = sum(g == r["answer"] for g, r in zip(guesses, rows, strict=True))
+    assert 70 < agree < 130
     assert verify_boxed("\\boxed{A}", "A")[0] == 1.0
     assert verify_boxed("\\boxed{B}", "A")[0] == 0.0
 
