@@ -26,18 +26,23 @@ def missing_model_hint(path: str, cwd: Path | None = None) -> str:
         if built:
             return f"build it with `make {built}` (the Makefile's recipe for it)"
         return f"build one with `reroll make-model --out {path}` (or import one with --from-gguf)"
-    writer = "reroll sft" if local.name == "final" else "reroll train"
-    config = _config_writing(run, cwd)
-    if config is None:
+    found = _config_writing(run, cwd)
+    if found is None:
+        writer = "reroll sft" if local.name == "final" else "reroll train"
         return (f"it is the output of a run in {run} (`{writer} CONFIG.yaml` with that run "
                 f"directory): run it first")
+    config, command = found
+    if local.name == "final" and command == "train":  # RL runs save checkpoints only
+        return (f"`reroll train {config}` writes no final/ folder: its models are "
+                f"{run}/checkpoints/step_N (run it first if there are none)")
     target = _make_target(config, cwd)
-    return (f"it is written by `{writer} {config}`: run that first"
+    return (f"it is written by `reroll {command} {config}`: run that first"
             + (f" (or `make {target}`, which builds everything it needs)" if target else ""))
 
 
-def _config_writing(run: Path, cwd: Path) -> str | None:
-    """The example config whose run directory is `run`."""
+def _config_writing(run: Path, cwd: Path) -> tuple[str, str] | None:
+    """The example config whose run directory is `run`, and the reroll command that runs it
+    (`sft`, `dpo`, `rm`, `distill`, or `train` for RL and agentic runs)."""
     for candidate in sorted((cwd / "examples").rglob("*.yaml")):
         try:
             data = yaml.safe_load(candidate.read_text())
@@ -49,7 +54,9 @@ def _config_writing(run: Path, cwd: Path) -> str | None:
             "agentic" if data.get("pipeline") == "agentic" else "run")
         out = data.get("output_dir") or f"runs/{data.get('name', default)}"
         if Path(out) == run or (cwd / out).resolve() == (cwd / run).resolve():
-            return str(candidate.relative_to(cwd))
+            pipeline = data.get("pipeline")
+            command = pipeline if pipeline in ("sft", "dpo", "rm", "distill") else "train"
+            return str(candidate.relative_to(cwd)), command
     return None
 
 

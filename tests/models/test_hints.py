@@ -36,3 +36,11 @@ def test_each_kind_of_model_folder_gets_its_own_command(tmp_path):
         "runs/arithmetic-grpo/checkpoints/step_40", root)
     assert "`reroll make-model --out elsewhere/m`" in missing_model_hint("elsewhere/m", root)
     assert "run it first" in missing_model_hint("runs/unknown/final", root)
+    assert "`reroll dpo examples/preferences/dpo.yaml`" in missing_model_hint(
+        "runs/arithmetic-dpo/final", root)
+
+
+def test_the_final_folder_of_an_rl_run_points_at_its_checkpoints_not_at_reroll_sft(tmp_path):
+    hint = missing_model_hint("runs/arithmetic-grpo/final", checkout_without_outputs(tmp_path))
+    assert "`reroll train examples/arithmetic/grpo.yaml` writes no final/" in hint
+    assert "runs/arithmetic-grpo/checkpoints/step_N" in hint and "reroll sft" not in hint
