@@ -2,7 +2,8 @@
 the response tokens the teacher has scored (`distill/teacher_tokens`).
 
 Teacher: the tiny model after 112 SFT steps on worked arithmetic solutions (single-digit sums).
-Student: the tiny model after 25 of those steps (it writes the format, gets few sums right).
+Student: the tiny model after 25 of those steps (`--student-steps`; it writes the format, gets
+few sums right). Both sides start from it.
 - offline (`reroll distill`): the student learns the teacher's top-8 distribution on the SFT
   data's own solutions, 32 rows a step;
 - on-policy (`algorithm.distill`, pure): the student samples 8 prompts x 4 responses a step and
@@ -11,14 +12,18 @@ Both are evaluated greedily on the same 64 held-out prompts every few steps (che
 `reroll eval`'s code). The target is closing 60% of the teacher-student gap; the headline is the
 teacher tokens each needs to reach it. Equal work here means equal teacher tokens, so the curves
 are drawn against them.
-Last line: JSON with both curves, the target and `teacher_tokens_ratio` (offline over on-policy
-at the target; > 1: on-policy is cheaper in teacher computations).
+Last line: JSON with the settings, both curves, the target and `teacher_tokens_ratio` (offline
+over on-policy at the target; > 1: on-policy is cheaper in teacher computations), and the same
+in `teacher_positions` (response tokens plus the templated prompt the teacher also reads, once a
+sequence on both sides). The options (learning rates, on-policy warmup, baseline and samples per
+prompt, steps) are the knobs tried in docs/benchmarks.md.
 
-    .venv/bin/python benchmarks/distillation.py
+    .venv/bin/python benchmarks/distillation.py [--student-steps 55] [--baseline mean] ...
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 from pathlib import Path
 
@@ -27,12 +32,15 @@ import yaml
 from rich.console import Console
 
 from reroll.config import load_config
+from reroll.data.datasets import load_prompts
 from reroll.data.tasks import write_arithmetic
 from reroll.evaluation import EvalSpec, evaluate
 from reroll.models.factory import make_model
+from reroll.models.loading import load_tokenizer
 from reroll.pipelines.distill import train_distill
 from reroll.pipelines.rlvr import train
 from reroll.pipelines.sft import train_sft
+from reroll.pipelines.validation import prompt_lengths
 from reroll.tracking import read_metrics
 
 ROOT = Path("runs/bench_distill")
@@ -48,6 +56,10 @@ def run_config(name: str, data: dict) -> Path:
 
 
 def sft(name: str, model: str, train_file: str, steps: int) -> str:
+    """The SFT'd model `name` (a finished run of the same steps is reused)."""
+    done = ROOT / name / "summary.json"
+    if done.is_file() and yaml.safe_load((ROOT / f"{name}.yaml").read_text())["steps"] == steps:
+        return json.loads(done.read_text())["final_model"]
     config = run_config(name, {"pipeline": "sft", "model": {"path": model}, "steps": steps,
                                "data": {"train": train_file, "response_key": "solution"},
                                "batch_size": 32, "optimizer": {"lr": 3e-3, "warmup_steps": 5}})
@@ -58,23 +70,47 @@ def reward(model: str, held_out: str) -> float:
     return evaluate(EvalSpec(model=model, task=held_out, max_new_tokens=24))[0]["mean@1"]
 
 
-def curve(run: Path, held_out: str, key: str) -> list[dict]:
-    """(teacher tokens, held-out reward) at each checkpoint of `run`."""
+def curve(run: Path, held_out: str, key: str, prompt_cost: float) -> list[dict]:
+    """(teacher tokens, held-out reward) at each checkpoint of `run`. `teacher_positions` adds
+    the prompt positions the teacher also reads (`prompt_cost` a step: 32 sequences a step on
+    both sides, each with its templated prompt)."""
     tokens = {r["step"]: r[key] for r in read_metrics(run) if key in r}
     points = []
     for checkpoint in sorted((run / "checkpoints").iterdir(), key=lambda p: int(p.name[5:])):
         step = int(checkpoint.name[5:])
         points.append({"step": step, "teacher_tokens": tokens[step],
+                       "teacher_positions": round(tokens[step] + step * prompt_cost),
                        "reward": reward(str(checkpoint), held_out)})
         console.log(run.name, points[-1])
     return points
 
 
-def tokens_to_reach(points: list[dict], target: float) -> float | None:
-    return next((p["teacher_tokens"] for p in points if p["reward"] >= target), None)
+def tokens_to_reach(points: list[dict], target: float, key: str = "teacher_tokens"
+                    ) -> float | None:
+    return next((p[key] for p in points if p["reward"] >= target), None)
+
+
+def mean_prompt_tokens(model: str, train_file: str) -> float:
+    """The templated prompt's mean length in tokens, as the rollout encodes it."""
+    rows = load_prompts(train_file)
+    return sum(prompt_lengths(load_tokenizer(model), rows)) / len(rows)
 
 
 def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--student-steps", type=int, default=25,
+                        help="SFT steps of the starting student (both sides start from it)")
+    parser.add_argument("--offline-lr", type=float, default=1e-3)
+    parser.add_argument("--on-policy-lr", type=float, default=1e-3)
+    parser.add_argument("--on-policy-warmup", type=int, default=0,
+                        help="on-policy: optimizer.warmup_steps")
+    parser.add_argument("--group-size", type=int, default=4,
+                        help="on-policy samples per prompt (8 prompts a step)")
+    parser.add_argument("--baseline", choices=("none", "mean"), default="none",
+                        help="on-policy: algorithm.distill.baseline")
+    parser.add_argument("--offline-steps", type=int, default=60)
+    parser.add_argument("--on-policy-steps", type=int, default=30)
+    args = parser.parse_args()
     torch.set_num_threads(2)
     ROOT.mkdir(parents=True, exist_ok=True)
     tiny = str(make_model(ROOT / "tiny", "tiny", seed=0)) if not (ROOT / "tiny").is_dir() \
@@ -83,32 +119,42 @@ def main() -> None:
     held_out = str(write_arithmetic(ROOT / "held_out", train_size=1, eval_size=64, seed=7,
                                     levels=(1,))["eval"])
     teacher = sft("teacher", tiny, str(data["train"]), 112)
-    student = sft("student", tiny, str(data["train"]), 25)
+    student = sft("student", tiny, str(data["train"]), args.student_steps)
     scores = {"teacher": reward(teacher, held_out), "student": reward(student, held_out)}
     target = scores["student"] + 0.6 * (scores["teacher"] - scores["student"])
     console.log(scores, f"target {target:.3f}")
 
     offline = run_config("offline", {
         "pipeline": "distill", "model": {"path": student}, "teacher": {"path": teacher},
-        "distill": {"top_k": 8}, "steps": 60, "batch_size": 32,
+        "distill": {"top_k": 8}, "steps": args.offline_steps, "batch_size": 32,
         "data": {"train": str(data["train"]), "response_key": "solution"},
-        "optimizer": {"lr": 1e-3}, "checkpoint": {"every_steps": 10, "keep_last": 6}})
+        "optimizer": {"lr": args.offline_lr}, "checkpoint": {"every_steps": 10, "keep_last": 12}})
     train_distill(load_config(offline, expect="distill"))
     on_policy = run_config("on_policy", {
-        "steps": 30, "model": {"path": student},
+        "steps": args.on_policy_steps, "model": {"path": student},
         "data": {"train": str(data["train"]), "eval": held_out},
-        "rollout": {"prompts_per_step": 8, "group_size": 4, "max_new_tokens": 24},
-        "optimizer": {"lr": 1e-3}, "eval": {"every_steps": 0, "max_prompts": 8},
-        "checkpoint": {"every_steps": 5, "keep_last": 6},
-        "algorithm": {"distill": {"teacher": {"path": teacher}, "mode": "pure"}}})
+        "rollout": {"prompts_per_step": 8, "group_size": args.group_size, "max_new_tokens": 24},
+        "optimizer": {"lr": args.on_policy_lr, "warmup_steps": args.on_policy_warmup},
+        "eval": {"every_steps": 0, "max_prompts": 8},
+        "checkpoint": {"every_steps": 5, "keep_last": 12},
+        "algorithm": {"distill": {"teacher": {"path": teacher}, "mode": "pure",
+                                  "baseline": args.baseline}}})
     train(load_config(on_policy))
-    curves = {"offline": curve(ROOT / "offline", held_out, "distill/teacher_tokens"),
-              "on_policy": curve(ROOT / "on_policy", held_out, "distill/teacher_tokens")}
+    prompt = mean_prompt_tokens(student, str(data["train"]))
+    curves = {"offline": curve(ROOT / "offline", held_out, "distill/teacher_tokens", 32 * prompt),
+              "on_policy": curve(ROOT / "on_policy", held_out, "distill/teacher_tokens",
+                                 8 * args.group_size * prompt)}
     reach = {mode: tokens_to_reach(points, target) for mode, points in curves.items()}
     ratio = reach["offline"] / reach["on_policy"] if all(reach.values()) else None
-    print(json.dumps({"teacher_reward": scores["teacher"], "student_reward": scores["student"],
-                      "target": target, "teacher_tokens_to_target": reach,
-                      "teacher_tokens_ratio": ratio, "curves": curves}))
+    positions = {mode: tokens_to_reach(points, target, "teacher_positions")
+                 for mode, points in curves.items()}
+    print(json.dumps({"settings": vars(args), "teacher_reward": scores["teacher"],
+                      "student_reward": scores["student"], "target": target,
+                      "teacher_tokens_to_target": reach, "teacher_tokens_ratio": ratio,
+                      "teacher_positions_to_target": positions,
+                      "teacher_positions_ratio": positions["offline"] / positions["on_policy"]
+                      if all(positions.values()) else None,
+                      "curves": curves}))
 
 
 if __name__ == "__main__":

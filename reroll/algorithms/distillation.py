@@ -63,10 +63,22 @@ DIVERGENCES = {"forward_kl": forward_kl, "reverse_kl": reverse_kl, "jsd": genera
 
 
 def on_policy_distill_advantages(teacher_logprobs: torch.Tensor, student_logprobs: torch.Tensor,
-                                 mask: torch.Tensor) -> torch.Tensor:
+                                 mask: torch.Tensor, baseline: str = "none") -> torch.Tensor:
     """On-policy distillation's per-token advantage, A_t = log pi_T(y_t) - log pi_S(y_t) on the
     student's own sampled tokens (0 off `mask`): the negative of the single-sample estimate of the
     per-token reverse KL, so a policy-gradient step on it lowers KL(student || teacher) where the
     student actually goes (Agarwal et al., GKD; Thinking Machines' on-policy distillation).
-    Shapes [B, T]; no gradient (advantages are constants)."""
-    return ((teacher_logprobs - student_logprobs) * mask).detach()
+    Shapes [B, T]; no gradient (advantages are constants).
+
+    `baseline="mean"` subtracts the mean of A_t over the batch's `mask` tokens. E_{y~pi_S}[A_t]
+    = -KL_t <= 0, so without it nearly every sampled token is pushed down and the step is
+    carried by the spread of a one-sample estimate; a constant baseline leaves the expected
+    gradient unchanged (E_{y~pi_S}[grad log pi_S(y)] = 0 at every position) and pushes up the
+    tokens the teacher likes better than the student's average."""
+    if baseline not in ("none", "mean"):
+        raise ValueError(f"baseline must be 'none' or 'mean', got {baseline!r}")
+    advantages = (teacher_logprobs - student_logprobs) * mask
+    if baseline == "mean":
+        mean = advantages.sum() / mask.sum().clamp_min(1)
+        advantages = (advantages - mean) * mask
+    return advantages.detach()

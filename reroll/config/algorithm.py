@@ -446,6 +446,10 @@ class OnPolicyDistillConfig(Section):
     `mixed`: it is added to the task's advantage times `coef`."""
     coef: float = Field(1.0, gt=0)
     """`mixed` only: the weight of the teacher's per-token advantage."""
+    baseline: Literal["none", "mean"] = "none"
+    """Subtracted from the per-token advantage: `none`, or `mean` (its mean over the step's
+    response tokens; a constant baseline, so the expected gradient is unchanged while the mostly
+    negative one-sample advantages are centred)."""
 
     @model_validator(mode="after")
     def _some_teacher(self) -> OnPolicyDistillConfig:

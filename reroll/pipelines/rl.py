@@ -325,13 +325,16 @@ def make_batch(trajectories: list[Trajectory], config: RLRunConfig, learner: Lea
 
 def distill_advantages(batch: TensorDict, cfg) -> dict[str, float]:
     """On-policy distillation: the teacher's per-token advantage on the student's own tokens
-    (log pi_T - log pi_old) replaces (`pure`) or joins (`mixed`, x `coef`) the task's."""
+    (log pi_T - log pi_old, less the batch mean with `baseline: mean`) replaces (`pure`) or joins
+    (`mixed`, x `coef`) the task's. `distill/reverse_kl` is the mean of the raw log-ratio."""
     student = batch["old_logprobs"] if "old_logprobs" in batch.keys() \
         else batch["behaviour_logprobs"]
     mask = batch["response_mask"]
     teacher = algorithms.on_policy_distill_advantages(batch["teacher_logprobs"], student, mask)
-    batch["advantages"] = teacher if cfg.mode == "pure" else \
-        batch["advantages"] + cfg.coef * teacher
+    advantage = teacher if cfg.baseline == "none" else algorithms.on_policy_distill_advantages(
+        batch["teacher_logprobs"], student, mask, cfg.baseline)
+    batch["advantages"] = advantage if cfg.mode == "pure" else \
+        batch["advantages"] + cfg.coef * advantage
     metrics = {"distill/reverse_kl": float(algorithms.masked_mean(-teacher, mask))}
     if "teacher_route" in batch.keys():  # several teachers: each one's reverse KL on its samples
         for i, name in enumerate(cfg.names()):

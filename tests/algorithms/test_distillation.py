@@ -80,3 +80,14 @@ def test_on_policy_advantage_is_the_teacher_minus_the_student_on_sampled_tokens(
     mask = torch.tensor([[1.0, 1.0, 0.0]])
     assert on_policy_distill_advantages(teacher, student, mask).tolist() == \
         [pytest.approx([0.4, -1.5, 0.0])]
+
+
+def test_the_mean_baseline_centres_the_advantage_on_the_masked_tokens():
+    # Raw A on the masked tokens: 0.4, -1.5 (row 1) and -0.4 (row 2); mean -0.5.
+    teacher = torch.tensor([[-0.1, -2.0, -1.0], [-1.0, 0.0, 0.0]])
+    student = torch.tensor([[-0.5, -0.5, -3.0], [-0.6, 0.0, 0.0]])
+    mask = torch.tensor([[1.0, 1.0, 0.0], [1.0, 0.0, 0.0]])
+    centred = on_policy_distill_advantages(teacher, student, mask, "mean")
+    assert centred.tolist() == [pytest.approx([0.9, -1.0, 0.0]), pytest.approx([0.1, 0.0, 0.0])]
+    with pytest.raises(ValueError, match="baseline must be"):
+        on_policy_distill_advantages(teacher, student, mask, "median")
