@@ -330,18 +330,18 @@ def distill_advantages(batch: TensorDict, cfg) -> dict[str, float]:
     student = batch["old_logprobs"] if "old_logprobs" in batch.keys() \
         else batch["behaviour_logprobs"]
     mask = batch["response_mask"]
-    teacher = algorithms.on_policy_distill_advantages(batch["teacher_logprobs"], student, mask)
-    advantage = teacher if cfg.baseline == "none" else algorithms.on_policy_distill_advantages(
-        batch["teacher_logprobs"], student, mask, cfg.baseline)
+    advantage = algorithms.on_policy_distill_advantages(batch["teacher_logprobs"], student, mask,
+                                                        cfg.baseline)
     batch["advantages"] = advantage if cfg.mode == "pure" else \
         batch["advantages"] + cfg.coef * advantage
-    metrics = {"distill/reverse_kl": float(algorithms.masked_mean(-teacher, mask))}
+    log_ratio = (batch["teacher_logprobs"] - student) * mask  # before any baseline
+    metrics = {"distill/reverse_kl": float(algorithms.masked_mean(-log_ratio, mask))}
     if "teacher_route" in batch.keys():  # several teachers: each one's reverse KL on its samples
         for i, name in enumerate(cfg.names()):
             rows = batch["teacher_route"] == i
             if bool(rows.any()):
                 metrics[f"distill/reverse_kl/{name or 'default'}"] = float(
-                    algorithms.masked_mean(-teacher[rows], mask[rows]))
+                    algorithms.masked_mean(-log_ratio[rows], mask[rows]))
     return metrics
 
 
