@@ -12,8 +12,8 @@ node's cores (`os.sched_setaffinity`), so a node cannot borrow another node's co
   core waits, then the core steps each environment while the accelerator waits; at the end the
   core scores the node's episodes (the burst of rewards).
 - disaggregated: node `rollout` (2 accelerators: an engine each, continuous batching) and node
-  `env` (both cores: 2 environment workers, and the reward's Serve replicas, 1 to MAX_REPLICAS as
-  calls queue up, through reroll's `start_reward_service` and `RewardRunner`). Each episode runs
+  `env` (both cores: 2 environment workers, and the reward's Serve replicas, MIN_REPLICAS to
+  MAX_REPLICAS as calls queue up, through reroll's `start_reward_service` and `RewardRunner`). Each episode runs
   on its own (fine-grained asynchrony): its next turn is sent to an engine as soon as its
   environment step is done, and its reward is asked for as soon as it ends.
 
@@ -62,7 +62,7 @@ TOKENS, STEP_S, PER_SEQ_S = 48, 0.012, 0.0002
 """Decoding one turn: TOKENS steps of STEP_S + PER_SEQ_S per sequence in the batch."""
 ENV_HASHES, REWARD_HASHES = 50_000, 60_000
 """CPU work of one environment step and of one reward (about 25 ms and 30 ms on one idle core)."""
-MAX_REPLICAS = 4
+MIN_REPLICAS, MAX_REPLICAS = 2, 4
 CORES = (0, 1)
 console = Console(stderr=True)
 
@@ -207,8 +207,13 @@ class Disaggregated:
             num_cpus=0.5, label_selector={"pool": "env"}).remote(CORES) for _ in range(2)]
         self.served = start_reward_service(
             functools.partial(BurnReward, CORES),
-            RewardServe(min_replicas=1, max_replicas=MAX_REPLICAS, target_ongoing_requests=1,
-                        max_ongoing_requests=2, upscale_delay_s=0.5, downscale_delay_s=3),
+            # a replica per core of the env node stands ready for the burst (a new one takes
+            # seconds to start, longer than the burst lasts), up to MAX_REPLICAS as calls queue;
+            # each replica queues up to 8 calls itself, so the driver's router does not re-probe
+            # the busy replicas for every queued call
+            RewardServe(min_replicas=MIN_REPLICAS, max_replicas=MAX_REPLICAS,
+                        target_ongoing_requests=2, max_ongoing_requests=8, upscale_delay_s=0.5,
+                        downscale_delay_s=3),
             {"num_cpus": 0.25, "label_selector": {"pool": "env"}}, app="bench-reward")
         self.runner = RewardRunner(self.served, timeout_s=60)
 
@@ -266,7 +271,9 @@ class ReplicaWatch:
         self.thread.start()
 
     def _watch(self) -> None:
-        while not self.stop.wait(0.25):
+        # once a second: each read asks Serve's controller for the whole application status,
+        # driver CPU that the monolithic run does not spend (4x a second cost ~0.3 core-s a run)
+        while not self.stop.wait(1.0):
             self.most = max(self.most, self.served.replicas().get("RUNNING", 0))
 
     def close(self) -> int:
