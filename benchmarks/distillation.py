@@ -90,6 +90,11 @@ def tokens_to_reach(points: list[dict], target: float, key: str = "teacher_token
     return next((p[key] for p in points if p["reward"] >= target), None)
 
 
+def offline_over_on_policy(reach: dict) -> float | None:
+    """Offline's cost to the target over on-policy's (None unless both reached it)."""
+    return reach["offline"] / reach["on_policy"] if all(reach.values()) else None
+
+
 def mean_prompt_tokens(model: str, train_file: str) -> float:
     """The templated prompt's mean length in tokens, as the rollout encodes it."""
     rows = load_prompts(train_file)
@@ -145,15 +150,14 @@ def main() -> None:
               "on_policy": curve(ROOT / "on_policy", held_out, "distill/teacher_tokens",
                                  8 * args.group_size * prompt)}
     reach = {mode: tokens_to_reach(points, target) for mode, points in curves.items()}
-    ratio = reach["offline"] / reach["on_policy"] if all(reach.values()) else None
     positions = {mode: tokens_to_reach(points, target, "teacher_positions")
                  for mode, points in curves.items()}
     print(json.dumps({"settings": vars(args), "teacher_reward": scores["teacher"],
                       "student_reward": scores["student"], "target": target,
-                      "teacher_tokens_to_target": reach, "teacher_tokens_ratio": ratio,
+                      "teacher_tokens_to_target": reach,
+                      "teacher_tokens_ratio": offline_over_on_policy(reach),
                       "teacher_positions_to_target": positions,
-                      "teacher_positions_ratio": positions["offline"] / positions["on_policy"]
-                      if all(positions.values()) else None,
+                      "teacher_positions_ratio": offline_over_on_policy(positions),
                       "curves": curves}))
 
 

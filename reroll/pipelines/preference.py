@@ -173,9 +173,11 @@ class PreferencePipeline:
             self.data_rng.shuffle(epoch)
             self.order += epoch
         taken, self.order = self.order[:size], self.order[size:]
+        pairs = [self.train_set[i] for i in taken]
         # Shortest first: micro-batches of similar lengths pad less (the mean loss is the same).
-        taken = [taken[i] for i in by_length([self.train_set[i] for i in taken])]
-        batch = pair_batch([self.train_set[i] for i in taken], self.tokenizer.pad_token_id)
+        shortest_first = by_length(pairs)
+        taken = [taken[i] for i in shortest_first]
+        batch = pair_batch([pairs[i] for i in shortest_first], self.tokenizer.pad_token_id)
         self.objective.add_inputs(batch, "train", taken)
         return batch
 

@@ -70,13 +70,14 @@ def verdict_agreement(sample: RewardSample) -> float:
     ("yes" or "no"), else 0.0: a judge's agreement with known verdicts, as a custom reward
     (`reroll eval --reward custom --reward-function reroll.rewards.judge:verdict_agreement` on
     the rows of `reroll make-data --judge-labels-from`)."""
-    if (sample.answer or "").strip().lower() not in ("yes", "no"):
+    verdicts = {"yes": 1.0, "no": 0.0}
+    expected = verdicts.get((sample.answer or "").strip().lower())
+    if expected is None:
         raise ValueError(f"the row's answer {sample.answer!r} is not a verdict (yes or no)")
     try:
-        said = parse_choice(sample.response, {"yes": 1.0, "no": 0.0})
+        return float(parse_choice(sample.response, verdicts) == expected)
     except VerdictError:
         return 0.0
-    return float(said == (sample.answer.strip().lower() == "yes"))
 
 
 @dataclass
