@@ -1,14 +1,15 @@
-"""reroll dpo vs TRL's DPOTrainer: the same DPO work on the same tiny model and pairs, on CPU.
+"""reroll dpo vs TRL's DPOTrainer: the same DPO work on the same tiny model and pairs.
 
     .venv/bin/python benchmarks/dpo_vs_trl.py [--steps 60] [--rounds 2] [--threads 2]
-                                              [--micro-batch 16]
+                                              [--micro-batch 16] [--device cpu|cuda]
 
 Both sides start from the same warm-started model (a short reroll SFT of a freshly built tiny
 model on worked arithmetic solutions) and train on the same preference pairs (`reroll make-data
 --preferences`: chosen the worked right answer, rejected a wrong one), with the same loss (sigmoid
 DPO, beta 0.1), batch (16 pairs), steps, learning rate (constant after 2 warm-up steps, AdamW,
 gradient clip 1.0), precision (fp32, no gradient checkpointing: TRL 1.x defaults to bf16 and
-checkpointing, turned off here) and reference (the starting model). TRL gets the pairs in its
+checkpointing, turned off here) and reference (the starting model). With `--device cuda` both sides train on the GPU in bf16
+autocast (reroll's `device: cuda`, TRL's `bf16=True`), the weights staying fp32. TRL gets the pairs in its
 conversational format (it applies the same chat template) and runs each batch as one forward;
 reroll runs it as
 micro-batches of `--micro-batch` sequences (its `train.micro_batch_size`; 16 = two micro-batches
@@ -16,11 +17,18 @@ of 8 pairs, shortest pairs first, the gradient accumulated: the same update of 1
 forward, as measured before 2026-11-26).
 
 Each training run is a fresh process with the same torch thread count; the sides alternate
-(TRL, reroll, TRL, reroll, ...) so drift of the machine cancels. Timed: TRL's `trainer.train()`;
-reroll's pipeline from its construction (which includes scoring every pair with the reference
-once) to the end of `run()`. Throughput: pairs trained per second. After training, every final
-model is evaluated the same way: held-out preference accuracy of DPO's implicit reward
-beta * log(pi / pi_ref) against the starting model, with reroll's tokenisation.
+(TRL, reroll, TRL, reroll, ...) so drift of the machine cancels. Two times of each run:
+- training (`throughput_ratio`): the reference's log-probabilities of the pairs and the steps.
+  TRL's `trainer.train()` (its reference forward is inside each step); reroll's scoring of every
+  pair with the reference once (in the pipeline's construction) plus its `run()`. Loading the
+  model and tokenising the pairs is outside on both sides.
+- end to end (`end_to_end_ratio`): from reading the pairs file to the trained model, loading the
+  model and tokenising the pairs included (TRL: the dataset, `from_pretrained` and the
+  trainer's construction; reroll: the pipeline's construction). Until 2026-11-26 the benchmark
+  set reroll's end to end against TRL's training alone.
+Throughput: pairs trained per second. After training, every final model is evaluated the same
+way: held-out preference accuracy of DPO's implicit reward beta * log(pi / pi_ref) against the
+starting model, with reroll's tokenisation.
 
 The last line printed is one JSON object; `throughput_ratio` is reroll's pairs/s over TRL's.
 """
@@ -51,6 +59,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--threads", type=int, default=2, help="torch threads of each process")
     p.add_argument("--micro-batch", type=int, default=BATCH_PAIRS,
                    help="reroll's train.micro_batch_size (sequences; 2 per pair)")
+    p.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
+                   help="where both sides train (cuda: bf16 autocast on both)")
     p.add_argument("--side", choices=["trl", "reroll"], help=argparse.SUPPRESS)
     p.add_argument("--work", help=argparse.SUPPRESS)
     p.add_argument("--out", help=argparse.SUPPRESS)
@@ -81,14 +91,24 @@ def prepare(work: Path, threads: int) -> dict[str, str]:
             "eval": str(pairs["eval"])}
 
 
-def run_reroll(paths: dict, steps: int, threads: int, out: Path, micro: int) -> float:
+def run_reroll(paths: dict, steps: int, threads: int, out: Path, micro: int,
+               device: str) -> dict[str, float]:
     from reroll.config.preference import DPOConfig
     from reroll.models.loading import load_tokenizer
     from reroll.pipelines.dpo import DPOObjective
     from reroll.pipelines.preference import PreferencePipeline
 
+    scoring = []
+
+    class TimedDPO(DPOObjective):
+        def prepare(self, name, pairs):  # the reference's scoring of every pair
+            start = time.perf_counter()
+            super().prepare(name, pairs)
+            synchronize(device)
+            scoring.append(time.perf_counter() - start)
+
     config = DPOConfig.model_validate({
-        "output_dir": str(out), "model": {"path": paths["model"]},
+        "output_dir": str(out), "model": {"path": paths["model"]}, "device": device,
         "data": {"train": paths["train"]}, "steps": steps, "batch_size": BATCH_PAIRS,
         "loss": {"name": "sigmoid", "beta": BETA},
         "optimizer": {"lr": LR, "warmup_steps": 2, "grad_clip": 1.0},
@@ -96,11 +116,23 @@ def run_reroll(paths: dict, steps: int, threads: int, out: Path, micro: int) -> 
         "tracking": {"progress": False, "tensorboard": False}})
     tokenizer = load_tokenizer(paths["model"])
     start = time.perf_counter()
-    PreferencePipeline(config, tokenizer, DPOObjective).run()
-    return time.perf_counter() - start
+    pipeline = PreferencePipeline(config, tokenizer, TimedDPO)
+    loop_start = time.perf_counter()
+    pipeline.run()
+    synchronize(device)
+    end = time.perf_counter()
+    return {"seconds": sum(scoring) + end - loop_start, "end_to_end_seconds": end - start}
 
 
-def run_trl(paths: dict, steps: int, threads: int, out: Path) -> float:
+def synchronize(device: str) -> None:
+    """Wait for the GPU's queued work, so that the time counts all of it."""
+    if device == "cuda":
+        import torch
+
+        torch.cuda.synchronize()
+
+
+def run_trl(paths: dict, steps: int, threads: int, out: Path, device: str) -> dict[str, float]:
     import torch
     from datasets import Dataset
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -108,6 +140,7 @@ def run_trl(paths: dict, steps: int, threads: int, out: Path) -> float:
 
     torch.set_num_threads(threads)
     tokenizer = AutoTokenizer.from_pretrained(paths["model"])
+    start = time.perf_counter()
     rows = [json.loads(line) for line in open(paths["train"])]
     dataset = Dataset.from_list([{
         "prompt": [{"role": "user", "content": r["prompt"]}],
@@ -116,19 +149,22 @@ def run_trl(paths: dict, steps: int, threads: int, out: Path) -> float:
     args = DPOConfig(output_dir=str(out / "trainer"), per_device_train_batch_size=BATCH_PAIRS,
                      max_steps=steps, learning_rate=LR, lr_scheduler_type="constant_with_warmup",
                      warmup_steps=2, max_grad_norm=1.0, beta=BETA, loss_type="sigmoid",
-                     report_to="none", save_strategy="no", logging_steps=steps, use_cpu=True,
+                     report_to="none", save_strategy="no", logging_steps=steps,
+                     use_cpu=device == "cpu",
                      dataloader_num_workers=0, disable_tqdm=True, seed=0,
-                     # TRL 1.x turns both on by default; reroll trains in fp32 without
-                     # checkpointing here, and bf16 on a CPU without bf16 units is many times slower
-                     bf16=False, gradient_checkpointing=False)
+                     # TRL 1.x turns both on by default; reroll trains without checkpointing,
+                     # in fp32 on a CPU (bf16 on one without bf16 units is many times slower)
+                     # and in bf16 autocast on a GPU
+                     bf16=device == "cuda", gradient_checkpointing=False)
     model = AutoModelForCausalLM.from_pretrained(paths["model"])
     trainer = DPOTrainer(model=model, args=args, train_dataset=dataset,
                          processing_class=tokenizer)
-    start = time.perf_counter()
+    train_start = time.perf_counter()
     trainer.train()
-    seconds = time.perf_counter() - start
+    synchronize(device)
+    end = time.perf_counter()
     model.save_pretrained(out / "final")
-    return seconds
+    return {"seconds": end - train_start, "end_to_end_seconds": end - start}
 
 
 def held_out_accuracy(paths: dict, model_dir: str, threads: int) -> float:
@@ -154,11 +190,11 @@ def child(args: argparse.Namespace) -> None:
     paths = json.loads(Path(args.work, "paths.json").read_text())
     out = Path(args.out)
     if args.side == "trl":
-        seconds = run_trl(paths, args.steps, args.threads, out)
+        times = run_trl(paths, args.steps, args.threads, out, args.device)
     else:
-        seconds = run_reroll(paths, args.steps, args.threads, out, args.micro_batch)
+        times = run_reroll(paths, args.steps, args.threads, out, args.micro_batch, args.device)
     accuracy = held_out_accuracy(paths, str(out / "final"), args.threads)
-    print(json.dumps({"seconds": seconds, "accuracy": accuracy}))
+    print(json.dumps({**times, "accuracy": accuracy}))
 
 
 def main() -> None:
@@ -169,7 +205,9 @@ def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="dpo-vs-trl-"))
     paths = prepare(work, args.threads)
     (work / "paths.json").write_text(json.dumps(paths))
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": str(args.threads),
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+               [str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]),
+           "OMP_NUM_THREADS": str(args.threads),
            "TOKENIZERS_PARALLELISM": "false"}
     results: dict[str, list[dict]] = {"trl": [], "reroll": []}
     for i in range(args.rounds):
@@ -177,24 +215,35 @@ def main() -> None:
             done = subprocess.run(
                 [sys.executable, __file__, "--side", side, "--work", str(work), "--out",
                  str(work / f"{side}-{i}"), "--steps", str(args.steps), "--threads",
-                 str(args.threads), "--micro-batch", str(args.micro_batch)],
+                 str(args.threads), "--micro-batch", str(args.micro_batch),
+                 "--device", args.device],
                 env=env, capture_output=True, text=True, check=False)
             if done.returncode != 0:
                 sys.exit(f"{side} run failed:\n{done.stderr[-3000:]}")
             result = json.loads(done.stdout.strip().splitlines()[-1])
             results[side].append(result)
-            print(f"{side} round {i}: {result['seconds']:.2f} s, held-out accuracy "
+            print(f"{side} round {i}: training {result['seconds']:.2f} s, end to end "
+                  f"{result['end_to_end_seconds']:.2f} s, held-out accuracy "
                   f"{result['accuracy']:.3f}", flush=True)
     pairs = args.steps * BATCH_PAIRS
-    speed = {s: pairs / statistics.median(r["seconds"] for r in results[s]) for s in results}
+
+    def speed(side: str, key: str) -> float:
+        return pairs / statistics.median(r[key] for r in results[side])
+
     accuracy = {s: statistics.mean(r["accuracy"] for r in results[s]) for s in results}
     print(json.dumps({
-        "throughput_ratio": round(speed["reroll"] / speed["trl"], 3),
-        "reroll_pairs_per_s": round(speed["reroll"], 1), "trl_pairs_per_s": round(speed["trl"], 1),
+        "throughput_ratio": round(speed("reroll", "seconds") / speed("trl", "seconds"), 3),
+        "end_to_end_ratio": round(speed("reroll", "end_to_end_seconds")
+                                  / speed("trl", "end_to_end_seconds"), 3),
+        "reroll_pairs_per_s": round(speed("reroll", "seconds"), 1),
+        "trl_pairs_per_s": round(speed("trl", "seconds"), 1),
+        "seconds": {s: [round(r["seconds"], 2) for r in results[s]] for s in results},
+        "end_to_end_seconds": {s: [round(r["end_to_end_seconds"], 2) for r in results[s]]
+                               for s in results},
         "reroll_accuracy": round(accuracy["reroll"], 3),
         "trl_accuracy": round(accuracy["trl"], 3),
         "steps": args.steps, "batch_pairs": BATCH_PAIRS, "reroll_micro_batch": args.micro_batch,
-        "rounds": args.rounds, "threads": args.threads,
+        "rounds": args.rounds, "threads": args.threads, "device": args.device,
         "trl_version": importlib.metadata.version("trl")}))
 
 

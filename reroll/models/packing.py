@@ -108,13 +108,18 @@ def pack_shared_prefixes(input_ids: torch.Tensor, attention_mask: torch.Tensor,
     """The packing of a right-padded batch, or None when no two rows share a prefix, or none
     would pack at a saving (`_chunks`, for a model of `hidden_size`; 0 counts attention only).
     Rows without a response token are left out (nothing to score)."""
+    device = input_ids.device
+    # The bookkeeping below reads the batch token by token: from one copy in host memory, not
+    # with a wait for the GPU at every read.
+    tokens, attention_mask, response_mask = (t.cpu() for t in (input_ids, attention_mask,
+                                                                 response_mask))
     lengths = attention_mask.sum(-1).tolist()
     has_response = response_mask.any(-1).tolist()
     starts = response_mask.float().argmax(-1).tolist()
     groups: dict[tuple, list[int]] = {}
     for row, (start, scored) in enumerate(zip(starts, has_response, strict=True)):
         if scored and start > 0:  # a response needs a token before it to be predicted from
-            groups.setdefault(tuple(input_ids[row, :start].tolist()), []).append(row)
+            groups.setdefault(tuple(tokens[row, :start].tolist()), []).append(row)
         elif scored:
             return None
     packs = [(prefix, chunk) for prefix, rows in groups.items()
@@ -130,7 +135,7 @@ def pack_shared_prefixes(input_ids: torch.Tensor, attention_mask: torch.Tensor,
         for member, row in enumerate(rows, start=1):
             length = lengths[row]
             offset = len(ids)  # packed position of this response's first token
-            ids += input_ids[row, start:length].tolist()
+            ids += tokens[row, start:length].tolist()
             positions += range(start, length)
             segments += [member] * (length - start)
             # Token t of the row is predicted from t - 1: the prefix's last token for the first
@@ -148,7 +153,6 @@ def pack_shared_prefixes(input_ids: torch.Tensor, attention_mask: torch.Tensor,
     def padded(rows: list[list[int]], fill: int) -> torch.Tensor:
         return torch.tensor([r + [fill] * (width - len(r)) for r in rows], dtype=torch.long)
 
-    device = input_ids.device
     target_row_t = torch.tensor(target_row, dtype=torch.long, device=device)
     target_col_t = torch.tensor(target_col, dtype=torch.long, device=device)
     return PackedBatch(

@@ -95,7 +95,7 @@ def distill_loss(batch: TensorDict, cfg) -> Callable[[torch.nn.Module, TensorDic
         at_teacher = F.pad(student.gather(-1, micro["teacher_ids"][:, 1:]), (0, 0, 1, 0))
         per_token = divergence(at_teacher, micro["teacher_logprobs"], **extra) * t * t
         loss = algorithms.aggregate_loss(per_token, mask, "token_mean", num_tokens=num_tokens)
-        stats = {"distill/divergence": float(algorithms.masked_mean(per_token.detach(), mask))}
+        stats = {"distill/divergence": algorithms.masked_mean(per_token.detach(), mask)}
         if cfg.sft_coef or t == 1.0:  # the targets' nll, at temperature 1
             plain = student if t == 1.0 else next_token_logprobs(
                 model, micro["input_ids"], micro["attention_mask"], 1.0)
@@ -103,7 +103,7 @@ def distill_loss(batch: TensorDict, cfg) -> Callable[[torch.nn.Module, TensorDic
             if cfg.sft_coef:
                 loss = loss + cfg.sft_coef * algorithms.aggregate_loss(
                     nll, mask, "token_mean", num_tokens=num_tokens)
-            stats["sft/nll"] = float(algorithms.masked_mean(nll.detach(), mask))
+            stats["sft/nll"] = algorithms.masked_mean(nll.detach(), mask)
         return loss, stats
 
     return loss_fn

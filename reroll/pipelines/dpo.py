@@ -132,7 +132,7 @@ class DPOObjective:
                                            response_mask=mask)
             sums, counts = sequence_sums(logprobs, mask)
             value, metrics = loss(cfg, sums, counts, micro["ref_sums"], num_pairs)
-            return value, {f"pref/{k}": float(v) for k, v in metrics.items()}
+            return value, {f"pref/{k}": v for k, v in metrics.items()}
 
         return fn
 

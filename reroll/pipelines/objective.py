@@ -255,16 +255,16 @@ def make_rl_loss(config: AlgorithmConfig, batch: TensorDict, temperature: float,
         # Without stored old logprobs the update is on-policy: pi_old is the current policy.
         old = micro["old_logprobs"] if "old_logprobs" in micro.keys() else logprobs.detach()
         loss, raw = policy_loss(logprobs, old, micro["advantages"], mask, micro, **policy)
-        metrics = {f"actor/{k}": float(v) for k, v in raw.items()}
+        metrics = {f"actor/{k}": v for k, v in raw.items()}
         # Train/inference mismatch: how far the engine's sampling distribution is from the policy.
-        metrics["actor/behaviour_kl_k3"] = float(algorithms.masked_mean(
+        metrics["actor/behaviour_kl_k3"] = algorithms.masked_mean(
             algorithms.behaviour_kl_k3(old.detach(), micro["behaviour_logprobs"], response),
-            response))
-        metrics["actor/entropy"] = float(algorithms.masked_mean(entropy.detach(), response))
+            response)
+        metrics["actor/entropy"] = algorithms.masked_mean(entropy.detach(), response)
         if kl_in_loss:
             kl = algorithms.kl_estimate(logprobs, micro["ref_logprobs"], config.kl.estimator)
             loss = loss + kl_coef * algorithms.aggregate_loss(kl, mask, **tokens)
-            metrics["actor/kl_ref"] = float(algorithms.masked_mean(kl.detach(), mask))
+            metrics["actor/kl_ref"] = algorithms.masked_mean(kl.detach(), mask)
         if config.entropy_coef > 0:
             bonus = algorithms.aggregate_loss(entropy, micro[entropy_key], **entropy_norm)
             loss = loss - config.entropy_coef * bonus

@@ -70,7 +70,7 @@ class RewardModelObjective:
             scores = sequence_scores(model, micro["input_ids"], micro["attention_mask"])
             loss, metrics = bradley_terry_loss(scores[0::2], scores[1::2], center_coef=center,
                                                num_pairs=num_pairs)
-            return loss, {f"pref/{k}": float(v) for k, v in metrics.items()}
+            return loss, {f"pref/{k}": v for k, v in metrics.items()}
 
         return fn
 

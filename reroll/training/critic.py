@@ -155,7 +155,7 @@ class Critic:
                                               micro["response_mask"], clip_range=clip,
                                               agg="token_mean", num_tokens=num_tokens,
                                               num_seqs=num_seqs)
-            return loss, {f"critic/{k}": float(v) for k, v in raw.items()}
+            return loss, {f"critic/{k}": v for k, v in raw.items()}
 
         return loss_fn
 

@@ -27,7 +27,10 @@ from reroll.models.logprobs import batched_logprobs, load_weights
 from reroll.models.lora import LoRAAdapter
 from reroll.training.memory import limit_heap_fragmentation
 
-LossFn = Callable[[torch.nn.Module, TensorDict], tuple[torch.Tensor, dict[str, float]]]
+LossFn = Callable[[torch.nn.Module, TensorDict],
+                  tuple[torch.Tensor, dict[str, float | torch.Tensor]]]
+"""(model, micro-batch) -> (loss, metrics): a metric is a float or a scalar tensor (read once a
+step, `accumulate_gradients`)."""
 TRAINER_STATE = "trainer_state.pt"
 
 
@@ -47,19 +50,33 @@ def accumulate_gradients(model: torch.nn.Module, batch: TensorDict, loss_fn: Los
                          loss_scale: float = 1.0, device: torch.device | None = None
                          ) -> tuple[float, dict[str, float]]:
     """Backward of `loss_fn` over the micro-batches of `batch` (gradients add up); returns the
-    summed loss and the batch mean of every metric."""
-    totals: dict[str, float] = {}
-    loss_sum = 0.0
+    summed loss and the batch mean of every metric.
+
+    The loss and the metrics given as tensors add up where they are and are read once at the
+    end: on a GPU, reading each one per micro-batch would wait for the device every time."""
+    totals: dict[str, torch.Tensor | float] = {}
+    loss_sum: torch.Tensor | float = 0.0
     for micro in split_micro_batches(batch, micro_batch_size):
         micro = micro.to(device) if device is not None else micro
         with autocast():
             loss, metrics = loss_fn(model, micro)
         (loss * loss_scale).backward()
-        loss_sum += float(loss.detach())
+        loss_sum = loss_sum + loss.detach().float()
         share = micro.batch_size[0] / batch.batch_size[0]
         for key, value in metrics.items():
-            totals[key] = totals.get(key, 0.0) + share * float(value)
-    return loss_sum, totals
+            value = value.detach().float() if isinstance(value, torch.Tensor) else float(value)
+            totals[key] = totals.get(key, 0.0) + share * value
+    loss_value, *values = read_once([loss_sum, *totals.values()])
+    return loss_value, dict(zip(totals, values, strict=True))
+
+
+def read_once(values: list[torch.Tensor | float]) -> list[float]:
+    """Python floats of scalars, the tensors among them read from their device in one copy."""
+    tensors = [v for v in values if isinstance(v, torch.Tensor)]
+    if not tensors:
+        return [float(v) for v in values]
+    read = iter(torch.stack([t.reshape(()).to(tensors[0].device) for t in tensors]).tolist())
+    return [next(read) if isinstance(v, torch.Tensor) else float(v) for v in values]
 
 
 def optimizer_step(strategy: Any, batch: TensorDict, loss_fn: LossFn, loss_scale: float = 1.0,

@@ -75,6 +75,21 @@ def test_vllm_on_cuda_runs_grpo(tmp_path, tiny_model, arithmetic):
     assert summary["steps"] == 3
 
 
+def test_on_policy_distillation_scores_on_the_gpu(tmp_path, tiny_model, arithmetic):
+    """The teacher sits on the reference's device: the GPU, in bf16 autocast."""
+    config = grpo_config(tmp_path, tiny_model, arithmetic, algorithm={
+        "kl": {"coef": 0.0}, "distill": {"teacher": {"path": tiny_model}, "mode": "mixed"}})
+    pipeline = rlvr.rlvr_pipeline(config)
+    try:
+        teacher = pipeline.learner.teacher.cluster.executor.workers[0]
+        assert next(teacher.model.parameters()).is_cuda
+        summary = pipeline.run()
+    finally:
+        pipeline.close()
+    assert summary["steps"] == 3
+    assert pipeline.learner.teacher_tokens > 0
+
+
 def one_process_config(kind, tmp_path, model: str, data: dict, **extra):
     """SFT, distillation, DPO and reward-model runs of a few steps, `device: auto` (the default)."""
     return kind.model_validate({

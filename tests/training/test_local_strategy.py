@@ -7,7 +7,7 @@ from reroll.config.schema import AlgorithmConfig, OptimizerConfig, TrainConfig
 from reroll.data.batch import Trajectory, collate
 from reroll.models.loading import load_model
 from reroll.pipelines import objective
-from reroll.training.local import LocalStrategy, lr_lambda
+from reroll.training.local import LocalStrategy, accumulate_gradients, lr_lambda, read_once
 
 pytestmark = pytest.mark.unit
 
@@ -177,3 +177,35 @@ def test_gradient_checkpointing_gives_the_same_update_and_only_in_the_policy(tin
                     TrainConfig(gradient_checkpointing=True), 1)
     assert not any(getattr(m, "gradient_checkpointing", False)
                    for m in critic.members[0].model.modules())
+
+
+@pytest.mark.unit
+def test_read_once_keeps_floats_and_reads_tensors_in_order():
+    assert read_once([1.5, torch.tensor(2.0), 3, torch.tensor([4.0])]) == [1.5, 2.0, 3.0, 4.0]
+    assert read_once([0.25]) == [0.25]
+
+
+@pytest.mark.unit
+def test_accumulated_metrics_are_the_batch_mean_whether_floats_or_tensors():
+    """Micro-batches of 3 and 1 rows: a metric's batch mean weighs each by its rows."""
+    from contextlib import nullcontext
+
+    from tensordict import TensorDict
+
+    weight = torch.nn.Parameter(torch.tensor(2.0))
+    model = torch.nn.Module()
+    model.weight = weight
+    x = torch.tensor([[1.0], [2.0], [3.0], [4.0]])
+    batch = TensorDict({"x": x, "attention_mask": torch.ones(4, 1)}, batch_size=[4])
+
+    def loss_fn(module, micro):
+        loss = (module.weight * micro["x"]).sum()
+        mean = micro["x"].mean()
+        return loss, {"as_tensor": mean, "as_float": float(mean)}
+
+    loss, metrics = accumulate_gradients(model, batch, loss_fn, 3, nullcontext)
+    assert loss == pytest.approx(2.0 * 10)
+    # (1+2+3)/3 = 2 over 3 rows, 4 over 1 row: 3/4 * 2 + 1/4 * 4 = 2.5
+    assert metrics == {"as_tensor": pytest.approx(2.5), "as_float": pytest.approx(2.5)}
+    assert all(type(v) is float for v in metrics.values()) and type(loss) is float
+    assert weight.grad == pytest.approx(10.0)
