@@ -113,6 +113,15 @@ def main() -> None:
                         help="on-policy samples per prompt (8 prompts a step)")
     parser.add_argument("--baseline", choices=("none", "mean"), default="none",
                         help="on-policy: algorithm.distill.baseline")
+    parser.add_argument("--on-policy-mode", choices=("pure", "dense"), default="pure",
+                        help="on-policy: algorithm.distill.mode (dense: GKD's divergence to the "
+                             "teacher's top-k at every position of the student's samples)")
+    parser.add_argument("--divergence", choices=("forward_kl", "reverse_kl", "jsd"),
+                        default="forward_kl",
+                        help="on-policy dense: algorithm.distill.divergence (top-8 like offline)")
+    parser.add_argument("--reuse-offline", action="store_true",
+                        help="keep the offline run of an earlier call with the same settings "
+                             "(its curve is measured again)")
     parser.add_argument("--offline-steps", type=int, default=60)
     parser.add_argument("--on-policy-steps", type=int, default=30)
     args = parser.parse_args()
@@ -129,12 +138,18 @@ def main() -> None:
     target = scores["student"] + 0.6 * (scores["teacher"] - scores["student"])
     console.log(scores, f"target {target:.3f}")
 
+    earlier = (ROOT / "offline.yaml").read_text() if (ROOT / "offline.yaml").is_file() else None
     offline = run_config("offline", {
         "pipeline": "distill", "model": {"path": student}, "teacher": {"path": teacher},
         "distill": {"top_k": 8}, "steps": args.offline_steps, "batch_size": 32,
         "data": {"train": str(data["train"]), "response_key": "solution"},
         "optimizer": {"lr": args.offline_lr}, "checkpoint": {"every_steps": 10, "keep_last": 12}})
-    train_distill(load_config(offline, expect="distill"))
+    if not (args.reuse_offline and earlier == offline.read_text()
+            and (ROOT / "offline" / "summary.json").is_file()):
+        train_distill(load_config(offline, expect="distill"))
+    on_policy_distill = {"teacher": {"path": teacher}, "mode": args.on_policy_mode} | (
+        {"divergence": args.divergence, "top_k": 8} if args.on_policy_mode == "dense"
+        else {"baseline": args.baseline})
     on_policy = run_config("on_policy", {
         "steps": args.on_policy_steps, "model": {"path": student},
         "data": {"train": str(data["train"]), "eval": held_out},
@@ -142,8 +157,7 @@ def main() -> None:
         "optimizer": {"lr": args.on_policy_lr, "warmup_steps": args.on_policy_warmup},
         "eval": {"every_steps": 0, "max_prompts": 8},
         "checkpoint": {"every_steps": 5, "keep_last": 12},
-        "algorithm": {"distill": {"teacher": {"path": teacher}, "mode": "pure",
-                                  "baseline": args.baseline}}})
+        "algorithm": {"distill": on_policy_distill}})
     train(load_config(on_policy))
     prompt = mean_prompt_tokens(student, str(data["train"]))
     curves = {"offline": curve(ROOT / "offline", held_out, "distill/teacher_tokens", 32 * prompt),
