@@ -6,8 +6,10 @@ Student: the tiny model after 25 of those steps (`--student-steps`; it writes th
 few sums right). Both sides start from it.
 - offline (`reroll distill`): the student learns the teacher's top-8 distribution on the SFT
   data's own solutions, 32 rows a step;
-- on-policy (`algorithm.distill`, pure): the student samples 8 prompts x 4 responses a step and
-  the teacher scores those tokens; the advantage is log pi_T - log pi_S per token.
+- on-policy (`algorithm.distill`): the student samples 8 prompts x 4 responses a step and
+  the teacher scores those tokens; `--on-policy-mode pure`: the advantage is log pi_T - log pi_S
+  of each sampled token; `--on-policy-mode dense` (GKD): the loss is `--divergence` between the
+  teacher's top-8 (as offline's) and the student's distribution at every position.
 Both are evaluated greedily on the same 64 held-out prompts every few steps (checkpoints, then
 `reroll eval`'s code). The target is closing 60% of the teacher-student gap; the headline is the
 teacher tokens each needs to reach it. Equal work here means equal teacher tokens, so the curves
@@ -15,10 +17,10 @@ are drawn against them.
 Last line: JSON with the settings, both curves, the target and `teacher_tokens_ratio` (offline
 over on-policy at the target; > 1: on-policy is cheaper in teacher computations), and the same
 in `teacher_positions` (response tokens plus the templated prompt the teacher also reads, once a
-sequence on both sides). The options (learning rates, on-policy warmup, baseline and samples per
-prompt, steps) are the knobs tried in docs/benchmarks.md.
+sequence on both sides). The options (learning rates, on-policy mode, divergence, warmup,
+baseline and samples per prompt, steps) are the knobs tried in docs/benchmarks.md.
 
-    .venv/bin/python benchmarks/distillation.py [--student-steps 55] [--baseline mean] ...
+    .venv/bin/python benchmarks/distillation.py [--student-steps 55] [--on-policy-mode dense] ...
 """
 
 from __future__ import annotations
@@ -119,6 +121,9 @@ def main() -> None:
     parser.add_argument("--divergence", choices=("forward_kl", "reverse_kl", "jsd"),
                         default="forward_kl",
                         help="on-policy dense: algorithm.distill.divergence (top-8 like offline)")
+    parser.add_argument("--on-policy-epochs", type=int, default=1,
+                        help="on-policy: algorithm.epochs (optimizer passes over each step's "
+                             "samples and teacher scores)")
     parser.add_argument("--reuse-offline", action="store_true",
                         help="keep the offline run of an earlier call with the same settings "
                              "(its curve is measured again)")
@@ -157,7 +162,7 @@ def main() -> None:
         "optimizer": {"lr": args.on_policy_lr, "warmup_steps": args.on_policy_warmup},
         "eval": {"every_steps": 0, "max_prompts": 8},
         "checkpoint": {"every_steps": 5, "keep_last": 12},
-        "algorithm": {"distill": on_policy_distill}})
+        "algorithm": {"distill": on_policy_distill, "epochs": args.on_policy_epochs}})
     train(load_config(on_policy))
     prompt = mean_prompt_tokens(student, str(data["train"]))
     curves = {"offline": curve(ROOT / "offline", held_out, "distill/teacher_tokens", 32 * prompt),
