@@ -75,7 +75,7 @@ def reward(model: str, held_out: str) -> float:
 def curve(run: Path, held_out: str, key: str, prompt_cost: float) -> list[dict]:
     """(teacher tokens, held-out reward) at each checkpoint of `run`. `teacher_positions` adds
     the prompt positions the teacher also reads (`prompt_cost` a step: 32 sequences a step on
-    both sides, each with its templated prompt)."""
+    the offline side, prompts x samples on the on-policy side, each with its templated prompt)."""
     tokens = {r["step"]: r[key] for r in read_metrics(run) if key in r}
     points = []
     for checkpoint in sorted((run / "checkpoints").iterdir(), key=lambda p: int(p.name[5:])):
@@ -112,7 +112,9 @@ def main() -> None:
     parser.add_argument("--on-policy-warmup", type=int, default=0,
                         help="on-policy: optimizer.warmup_steps")
     parser.add_argument("--group-size", type=int, default=4,
-                        help="on-policy samples per prompt (8 prompts a step)")
+                        help="on-policy samples per prompt")
+    parser.add_argument("--prompts-per-step", type=int, default=8,
+                        help="on-policy prompts a step (x --group-size samples)")
     parser.add_argument("--baseline", choices=("none", "mean"), default="none",
                         help="on-policy: algorithm.distill.baseline")
     parser.add_argument("--on-policy-mode", choices=("pure", "dense"), default="pure",
@@ -158,7 +160,8 @@ def main() -> None:
     on_policy = run_config("on_policy", {
         "steps": args.on_policy_steps, "model": {"path": student},
         "data": {"train": str(data["train"]), "eval": held_out},
-        "rollout": {"prompts_per_step": 8, "group_size": args.group_size, "max_new_tokens": 24},
+        "rollout": {"prompts_per_step": args.prompts_per_step, "group_size": args.group_size,
+                    "max_new_tokens": 24},
         "optimizer": {"lr": args.on_policy_lr, "warmup_steps": args.on_policy_warmup},
         "eval": {"every_steps": 0, "max_prompts": 8},
         "checkpoint": {"every_steps": 5, "keep_last": 12},
@@ -167,7 +170,7 @@ def main() -> None:
     prompt = mean_prompt_tokens(student, str(data["train"]))
     curves = {"offline": curve(ROOT / "offline", held_out, "distill/teacher_tokens", 32 * prompt),
               "on_policy": curve(ROOT / "on_policy", held_out, "distill/teacher_tokens",
-                                 8 * args.group_size * prompt)}
+                                 args.prompts_per_step * args.group_size * prompt)}
     reach = {mode: tokens_to_reach(points, target) for mode, points in curves.items()}
     positions = {mode: tokens_to_reach(points, target, "teacher_positions")
                  for mode, points in curves.items()}

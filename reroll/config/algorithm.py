@@ -447,8 +447,9 @@ class OnPolicyDistillConfig(Section):
     learn); `mixed`: it is added to the task's advantage times `coef`; `dense` (GKD with
     lambda = 1): the loss is `divergence` between the teacher's top-`top_k` distribution and
     the student's at every response position of the student's samples, and replaces the policy
-    loss (the task's reward and advantage are not trained on; `policy_loss` is unused). The
-    teacher scores the same tokens in every mode (`distill/teacher_tokens`)."""
+    loss (the task's reward is logged, no advantage is estimated, `policy_loss` is unused, and
+    `rollout.group_size` may be 1). The teacher scores the same tokens in every mode
+    (`distill/teacher_tokens`)."""
     coef: float = Field(1.0, gt=0)
     """`mixed` only: the weight of the teacher's per-token advantage."""
     baseline: Literal["none", "mean"] = "none"
@@ -607,7 +608,7 @@ class AlgorithmConfig(Section):
         adv = self.advantage
         grouped = adv.group_baseline and not (
             adv.name == "grpo" and "group" not in (adv.mean, adv.std))
-        if grouped and group_size < 2:
+        if grouped and group_size < 2 and not (self.distill is not None and self.distill.dense):
             errors.append(f"algorithm.advantage {adv.name} needs rollout.group_size >= 2 (a group "
                           f"of one response has no baseline)")
         if self.critic is not None and self.critic.num_critics > group_size:

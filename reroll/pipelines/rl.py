@@ -319,9 +319,12 @@ def make_batch(trajectories: list[Trajectory], config: RLRunConfig, learner: Lea
         batch, logprobs = compute_logprobs_and_values(batch, config, learner, rows)
     else:
         batch, logprobs = compute_logprobs_and_values(batch, config, learner)
-        batch, estimated = estimate(batch, a, group_size, kl_coef)
-        if a.distill is not None and not a.distill.dense:  # dense: a loss (objective.py)
-            estimated |= distill_advantages(batch, a.distill)
+        if a.distill is not None and a.distill.dense:  # no advantage: a loss (objective.py)
+            estimated = {}
+        else:
+            batch, estimated = estimate(batch, a, group_size, kl_coef)
+            if a.distill is not None:
+                estimated |= distill_advantages(batch, a.distill)
     return batch, metrics | logprobs | estimated | filtered
 
 

@@ -213,3 +213,12 @@ def test_dense_distillation_parses_with_the_offline_names():
 ])
 def test_bad_dense_distillation_settings_name_the_field(tmp_path, distill, sections, message):
     assert message in error_of(tmp_path, {"distill": TEACHER | distill, **sections})
+
+
+def test_dense_distillation_needs_no_group(tmp_path):
+    """`mode: dense` trains on no advantage, so one sample a prompt is fine (GKD samples one);
+    the one-sample advantage modes keep GRPO's group requirement."""
+    dense = load(tmp_path, {"distill": TEACHER | {"mode": "dense"}}, rollout={"group_size": 1})
+    assert dense.rollout.group_size == 1
+    assert "needs rollout.group_size >= 2" in error_of(
+        tmp_path, {"distill": TEACHER | {"mode": "pure"}}, rollout={"group_size": 1})
