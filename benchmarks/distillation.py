@@ -2,23 +2,27 @@
 the response tokens the teacher has scored (`distill/teacher_tokens`).
 
 Teacher: the tiny model after 112 SFT steps on worked arithmetic solutions (single-digit sums).
-Student: the tiny model after 25 of those steps (`--student-steps`; it writes the format, gets
-few sums right). Both sides start from it.
+Student: the tiny model after 55 of those steps (`--student-steps`; it writes the format, gets
+some sums right). Both sides start from it.
 - offline (`reroll distill`): the student learns the teacher's top-8 distribution on the SFT
   data's own solutions, 32 rows a step;
-- on-policy (`algorithm.distill`, pure): the student samples 8 prompts x 4 responses a step and
-  the teacher scores those tokens; the advantage is log pi_T - log pi_S per token.
-Both are evaluated greedily on the same 64 held-out prompts every few steps (checkpoints, then
+- on-policy (`algorithm.distill`): the student samples 32 responses a step and the teacher
+  scores those tokens. `--on-policy-mode dense` (the default; GKD): one response to each of 32
+  prompts, and the loss is `--divergence` between the teacher's top-8 (as offline's) and the
+  student's distribution at every position; `--on-policy-mode pure`: 8 prompts x 4 responses,
+  and the advantage is log pi_T - log pi_S of each sampled token.
+Both are evaluated greedily on the same 64 held-out prompts every 5 steps (checkpoints, then
 `reroll eval`'s code). The target is closing 60% of the teacher-student gap; the headline is the
 teacher tokens each needs to reach it. Equal work here means equal teacher tokens, so the curves
 are drawn against them.
 Last line: JSON with the settings, both curves, the target and `teacher_tokens_ratio` (offline
 over on-policy at the target; > 1: on-policy is cheaper in teacher computations), and the same
 in `teacher_positions` (response tokens plus the templated prompt the teacher also reads, once a
-sequence on both sides). The options (learning rates, on-policy warmup, baseline and samples per
-prompt, steps) are the knobs tried in docs/benchmarks.md.
+sequence on both sides). The options (learning rates, on-policy mode, divergence, warmup,
+baseline, prompts and samples per prompt, epochs, steps) are the knobs tried in
+docs/benchmarks.md.
 
-    .venv/bin/python benchmarks/distillation.py [--student-steps 55] [--baseline mean] ...
+    .venv/bin/python benchmarks/distillation.py [--on-policy-mode pure] [--on-policy-lr 3e-4] ...
 """
 
 from __future__ import annotations
@@ -73,7 +77,7 @@ def reward(model: str, held_out: str) -> float:
 def curve(run: Path, held_out: str, key: str, prompt_cost: float) -> list[dict]:
     """(teacher tokens, held-out reward) at each checkpoint of `run`. `teacher_positions` adds
     the prompt positions the teacher also reads (`prompt_cost` a step: 32 sequences a step on
-    both sides, each with its templated prompt)."""
+    the offline side, prompts x samples on the on-policy side, each with its templated prompt)."""
     tokens = {r["step"]: r[key] for r in read_metrics(run) if key in r}
     points = []
     for checkpoint in sorted((run / "checkpoints").iterdir(), key=lambda p: int(p.name[5:])):
@@ -103,19 +107,37 @@ def mean_prompt_tokens(model: str, train_file: str) -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--student-steps", type=int, default=25,
+    parser.add_argument("--student-steps", type=int, default=55,
                         help="SFT steps of the starting student (both sides start from it)")
     parser.add_argument("--offline-lr", type=float, default=1e-3)
     parser.add_argument("--on-policy-lr", type=float, default=1e-3)
     parser.add_argument("--on-policy-warmup", type=int, default=0,
                         help="on-policy: optimizer.warmup_steps")
-    parser.add_argument("--group-size", type=int, default=4,
-                        help="on-policy samples per prompt (8 prompts a step)")
+    parser.add_argument("--group-size", type=int, default=None,
+                        help="on-policy samples per prompt (default: 1 dense, 4 pure)")
+    parser.add_argument("--prompts-per-step", type=int, default=None,
+                        help="on-policy prompts a step (default: 32 dense, 8 pure; 32 samples "
+                             "a step either way, as offline's 32 rows)")
     parser.add_argument("--baseline", choices=("none", "mean"), default="none",
                         help="on-policy: algorithm.distill.baseline")
+    parser.add_argument("--on-policy-mode", choices=("pure", "dense"), default="dense",
+                        help="on-policy: algorithm.distill.mode (dense: GKD's divergence to the "
+                             "teacher's top-k at every position of the student's samples)")
+    parser.add_argument("--divergence", choices=("forward_kl", "reverse_kl", "jsd"),
+                        default="forward_kl",
+                        help="on-policy dense: algorithm.distill.divergence (top-8 like offline)")
+    parser.add_argument("--on-policy-epochs", type=int, default=1,
+                        help="on-policy: algorithm.epochs (optimizer passes over each step's "
+                             "samples and teacher scores)")
+    parser.add_argument("--reuse-offline", action="store_true",
+                        help="keep the offline run of an earlier call with the same settings "
+                             "(its curve is measured again)")
     parser.add_argument("--offline-steps", type=int, default=60)
-    parser.add_argument("--on-policy-steps", type=int, default=30)
+    parser.add_argument("--on-policy-steps", type=int, default=40)
     args = parser.parse_args()
+    dense = args.on_policy_mode == "dense"
+    args.group_size = args.group_size or (1 if dense else 4)
+    args.prompts_per_step = args.prompts_per_step or (32 if dense else 8)
     torch.set_num_threads(2)
     ROOT.mkdir(parents=True, exist_ok=True)
     tiny = str(make_model(ROOT / "tiny", "tiny", seed=0)) if not (ROOT / "tiny").is_dir() \
@@ -129,26 +151,32 @@ def main() -> None:
     target = scores["student"] + 0.6 * (scores["teacher"] - scores["student"])
     console.log(scores, f"target {target:.3f}")
 
+    earlier = (ROOT / "offline.yaml").read_text() if (ROOT / "offline.yaml").is_file() else None
     offline = run_config("offline", {
         "pipeline": "distill", "model": {"path": student}, "teacher": {"path": teacher},
         "distill": {"top_k": 8}, "steps": args.offline_steps, "batch_size": 32,
         "data": {"train": str(data["train"]), "response_key": "solution"},
-        "optimizer": {"lr": args.offline_lr}, "checkpoint": {"every_steps": 10, "keep_last": 12}})
-    train_distill(load_config(offline, expect="distill"))
+        "optimizer": {"lr": args.offline_lr}, "checkpoint": {"every_steps": 5, "keep_last": 12}})
+    if not (args.reuse_offline and earlier == offline.read_text()
+            and (ROOT / "offline" / "summary.json").is_file()):
+        train_distill(load_config(offline, expect="distill"))
+    on_policy_distill = {"teacher": {"path": teacher}, "mode": args.on_policy_mode} | (
+        {"divergence": args.divergence, "top_k": 8} if args.on_policy_mode == "dense"
+        else {"baseline": args.baseline})
     on_policy = run_config("on_policy", {
         "steps": args.on_policy_steps, "model": {"path": student},
         "data": {"train": str(data["train"]), "eval": held_out},
-        "rollout": {"prompts_per_step": 8, "group_size": args.group_size, "max_new_tokens": 24},
+        "rollout": {"prompts_per_step": args.prompts_per_step, "group_size": args.group_size,
+                    "max_new_tokens": 24},
         "optimizer": {"lr": args.on_policy_lr, "warmup_steps": args.on_policy_warmup},
         "eval": {"every_steps": 0, "max_prompts": 8},
         "checkpoint": {"every_steps": 5, "keep_last": 12},
-        "algorithm": {"distill": {"teacher": {"path": teacher}, "mode": "pure",
-                                  "baseline": args.baseline}}})
+        "algorithm": {"distill": on_policy_distill, "epochs": args.on_policy_epochs}})
     train(load_config(on_policy))
     prompt = mean_prompt_tokens(student, str(data["train"]))
     curves = {"offline": curve(ROOT / "offline", held_out, "distill/teacher_tokens", 32 * prompt),
               "on_policy": curve(ROOT / "on_policy", held_out, "distill/teacher_tokens",
-                                 8 * args.group_size * prompt)}
+                                 args.prompts_per_step * args.group_size * prompt)}
     reach = {mode: tokens_to_reach(points, target) for mode, points in curves.items()}
     positions = {mode: tokens_to_reach(points, target, "teacher_positions")
                  for mode, points in curves.items()}

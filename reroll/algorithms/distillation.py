@@ -7,15 +7,19 @@ holding all the other tokens' probability (1 - the k probabilities, for each mod
 can only merge probability, so each divergence below is a lower bound of the full-vocabulary one,
 exact when the tail is empty (k = V), and the gap shrinks as the teacher's tail mass does.
 
-Shapes: `student_logprobs` [N, k] are the student's log-probabilities *of the teacher's top-k
-ids* (gathered from its full log-softmax, so they carry gradients), `teacher_logprobs` [N, k];
-every function returns one value per token [N]. Pure tensor functions; hand-checked in
+Shapes: `student_logprobs` [..., k] are the student's log-probabilities *of the teacher's top-k
+ids* (gathered from its full log-softmax, so they carry gradients), `teacher_logprobs` [..., k];
+every divergence returns one value per token [...]. Pure tensor functions; hand-checked in
 tests/algorithms/test_distillation.py.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
+
+from .aggregation import aggregate_loss, masked_mean
 
 TAIL_FLOOR = 1e-12
 """Smallest tail probability (the top-k can hold all the mass up to float rounding)."""
@@ -60,6 +64,23 @@ def generalized_jsd(student_logprobs: torch.Tensor, teacher_logprobs: torch.Tens
 
 
 DIVERGENCES = {"forward_kl": forward_kl, "reverse_kl": reverse_kl, "jsd": generalized_jsd}
+
+
+def dense_distill_loss(student_logprobs: torch.Tensor, teacher_logprobs: torch.Tensor,
+                       mask: torch.Tensor, divergence: Callable[..., torch.Tensor],
+                       agg: str = "token_mean", **normalisers) -> tuple[torch.Tensor, dict]:
+    """GKD's on-policy loss (Agarwal et al. 2024, lambda = 1): on the student's own samples
+    y ~ pi_S, the divergence between the teacher's and the student's next-token distributions
+    at EVERY response position, L = agg_{i,t} D(pi_T(.|y_<t), pi_S(.|y_<t)) m_{i,t}, with D one
+    of `DIVERGENCES` (k top teacher tokens + the tail bucket) and `agg` a loss aggregation
+    (`aggregate_loss`; pass the whole batch's `normalisers` so micro-batch losses add up). The
+    samples are constants: the gradient flows through the student's distribution at each
+    position, never through the sampling (unlike the one-sample advantage above).
+    Shapes: `student_logprobs`, `teacher_logprobs` [B, T, k] (the student's at the teacher's
+    top-k ids), `mask` [B, T]. Returns (loss, {"divergence": the mean per-token value})."""
+    per_token = divergence(student_logprobs, teacher_logprobs)
+    loss = aggregate_loss(per_token, mask, agg, **normalisers)
+    return loss, {"divergence": float(masked_mean(per_token.detach(), mask))}
 
 
 def on_policy_distill_advantages(teacher_logprobs: torch.Tensor, student_logprobs: torch.Tensor,

@@ -14,7 +14,7 @@ from typing import ClassVar, Literal
 from pydantic import Field, model_validator
 
 from reroll.config.base import Section, choice
-from reroll.config.teacher import TeacherConfig
+from reroll.config.on_policy_distill import OnPolicyDistillConfig
 
 NormLevel = Literal["group", "batch", "none"]
 LossAgg = Literal["token_mean", "seq_mean_token_mean", "seq_mean_token_sum",
@@ -427,48 +427,6 @@ class CriticConfig(Section):
 # The section
 
 
-class OnPolicyDistillConfig(Section):
-    """On-policy distillation: a teacher scores the student's own samples token by token, and
-    A_t = log pi_teacher(y_t) - log pi_student(y_t) (the per-token reverse KL, negated) is the
-    advantage (docs/distillation.md)."""
-
-    teacher: TeacherConfig | None = None
-    """The teacher of every sample (with `teachers`: of the rows without a `tag` column).
-    None: `teachers` must route every training row."""
-    teachers: dict[str, TeacherConfig] = Field(default_factory=dict)
-    """Several teachers routed by a data tag: the value of a training row's `tag` column ->
-    the teacher of its samples (e.g. `{math: {path: ...}, code: {path: ...}}`). Every training
-    row is checked at start: a tag that names no teacher, or a row without a tag when no
-    `teacher` takes those, is an error naming its file and line (exit 2). RLVR runs only
-    (agentic episodes have no rows)."""
-    mode: Literal["pure", "mixed"] = "pure"
-    """`pure`: the teacher's advantage replaces the task's (no reward needed to learn);
-    `mixed`: it is added to the task's advantage times `coef`."""
-    coef: float = Field(1.0, gt=0)
-    """`mixed` only: the weight of the teacher's per-token advantage."""
-    baseline: Literal["none", "mean"] = "none"
-    """Subtracted from the per-token advantage: `none`, or `mean` (its mean over the step's
-    response tokens; a constant baseline, so the expected gradient is unchanged while the mostly
-    negative one-sample advantages are centred)."""
-
-    @model_validator(mode="after")
-    def _some_teacher(self) -> OnPolicyDistillConfig:
-        if self.teacher is None and not self.teachers:
-            raise ValueError("algorithm.distill: give a `teacher` (every sample) or `teachers` "
-                             "(routed by the rows' `tag`), or both")
-        return self
-
-    def names(self) -> list[str | None]:
-        """The teachers in routing order: None (the default `teacher`, when set) first, then
-        the keys of `teachers`."""
-        return ([None] if self.teacher is not None else []) + list(self.teachers)
-
-    def route(self, tag: str | None) -> str | None:
-        """The name of the teacher of a row with this `tag`: a key of `teachers`, or None for
-        the default `teacher` (rows are checked at start, so every tag is routed)."""
-        return tag if tag is not None and tag in self.teachers else None
-
-
 class AlgorithmConfig(Section):
     """The RL objective: advantage estimator, policy loss and everything around them (KL, entropy,
     normalisation, filters, off-policy corrections, critic). See docs/algorithms.md."""
@@ -535,6 +493,13 @@ class AlgorithmConfig(Section):
         if self.critic is not None and adv != "gae":
             raise ValueError(f"algorithm.critic is only used by algorithm.advantage gae (got "
                              f"{adv}): remove the critic section or use gae")
+        if self.distill is not None and self.distill.dense:
+            for wrong, why in ((self.critic is not None, "algorithm.critic"),
+                               (self.entropy_coef > 0, "algorithm.entropy_coef > 0"),
+                               (self.kl.in_reward and self.kl.coef > 0, "algorithm.kl.mode reward")):
+                if wrong:
+                    raise ValueError(f"algorithm.distill.mode dense trains on the divergence "
+                                     f"alone: {why} would have no effect (remove it)")
         if loss == "decoupled_ppo" and self.correction.tis is not None:
             raise ValueError("algorithm.policy_loss decoupled_ppo already weights by pi_old / mu "
                              "(see its behaviour_cap); algorithm.correction.tis would apply the "
@@ -566,7 +531,7 @@ class AlgorithmConfig(Section):
         adv = self.advantage
         grouped = adv.group_baseline and not (
             adv.name == "grpo" and "group" not in (adv.mean, adv.std))
-        if grouped and group_size < 2:
+        if grouped and group_size < 2 and not (self.distill is not None and self.distill.dense):
             errors.append(f"algorithm.advantage {adv.name} needs rollout.group_size >= 2 (a group "
                           f"of one response has no baseline)")
         if self.critic is not None and self.critic.num_critics > group_size:

@@ -123,7 +123,8 @@ def _turn_tensors(trajectories: list[Trajectory], width: int) -> dict[str, torch
 
 
 def split_micro_batches(batch: TensorDict, micro_batch_size: int) -> list[TensorDict]:
-    """Consecutive slices of `micro_batch_size` samples, each trimmed to its own longest sequence."""
+    """Consecutive slices of `micro_batch_size` samples, each trimmed to its own longest sequence
+    (every [B, T, ...] tensor along T, e.g. a distillation teacher's top-k [B, T, k])."""
     out = []
     for start in range(0, batch.batch_size[0], micro_batch_size):
         micro = batch[start : start + micro_batch_size]
@@ -133,5 +134,5 @@ def split_micro_batches(batch: TensorDict, micro_batch_size: int) -> list[Tensor
 
 
 def _trim(batch: TensorDict, width: int) -> TensorDict:
-    trimmed = {k: (v[:, :width] if v.dim() == 2 else v) for k, v in batch.items()}
+    trimmed = {k: (v[:, :width] if v.dim() >= 2 else v) for k, v in batch.items()}
     return TensorDict(trimmed, batch_size=batch.batch_size)

@@ -84,6 +84,10 @@ class ReferenceGroup:
     def logprobs(self, batch: TensorDict, temperature: float = 1.0) -> torch.Tensor:
         return self.cluster.call("logprobs", batch, temperature, dispatch=Dispatch.SPLIT)
 
+    def top_k(self, batch: TensorDict, k: int, temperature: float = 1.0) -> TensorDict:
+        """{"ids", "logprobs"} [B, L, k]: the top-k next tokens at each response position."""
+        return self.cluster.call("top_k", batch, k, temperature, dispatch=Dispatch.SPLIT)
+
 
 class CriticProxy:
     def __init__(self, cluster: Cluster):

@@ -15,6 +15,7 @@ Batch keys read here (all [B, T] unless noted; see `reroll.data.batch`): `reward
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Callable
 
@@ -23,8 +24,10 @@ from tensordict import TensorDict
 from torch import Tensor
 
 from reroll import algorithms
+from reroll.algorithms import distillation
 from reroll.config.algorithm import AlgorithmConfig, AsyPPOConfig, KLConfig
 from reroll.models.logprobs import forward_logprobs
+from reroll.models.top_k import logprobs_at
 
 log = logging.getLogger(__name__)
 
@@ -230,7 +233,11 @@ def make_rl_loss(config: AlgorithmConfig, batch: TensorDict, temperature: float,
                  ) -> Callable[[torch.nn.Module, TensorDict], tuple]:
     """The loss over one micro-batch, normalised by counts over the whole `batch`, so summing
     micro-batch losses gives the full-batch loss (and gradient). `kl_coef` is the controller's
-    current value (default `config.kl.coef`)."""
+    current value (default `config.kl.coef`). With `distill.mode: dense` it is the dense
+    distillation loss instead (`make_dense_distill_loss`)."""
+    if config.distill is not None and config.distill.dense:
+        return make_dense_distill_loss(config, batch, temperature, max_response_len,
+                                       kl_coef=kl_coef)
     loss_key = "loss_mask" if "loss_mask" in batch.keys() else "response_mask"
     entropy_key = "entropy_mask" if "entropy_mask" in batch.keys() else loss_key
     # Ratio masks and AsyPPO's masks zero a token's weight but leave it in the count (IcePop's
@@ -273,6 +280,48 @@ def make_rl_loss(config: AlgorithmConfig, batch: TensorDict, temperature: float,
     return loss_fn
 
 
+def make_dense_distill_loss(config: AlgorithmConfig, batch: TensorDict, temperature: float,
+                            max_response_len: int, *, kl_coef: float | None = None
+                            ) -> Callable[[torch.nn.Module, TensorDict], tuple]:
+    """On-policy distillation, `mode: dense` (GKD): the chosen divergence between the teacher's
+    top-k (`teacher_top_ids`, `teacher_top_logprobs` [B, T, k]) and the student's distribution
+    at every loss token, aggregated by `loss_agg` over the whole `batch`, plus the KL-to-reference
+    term when `kl` is in the loss. The student's logprobs are gathered at the teacher's ids (and
+    the sampled token, for the KL and the train/inference mismatch) a chunk of positions at a
+    time (`reroll.models.top_k`), never as [B, T, V]."""
+    d = config.distill
+    divergence = distillation.DIVERGENCES[d.divergence]
+    if d.divergence == "jsd":
+        divergence = functools.partial(divergence, beta=d.beta)
+    loss_key = "loss_mask" if "loss_mask" in batch.keys() else "response_mask"
+    count_mask = batch["normaliser_mask"] if "normaliser_mask" in batch.keys() else batch[loss_key]
+    tokens = _normalisers(config, count_mask, max_response_len)
+    agg = {"agg": tokens["mode"], **{k: v for k, v in tokens.items() if k != "mode"}}
+    kl_coef = config.kl.coef if kl_coef is None else kl_coef
+    kl_in_loss = config.kl.in_loss and kl_coef > 0
+
+    def loss_fn(model: torch.nn.Module, micro: TensorDict) -> tuple[torch.Tensor, dict]:
+        mask, response = micro[loss_key], micro["response_mask"]
+        ids = torch.cat([micro["teacher_top_ids"], micro["input_ids"][..., None]], -1)
+        student, entropy = logprobs_at(model, micro["input_ids"], micro["attention_mask"],
+                                       response, ids, temperature)
+        loss, raw = algorithms.dense_distill_loss(student[..., :-1], micro["teacher_top_logprobs"],
+                                                  mask, divergence, **agg)
+        sampled = student[..., -1]
+        metrics = {f"distill/{d.divergence}": raw["divergence"],
+                   "actor/entropy": float(algorithms.masked_mean(entropy, response)),
+                   "actor/behaviour_kl_k3": float(algorithms.masked_mean(
+                       algorithms.behaviour_kl_k3(sampled.detach(), micro["behaviour_logprobs"],
+                                                  response), response))}
+        if kl_in_loss:
+            kl = algorithms.kl_estimate(sampled, micro["ref_logprobs"], config.kl.estimator)
+            loss = loss + kl_coef * algorithms.aggregate_loss(kl, mask, **tokens)
+            metrics["actor/kl_ref"] = float(algorithms.masked_mean(kl.detach(), mask))
+        return loss, metrics
+
+    return loss_fn
+
+
 def advantages_before_logprobs(config: AlgorithmConfig, has_reference: bool) -> bool:
     """Whether the advantages can be estimated before the logprobs and values (they read no KL
     penalty and no critic value, and no ratio mask will change the normalisers), so pi_old is
@@ -289,7 +338,8 @@ def samples_with_gradient(config: AlgorithmConfig, batch: TensorDict, kl_coef: f
     skipped ones to a non-zero multiple of `multiple` (the data-parallel ranks, which each need an
     equal share). Every sample when a KL term in the loss or an entropy bonus depends on them."""
     size = batch.batch_size[0]
-    exact = not (config.kl.in_loss and kl_coef > 0) and config.entropy_coef == 0
+    exact = not (config.kl.in_loss and kl_coef > 0) and config.entropy_coef == 0 \
+        and not (config.distill is not None and config.distill.dense)  # (no advantage there)
     if not (config.skip_zero_advantage and exact):
         return torch.arange(size)
     loss_key = "loss_mask" if "loss_mask" in batch.keys() else "response_mask"

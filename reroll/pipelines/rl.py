@@ -41,7 +41,9 @@ Keys this step adds to the Batch of `reroll.data.batch.collate`:
   multi-turn trajectories bring their own (see `reroll.data.batch`).
 - `index_in_group` [B]: the response's position in its group (AsyPPO's critic shards).
 - `ref_logprobs`, `old_logprobs` [B, T]: the reference's and pi_old's logprobs.
-- `teacher_logprobs` [B, T]: on-policy distillation's teacher's logprobs of the sampled tokens.
+- `teacher_logprobs` [B, T]: on-policy distillation's teacher's logprobs of the sampled tokens;
+  with `mode: dense`, `teacher_top_ids` / `teacher_top_logprobs` [B, T, k] instead: its top-k
+  next tokens and their logprobs at every response position.
 - `is_weights` [B, T]: truncated importance-sampling weights, when `correction.tis` is on.
 - `token_kl` [B, T]: KL(pi_old || pi_ref) per token, when `kl.mode` is `reward`.
 - `values`, `old_values_{m}` [B, T]: the critics' values (mean, each); `advantages`, `returns`.
@@ -76,7 +78,7 @@ from reroll.pipelines.task import Task, rollout_row
 from reroll.rollout.metrics import rollout_metrics
 from reroll.rollout.recording import batch_path, save_batch, write_rows
 from reroll.tracking import ProgressBar, Tracker
-from reroll.training.protocols import Critic, Policy, Reference
+from reroll.training.protocols import Critic, Policy, Reference, Teacher
 
 KLController = algorithms.FixedKLController | algorithms.AdaptiveKLController
 
@@ -283,7 +285,7 @@ class Learner:
     critic: Critic | None
     kl: KLController
     guard: UpdateGuard
-    teacher: Reference | None = None
+    teacher: Teacher | None = None
     teacher_tokens: int = 0
     """Response tokens the teacher has scored so far (on-policy distillation's cost)."""
 
@@ -317,9 +319,12 @@ def make_batch(trajectories: list[Trajectory], config: RLRunConfig, learner: Lea
         batch, logprobs = compute_logprobs_and_values(batch, config, learner, rows)
     else:
         batch, logprobs = compute_logprobs_and_values(batch, config, learner)
-        batch, estimated = estimate(batch, a, group_size, kl_coef)
-        if a.distill is not None:
-            estimated |= distill_advantages(batch, a.distill)
+        if a.distill is not None and a.distill.dense:  # no advantage: a loss (objective.py)
+            estimated = {}
+        else:
+            batch, estimated = estimate(batch, a, group_size, kl_coef)
+            if a.distill is not None:
+                estimated |= distill_advantages(batch, a.distill)
     return batch, metrics | logprobs | estimated | filtered
 
 
@@ -429,7 +434,11 @@ def compute_logprobs_and_values(batch: TensorDict, config: RLRunConfig, learner:
     if reference is not None:
         batch["ref_logprobs"] = reference.logprobs(batch, temperature)
     if learner.teacher is not None:
-        batch["teacher_logprobs"] = learner.teacher.logprobs(batch, temperature)
+        if a.distill.dense:  # the teacher's top-k at every response position
+            top = learner.teacher.top_k(batch, a.distill.top_k, temperature)
+            batch["teacher_top_ids"], batch["teacher_top_logprobs"] = top["ids"], top["logprobs"]
+        else:
+            batch["teacher_logprobs"] = learner.teacher.logprobs(batch, temperature)
         learner.teacher_tokens += int(batch["response_mask"].sum())
         metrics["distill/teacher_tokens"] = float(learner.teacher_tokens)
         if isinstance(learner.teacher, RoutedTeacher):

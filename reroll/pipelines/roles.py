@@ -5,6 +5,7 @@ so it also picks how the policy's weights reach the engine (`Roles.weight_sync`)
 
 policy     `training.protocols.Policy` (`forward_logprobs`, `train_step`, `state_dict_for_sync`, ...)
 reference  `training.protocols.Reference` (`logprobs(batch, temperature)`)
+teacher    `training.protocols.Teacher` (`logprobs`, `top_k(batch, k, temperature)`)
 critic     `training.protocols.Critic` (`values`, `update`, `save`, `load`, `num_critics`)
 engine     `engines.base.Engine`
 """
@@ -20,6 +21,7 @@ from typing import Any
 import torch
 from tensordict import TensorDict
 
+from reroll.config.errors import ConfigError
 from reroll.config.schema import RLConfig
 from reroll.distributed.cluster import Cluster, LocalExecutor, RayExecutor, WorkerSpec
 from reroll.distributed.engine_actor import start_engine_actor
@@ -50,7 +52,7 @@ from reroll.rewards import build_reward
 from reroll.rewards.base import RewardFn
 from reroll.training.critic import Critic
 from reroll.training.local import LocalStrategy
-from reroll.training.protocols import AdapterOffReference, Policy, Reference
+from reroll.training.protocols import AdapterOffReference, Policy, Reference, Teacher
 from reroll.training.protocols import Critic as CriticRole
 from reroll.workers.critic import CriticWorker
 from reroll.workers.policy import PolicyWorker
@@ -66,8 +68,9 @@ class Roles:
     clusters: list[Cluster]
     weight_sync: WeightSync
     """Policy -> `engine`, chosen with the roles (in memory, object store or broadcast)."""
-    teacher: Reference | None = None
-    """On-policy distillation's teacher (`algorithm.distill`): logprobs of the samples."""
+    teacher: Teacher | None = None
+    """On-policy distillation's teacher (`algorithm.distill`): logprobs of the samples, or
+    their top-k next tokens (`mode: dense`)."""
 
     def shutdown(self) -> None:
         for cluster in self.clusters:
@@ -152,6 +155,9 @@ def check_teachers(c: RLConfig, tokenizer) -> None:
     for where, teacher in named:
         check_same_tokenizer(teacher.path, tokenizer, vocab_width(teacher.path) or width,
                              width, where)
+    if distill.dense and width is not None and distill.top_k > width:
+        raise ConfigError(f"algorithm.distill.top_k: {distill.top_k} is more than the "
+                          f"vocabulary ({width} tokens)")
 
 
 def vocab_width(path: str) -> int | None:
@@ -162,8 +168,8 @@ def vocab_width(path: str) -> int | None:
 
 
 class RoutedTeacher:
-    """Several teachers of on-policy distillation behind the `Reference` interface: a sample's
-    logprobs come from the teacher its prompt row's `tag` names (`algorithm.distill.teachers`;
+    """Several teachers of on-policy distillation behind the `Teacher` interface: a sample's
+    logprobs (or top-k) come from the teacher its prompt row's `tag` names (`algorithm.distill.teachers`;
     None: the default `teacher`). The batch carries each sample's teacher as
     `teacher_route` [B], an index into `names`, set from the trajectories' tags."""
 
@@ -181,19 +187,25 @@ class RoutedTeacher:
                             dtype=torch.long)
 
     def logprobs(self, batch: TensorDict, temperature: float = 1.0) -> torch.Tensor:
+        return self._routed(batch, lambda teacher, rows: teacher.logprobs(rows, temperature))
+
+    def top_k(self, batch: TensorDict, k: int, temperature: float = 1.0) -> TensorDict:
+        return self._routed(batch, lambda teacher, rows: teacher.top_k(rows, k, temperature))
+
+    def _routed(self, batch: TensorDict, score):
+        """`score(teacher, rows)` of each teacher on its own rows, put back in batch order."""
         route = batch["teacher_route"]
         if bool((route < 0).any()):
             raise ValueError("a sample's tag routes to no teacher (rows are checked at start)")
-        out = None
+        order, parts = [], []
         for i, name in enumerate(self.names):
             rows = (route == i).nonzero().squeeze(-1)
             self.samples[name] = len(rows)
             if len(rows):
-                part = self.teachers[name].logprobs(batch[rows], temperature)
-                if out is None:
-                    out = part.new_zeros(batch["input_ids"].shape)
-                out[rows.to(part.device)] = part
-        return out
+                order.append(rows)
+                parts.append(score(self.teachers[name], batch[rows]))
+        scored = torch.cat(parts)  # every row routes to one teacher: a permutation of the batch
+        return scored[torch.cat(order).argsort().to(scored.device)]
 
 
 def teacher_spec(c: RLConfig, plan: Plan, teacher) -> WorkerSpec:

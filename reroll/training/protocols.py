@@ -58,6 +58,16 @@ class Reference(Protocol):
         ...
 
 
+class Teacher(Reference, Protocol):
+    """On-policy distillation's teacher: a reference over the teacher's weights that also gives
+    its top-k next-token distribution (`algorithm.distill.mode: dense`)."""
+
+    def top_k(self, batch: TensorDict, k: int, temperature: float = 1.0) -> TensorDict:
+        """{"ids" [B, T, k] long, "logprobs" [B, T, k]}: the k likeliest next tokens at each
+        response position and their log-probabilities (0 off the response)."""
+        ...
+
+
 class AdapterOffReference:
     """The reference of a LoRA policy: the policy's own base model with the adapter switched
     off (`reference_logprobs`), so a KL term needs no second copy of the model."""

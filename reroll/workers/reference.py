@@ -1,4 +1,5 @@
-"""ReferenceWorker: the frozen reference policy; logprobs of a batch shard."""
+"""ReferenceWorker: the frozen reference policy (or a distillation teacher); logprobs of a batch
+shard, or its top-k next-token distribution at every response position."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from tensordict import TensorDict
 
 from reroll.models.loading import load_model
 from reroll.models.logprobs import batched_logprobs
+from reroll.models.top_k import teacher_top_k
 
 
 class ReferenceWorker:
@@ -22,3 +24,22 @@ class ReferenceWorker:
         with self.autocast:
             return batched_logprobs(self.model, shard["input_ids"], shard["attention_mask"],
                                     self.micro_batch_size, temperature, shard["response_mask"])
+
+    def top_k(self, shard: TensorDict, k: int, temperature: float = 1.0) -> TensorDict:
+        """{"ids", "logprobs"} [B, L, k]: the k likeliest next tokens at each response position
+        and their log-probabilities (0 elsewhere), micro-batch by micro-batch."""
+        device = next(self.model.parameters()).device
+        size, length = shard["input_ids"].shape
+        ids = torch.zeros(size, length, k, dtype=torch.long)
+        logprobs = torch.zeros(size, length, k, dtype=torch.float32)
+        for start in range(0, size, self.micro_batch_size):
+            rows = slice(start, start + self.micro_batch_size)
+            mask = shard["attention_mask"][rows]
+            width = int(mask.sum(-1).max())  # right-padded: trim the shared padding
+            with self.autocast:
+                top_ids, top_lp = teacher_top_k(
+                    self.model, shard["input_ids"][rows, :width].to(device),
+                    mask[:, :width].to(device), shard["response_mask"][rows, :width].to(device),
+                    k, temperature)
+            ids[rows, :width], logprobs[rows, :width] = top_ids.cpu(), top_lp.cpu()
+        return TensorDict({"ids": ids, "logprobs": logprobs}, batch_size=[size])

@@ -9,6 +9,7 @@ import torch
 
 from reroll.algorithms.distillation import (
     bucketed,
+    dense_distill_loss,
     forward_kl,
     generalized_jsd,
     on_policy_distill_advantages,
@@ -42,6 +43,25 @@ def test_jsd_by_hand():
     assert float(generalized_jsd(STUDENT, TEACHER, 0.5)) == pytest.approx(0.033822, abs=1e-6)
     with pytest.raises(ValueError, match="beta"):
         generalized_jsd(STUDENT, TEACHER, 1.0)
+
+
+def test_dense_loss_by_hand():
+    # Positions (masked, (T 0.5, S 0.25), (T 0.5, S 0.5)): forward KL 0.143841 (above) and 0;
+    # the masked position's values (teacher 0.9, student 0.1) never count.
+    student = torch.log(torch.tensor([[[0.1], [0.25], [0.5]]])).requires_grad_()
+    teacher = torch.log(torch.tensor([[[0.9], [0.5], [0.5]]]))
+    mask = torch.tensor([[0.0, 1.0, 1.0]])
+    loss, metrics = dense_distill_loss(student, teacher, mask, forward_kl)
+    assert float(loss.detach()) == pytest.approx(0.143841 / 2, abs=1e-6)
+    assert metrics["divergence"] == pytest.approx(0.143841 / 2, abs=1e-6)
+    # the batch's normaliser (4 tokens over all micro-batches), not this micro-batch's 2
+    loss, _ = dense_distill_loss(student, teacher, mask, forward_kl, num_tokens=4)
+    assert float(loss.detach()) == pytest.approx(0.143841 / 4, abs=1e-6)
+    loss.backward()
+    # d/dlog s [-(0.5 log s + 0.5 log(1 - s))] / 4 at s = 0.25: (-0.5 + 0.5 * 0.25 / 0.75) / 4
+    assert student.grad[0, :, 0].tolist() == pytest.approx([0.0, -1 / 12, 0.0], abs=1e-6)
+    reverse, _ = dense_distill_loss(student, teacher, mask, reverse_kl, agg="seq_mean_token_sum")
+    assert float(reverse.detach()) == pytest.approx(0.130812, abs=1e-6)
 
 
 def full_and_topk(seed: int, k: int, vocab: int = 50):

@@ -199,6 +199,12 @@ def config_yaml_that_does_not_parse(tmp, tiny, data):
     return ["train", str(path)], str(path)
 
 
+def dense_distillation_top_k_past_the_vocabulary(tmp, tiny, data):
+    config = rl_config(tmp, tiny, data["train"], algorithm={"distill": {
+        "teacher": {"path": tiny}, "mode": "dense", "top_k": 4096}})
+    return ["train", config], "algorithm.distill.top_k: 4096 is more than the vocabulary"
+
+
 CASES: list[Callable] = [
     corrupt_config_json, truncated_safetensors, weights_do_not_match_the_config,
     corrupt_tokenizer_json, output_dir_is_a_file, output_dir_not_writable,
@@ -209,6 +215,7 @@ CASES: list[Callable] = [
     missing_model_path_shaped_like_a_hub_id, sft_dataset_with_non_utf8_bytes,
     eval_with_a_corrupt_model_config, eval_dataset_with_non_utf8_bytes, replay_truncated_batch,
     replay_truncated_metrics, config_yaml_that_does_not_parse,
+    dense_distillation_top_k_past_the_vocabulary,
 ]
 
 

@@ -185,3 +185,40 @@ def test_every_algorithm_snippet_in_the_docs_parses():
     assert len(snippets) >= 12
     for snippet in snippets:
         AlgorithmConfig.model_validate(yaml.safe_load(snippet)["algorithm"])
+
+
+TEACHER = {"teacher": {"path": "no/such/teacher"}}
+
+
+def test_dense_distillation_parses_with_the_offline_names():
+    a = AlgorithmConfig(distill=TEACHER | {"mode": "dense", "divergence": "jsd", "beta": 0.3,
+                                           "top_k": 16})
+    assert a.distill.dense and (a.distill.divergence, a.distill.beta, a.distill.top_k) == \
+        ("jsd", 0.3, 16)
+    defaults = AlgorithmConfig(distill=TEACHER | {"mode": "dense"}).distill
+    assert (defaults.divergence, defaults.top_k) == ("forward_kl", 32)  # as `reroll distill`'s
+
+
+@pytest.mark.parametrize("distill, sections, message", [
+    ({"mode": "pure", "top_k": 8}, {}, "distill.top_k is used by mode: dense only"),
+    ({"mode": "mixed", "divergence": "jsd"}, {}, "distill.divergence is used by mode: dense"),
+    ({"mode": "dense", "baseline": "mean"}, {}, "distill.baseline is used by mode: pure/mixed"),
+    ({"mode": "dense", "coef": 0.5}, {}, "distill.coef is used by mode: pure/mixed"),
+    ({"mode": "dense", "beta": 0.2}, {}, "beta is used by divergence: jsd only"),
+    ({"mode": "dense", "top_k": 0}, {}, "top_k"),
+    ({"mode": "dense", "divergence": "kl"}, {}, "forward_kl"),
+    ({"mode": "dense"}, {"entropy_coef": 0.01}, "entropy_coef > 0 would have no effect"),
+    ({"mode": "dense"}, {"kl": {"coef": 0.1, "mode": "reward"}}, "kl.mode reward"),
+    ({"mode": "gkd"}, {}, "dense"),
+])
+def test_bad_dense_distillation_settings_name_the_field(tmp_path, distill, sections, message):
+    assert message in error_of(tmp_path, {"distill": TEACHER | distill, **sections})
+
+
+def test_dense_distillation_needs_no_group(tmp_path):
+    """`mode: dense` trains on no advantage, so one sample a prompt is fine (GKD samples one);
+    the one-sample advantage modes keep GRPO's group requirement."""
+    dense = load(tmp_path, {"distill": TEACHER | {"mode": "dense"}}, rollout={"group_size": 1})
+    assert dense.rollout.group_size == 1
+    assert "needs rollout.group_size >= 2" in error_of(
+        tmp_path, {"distill": TEACHER | {"mode": "pure"}}, rollout={"group_size": 1})

@@ -51,6 +51,15 @@ def test_each_sample_gets_the_logprobs_of_the_teacher_its_tag_names(tiny_model, 
         assert torch.allclose(out[i], alone[tag or "math"][i], atol=1e-5), (i, tag)
     assert not torch.allclose(alone["math"][2], alone["code"][2])  # the teachers differ
     assert routed.samples == {None: 1, "math": 2, "code": 2}
+    top = routed.top_k(batch, 3)  # `mode: dense`: each sample's top-k from its own teacher
+    alone_top = {"math": math.top_k(batch, 3), "code": code.top_k(batch, 3)}
+    assert top["ids"].shape == (5, batch["input_ids"].shape[1], 3)
+    for i, tag in enumerate(tags):
+        assert torch.equal(top["ids"][i], alone_top[tag or "math"]["ids"][i]), (i, tag)
+        assert torch.allclose(top["logprobs"][i], alone_top[tag or "math"]["logprobs"][i],
+                              atol=1e-5)
+    response = batch["response_mask"].bool()
+    assert (top["logprobs"][response] < 0).all() and not top["logprobs"][~response].any()
 
 
 def rows(tmp_path, *tags):
