@@ -80,7 +80,7 @@ def dense_distill_loss(student_logprobs: torch.Tensor, teacher_logprobs: torch.T
     top-k ids), `mask` [B, T]. Returns (loss, {"divergence": the mean per-token value})."""
     per_token = divergence(student_logprobs, teacher_logprobs)
     loss = aggregate_loss(per_token, mask, agg, **normalisers)
-    return loss, {"divergence": float(masked_mean(per_token.detach(), mask))}
+    return loss, {"divergence": masked_mean(per_token.detach(), mask)}
 
 
 def on_policy_distill_advantages(teacher_logprobs: torch.Tensor, student_logprobs: torch.Tensor,

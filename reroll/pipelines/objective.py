@@ -309,14 +309,14 @@ def make_dense_distill_loss(config: AlgorithmConfig, batch: TensorDict, temperat
                                                   mask, divergence, **agg)
         sampled = student[..., -1]
         metrics = {f"distill/{d.divergence}": raw["divergence"],
-                   "actor/entropy": float(algorithms.masked_mean(entropy, response)),
-                   "actor/behaviour_kl_k3": float(algorithms.masked_mean(
+                   "actor/entropy": algorithms.masked_mean(entropy, response),
+                   "actor/behaviour_kl_k3": algorithms.masked_mean(
                        algorithms.behaviour_kl_k3(sampled.detach(), micro["behaviour_logprobs"],
-                                                  response), response))}
+                                                  response), response)}
         if kl_in_loss:
             kl = algorithms.kl_estimate(sampled, micro["ref_logprobs"], config.kl.estimator)
             loss = loss + kl_coef * algorithms.aggregate_loss(kl, mask, **tokens)
-            metrics["actor/kl_ref"] = float(algorithms.masked_mean(kl.detach(), mask))
+            metrics["actor/kl_ref"] = algorithms.masked_mean(kl.detach(), mask)
         return loss, metrics
 
     return loss_fn
@@ -410,7 +410,7 @@ def sft_loss(batch: TensorDict) -> Callable[[torch.nn.Module, TensorDict], tuple
         logprobs, _ = forward_logprobs(model, micro["input_ids"], micro["attention_mask"],
                                        response_mask=mask)
         loss = algorithms.aggregate_loss(-logprobs, mask, "token_mean", num_tokens=num_tokens)
-        return loss, {"sft/nll": float(algorithms.masked_mean(-logprobs.detach(), mask))}
+        return loss, {"sft/nll": algorithms.masked_mean(-logprobs.detach(), mask)}
 
     return loss_fn
 

@@ -53,7 +53,7 @@ def test_dense_loss_by_hand():
     mask = torch.tensor([[0.0, 1.0, 1.0]])
     loss, metrics = dense_distill_loss(student, teacher, mask, forward_kl)
     assert float(loss.detach()) == pytest.approx(0.143841 / 2, abs=1e-6)
-    assert metrics["divergence"] == pytest.approx(0.143841 / 2, abs=1e-6)
+    assert float(metrics["divergence"]) == pytest.approx(0.143841 / 2, abs=1e-6)
     # the batch's normaliser (4 tokens over all micro-batches), not this micro-batch's 2
     loss, _ = dense_distill_loss(student, teacher, mask, forward_kl, num_tokens=4)
     assert float(loss.detach()) == pytest.approx(0.143841 / 4, abs=1e-6)
