@@ -81,6 +81,10 @@ class ServedRewardFn:
         _serve().delete(self.app)
 
 
+HEALTH_CHECK_PERIOD_S = 2.0
+"""How often Serve checks each reward replica (and starts a replacement for a dead one)."""
+
+
 def start_reward_service(factory: Callable[[], RewardFn], config: RewardServe,
                          actor_options: dict[str, Any], *, num_threads: int = 1,
                          app: str = "reroll-reward") -> ServedRewardFn:
@@ -98,6 +102,9 @@ def start_reward_service(factory: Callable[[], RewardFn], config: RewardServe,
         # a run makes thousands of reward calls: Serve's INFO line per call would flood the
         # driver's terminal and cost CPU in every process that ships and prints it
         logging_config={"enable_access_log": False, "log_level": "WARNING"},
+        # Serve finds a dead replica (a lost node, a killed actor) by its health check: every
+        # 10 s by default, so a replacement came too late for a run's burst of rewards
+        health_check_period_s=HEALTH_CHECK_PERIOD_S,
         autoscaling_config={
             "min_replicas": config.min_replicas, "max_replicas": config.max_replicas,
             "initial_replicas": config.min_replicas,
