@@ -179,6 +179,15 @@ def first_response_position(response_mask: torch.Tensor) -> int:
     return max(1, int(response_mask[rows].float().argmax(-1).min()))
 
 
+def trimmed_micro_batches(attention_mask: torch.Tensor, micro_batch_size: int
+                          ) -> list[tuple[slice, int]]:
+    """(rows, width) of each micro-batch of a right-padded batch: its row slice and its longest
+    row's length (the padding all its rows share is trimmed)."""
+    return [(rows, int(attention_mask[rows].sum(-1).max()))
+            for rows in (slice(start, start + micro_batch_size)
+                         for start in range(0, attention_mask.shape[0], micro_batch_size))]
+
+
 @torch.no_grad()
 def batched_logprobs(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                      micro_batch_size: int, temperature: float = 1.0,
@@ -187,13 +196,10 @@ def batched_logprobs(model: torch.nn.Module, input_ids: torch.Tensor, attention_
     (with `response_mask`: from each row's first response token on, see `forward_logprobs`)."""
     out = torch.zeros(input_ids.shape, dtype=torch.float32)
     device = next(model.parameters()).device  # inputs go to the model, results come back
-    for start in range(0, input_ids.shape[0], micro_batch_size):
-        rows = slice(start, start + micro_batch_size)
-        mask = attention_mask[rows]
-        width = int(mask.sum(-1).max())  # right-padded: trim the shared padding
+    for rows, width in trimmed_micro_batches(attention_mask, micro_batch_size):
         response = None if response_mask is None else response_mask[rows, :width].to(device)
         logprobs, _ = forward_logprobs(model, input_ids[rows, :width].to(device),
-                                       mask[:, :width].to(device), temperature,
+                                       attention_mask[rows, :width].to(device), temperature,
                                        response_mask=response)
         out[rows, :width] = logprobs.to(out.device)
     return out

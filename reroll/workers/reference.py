@@ -7,7 +7,7 @@ import torch
 from tensordict import TensorDict
 
 from reroll.models.loading import load_model
-from reroll.models.logprobs import batched_logprobs
+from reroll.models.logprobs import batched_logprobs, trimmed_micro_batches
 from reroll.models.top_k import teacher_top_k
 
 
@@ -32,14 +32,11 @@ class ReferenceWorker:
         size, length = shard["input_ids"].shape
         ids = torch.zeros(size, length, k, dtype=torch.long)
         logprobs = torch.zeros(size, length, k, dtype=torch.float32)
-        for start in range(0, size, self.micro_batch_size):
-            rows = slice(start, start + self.micro_batch_size)
-            mask = shard["attention_mask"][rows]
-            width = int(mask.sum(-1).max())  # right-padded: trim the shared padding
+        for rows, width in trimmed_micro_batches(shard["attention_mask"], self.micro_batch_size):
             with self.autocast:
                 top_ids, top_lp = teacher_top_k(
-                    self.model, shard["input_ids"][rows, :width].to(device),
-                    mask[:, :width].to(device), shard["response_mask"][rows, :width].to(device),
+                    self.model, *(shard[key][rows, :width].to(device) for key in
+                                  ("input_ids", "attention_mask", "response_mask")),
                     k, temperature)
             ids[rows, :width], logprobs[rows, :width] = top_ids.cpu(), top_lp.cpu()
         return TensorDict({"ids": ids, "logprobs": logprobs}, batch_size=[size])
