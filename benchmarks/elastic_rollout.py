@@ -176,6 +176,7 @@ def run_mode(mode: str, model: str, url: str, vocab: int, objective: ServingObje
     if mode == "elastic":
         c = engine.counters
         result |= {"lent": c.lent, "backoffs": c.backoffs, "preempted": c.preempted,
+                   "unkept": c.unkept,
                    "lent_tokens": c.lent_tokens, "kept_tokens": c.kept_tokens,
                    "lent_busy_s": c.lent_busy_s,
                    "refused": httpx.get(f"{url}/load").json().get("refused", 0) - refused}

@@ -24,7 +24,10 @@ them while its own traffic stays within its objective:
   rest of its budget) goes ahead of the requests that have not started, to whichever side has
   room first; its tokens and logprobs are kept (the same weights sampled them). An endpoint
   that keeps K rollouts beside its users (`--rollouts-beside-serving K`) aborts only the others,
-  and the cap falls to K, not 0, while they are served (still 0 past the headroom). Without
+  and the cap falls to K, not 0, while they are served (still 0 past the headroom). Those K are
+  the first to go when the users' latency nears its objective: past the headroom the controller
+  tells the endpoint to keep none (`next_beside`, `POST /v1/beside`), which gives them back at
+  once if users are being served, and K again once the p99s are back under it. Without
   yielding, a rollout already on the endpoint when the cap drops runs to its end beside the
   users' requests.
 """
@@ -72,16 +75,28 @@ def next_cap(cap: int, serving: dict, objective: ServingObjective, yields: bool 
     share more than one decoding step with rollouts (or with the `beside` rollouts it keeps), so
     a gradual ramp would protect nothing while the p99s stay within the objective. While its
     users are served, a yielding endpoint that keeps `beside` rollouts may hold that many."""
-    limits = {"ttft_p99_s": objective.ttft_p99_s, "tpot_p99_s": objective.tpot_p99_s}
-    for key, limit in limits.items():
-        value = serving.get(key)
-        if value is not None and value > objective.headroom * limit:
-            return 0
+    if threatened(serving, objective):
+        return 0
     if serving.get("in_flight", 0) > 0:  # users are being served right now
         return min(beside, objective.max_lent) if yields else 0
     if yields or serving.get("requests", 0) == 0:
         return objective.max_lent
     return min(objective.max_lent, max(1, 2 * cap))
+
+
+def next_beside(serving: dict, objective: ServingObjective, most: int) -> int:
+    """How many rollouts a yielding endpoint that may keep up to `most` beside its users should
+    keep now: none while either recent p99 of its users (`serving`, as for `next_cap`) is past
+    `headroom` x its objective, so that the users' batch is theirs alone until it is back under;
+    else all `most`."""
+    return 0 if threatened(serving, objective) else most
+
+
+def threatened(serving: dict, objective: ServingObjective) -> bool:
+    """Whether either recent p99 of the serving traffic is past `headroom` x its objective."""
+    limits = {"ttft_p99_s": objective.ttft_p99_s, "tpot_p99_s": objective.tpot_p99_s}
+    return any(serving.get(key) is not None and serving[key] > objective.headroom * limit
+               for key, limit in limits.items())
 
 
 @dataclass
@@ -102,6 +117,8 @@ class ElasticCounters:
     """Of those, the tokens of preempted rollouts (kept, continued on the dedicated engine)."""
     lent_busy_s: float = 0.0
     """Time during which the endpoint held at least one rollout request."""
+    unkept: int = 0
+    """Times the controller told the endpoint to keep no rollouts beside its users."""
 
 
 class ElasticEngine:
@@ -221,7 +238,7 @@ class ElasticEngine:
         c = self.counters
         total = max(c.lent + c.dedicated, 1)
         return {"elastic/lent_frac": c.lent / total, "elastic/backoffs": float(c.backoffs),
-                "elastic/preempted": float(c.preempted),
+                "elastic/preempted": float(c.preempted), "elastic/unkept": float(c.unkept),
                 "elastic/cap_mean": sum(c.caps) / max(len(c.caps), 1)}
 
     def close(self) -> None:
@@ -292,7 +309,7 @@ class ElasticEngine:
             try:
                 load = self._http.get(f"{self.serving_url}/load", params=params).json()
                 users_busy = load["serving"]["in_flight"] > 0
-                self._beside = int(load.get("rollouts_beside_serving", 0))
+                self._beside = self._keep_beside(load)
                 cap = next_cap(self.cap, load["serving"], o, load.get("yield_to_serving", False),
                                self._beside)
             except Exception:  # noqa: BLE001 - an endpoint that does not answer lends nothing
@@ -305,6 +322,19 @@ class ElasticEngine:
                 self.cap = cap
                 self.counters.caps.append(cap)
                 self._grant()
+
+    def _keep_beside(self, load: dict) -> int:
+        """How many rollouts the endpoint keeps beside its users now (`next_beside`); told to
+        it when that changes. An endpoint without `beside` in its load keeps what it says."""
+        most = int(load.get("rollouts_beside_serving", 0))
+        if "beside" not in load:
+            return most
+        keep = next_beside(load["serving"], self.objective, most)
+        if keep != load["beside"]:
+            self._http.post(f"{self.serving_url}/beside", json={"keep": keep}).raise_for_status()
+            if keep == 0:
+                self.counters.unkept += 1
+        return keep
 
 
 @dataclass(eq=False)
