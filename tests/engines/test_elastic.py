@@ -355,13 +355,14 @@ def test_the_controller_takes_the_kept_rollouts_back_while_the_users_latency_nea
         assert server.beside == 2 and engine.counters.unkept == 0  # quiet: keeps its 2
         generate_all(users, rollout_requests(1, length=4))  # any TTFT passes 0.8 x 1e-6
         deadline = time.perf_counter() + 2 * strict.control_interval_s + 0.5
-        while server.beside and time.perf_counter() < deadline:
+        while not (server.beside == 0 and engine.counters.unkept and engine.cap == 0) \
+                and time.perf_counter() < deadline:
             time.sleep(0.01)
-        assert server.beside == 0 and engine.counters.unkept == 1
+        assert server.beside == 0 and engine.counters.unkept == 1 and engine.cap == 0
         deadline = time.perf_counter() + strict.window_s + 1.0  # the slow request leaves the window
-        while server.beside == 0 and time.perf_counter() < deadline:
+        while not (server.beside == 2 and engine.cap == 4) and time.perf_counter() < deadline:
             time.sleep(0.01)
-        assert server.beside == 2 and engine.cap == 4
+        assert server.beside == 2 and engine.cap == 4 and engine.counters.unkept == 1
     finally:
         users.close()
         engine.close()
