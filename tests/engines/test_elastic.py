@@ -49,19 +49,6 @@ def test_an_endpoint_that_yields_lends_its_most_at_once_while_its_users_are_with
     assert next_cap(cap, serving, OBJECTIVE, yields=True) == expected
 
 
-@pytest.mark.parametrize(("serving", "beside", "expected"), [
-    ({"requests": 5, "in_flight": 1, "ttft_p99_s": 0.5, "tpot_p99_s": 0.05}, 2, 2),  # keeps 2
-    ({"requests": 5, "in_flight": 1, "ttft_p99_s": 0.5, "tpot_p99_s": 0.05}, 20, 8),  # max_lent
-    ({"requests": 5, "in_flight": 1, "ttft_p99_s": 0.5, "tpot_p99_s": 0.09}, 2, 0),  # past it
-    ({"requests": 5, "ttft_p99_s": 0.5, "tpot_p99_s": 0.05}, 2, 8),  # users gone: the most
-])
-def test_an_endpoint_that_keeps_rollouts_beside_its_users_may_hold_that_many_while_they_run(
-        serving, beside, expected):
-    assert next_cap(8, serving, OBJECTIVE, yields=True, beside=beside) == expected
-    assert next_cap(8, serving, OBJECTIVE, yields=False, beside=beside) == \
-        (0 if serving.get("in_flight") else 8)  # without yielding `beside` means nothing
-
-
 @pytest.mark.parametrize(("serving", "expected"), [
     ({"requests": 5, "in_flight": 2, "ttft_p99_s": 0.5, "tpot_p99_s": 0.05}, 3),  # within: all
     ({"requests": 5, "in_flight": 2, "ttft_p99_s": 0.8, "tpot_p99_s": 0.08}, 3),  # at the line
@@ -366,6 +353,41 @@ def test_the_controller_takes_the_kept_rollouts_back_while_the_users_latency_nea
     finally:
         users.close()
         engine.close()
+        server.close()
+
+
+def test_an_endpoint_that_keeps_rollouts_beside_its_users_starts_no_new_one_while_they_run(
+        tiny_model, tokenizer):
+    """Room for 2 beside the user, 1 running: a new rollout is still turned away (its prefill
+    would stall the user's decoding); the running one goes on to its end."""
+    import threading
+
+    server = CompletionServer(HFEngine(load_model(tiny_model), 64, tokenizer.pad_token_id),
+                              "tiny", yield_to_serving=True, rollouts_beside_serving=2)
+    replies: dict[str, dict] = {}
+
+    def call(name: str, body: dict) -> None:
+        replies[name] = server.complete(body | {"ignore_eos": True})
+
+    try:
+        kept = threading.Thread(target=call, args=("kept", {
+            "prompt": [1, 2], "max_tokens": 400, "reroll_kind": "rollout"}))
+        kept.start()
+        while not server._rollouts:
+            time.sleep(0.002)
+        user = threading.Thread(target=call, args=("user", {"prompt": [1, 2, 3],
+                                                            "max_tokens": 400}))
+        user.start()
+        while server.latency.report(60)["serving"]["in_flight"] == 0:
+            time.sleep(0.002)
+        new = server.complete({"prompt": [1, 2], "max_tokens": 50, "reroll_kind": "rollout"})
+        assert new["choices"][0]["finish_reason"] == "abort" and new["choices"][0]["token_ids"] == []
+        assert server.refused == 1 and user.is_alive()
+        for thread in (kept, user):
+            thread.join(timeout=120)
+        assert replies["kept"]["choices"][0]["finish_reason"] == "length"
+        assert len(replies["kept"]["choices"][0]["token_ids"]) == 400
+    finally:
         server.close()
 
 
