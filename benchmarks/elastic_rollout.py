@@ -17,7 +17,8 @@ repeating; each USER_PROMPT tokens in, USER_NEW tokens out) from t = 0 of every 
 2. Each run: ROLLOUTS requests of ROLLOUT_NEW tokens. `fixed`: the dedicated engine alone.
    `elastic` (`rollout.serving_endpoint`): the ElasticEngine lends the endpoint up to MAX_LENT
    of them while its users' p99s stay under `headroom` x the objective; when a user request
-   arrives the endpoint gives back all but the BESIDE oldest of them.
+   arrives the endpoint gives back all but the BESIDE oldest of them and starts no new one
+   until its users have left (and gives back those BESIDE too while a p99 is past it).
    Rollout throughput = rollout tokens / time until the last rollout ends; SLO attainment = the
    share of user requests in that time that met both objectives. The modes alternate ROUNDS
    times; each keeps its fastest run.
