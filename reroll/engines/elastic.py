@@ -23,8 +23,11 @@ them while its own traffic stays within its objective:
   the lending until the controller sees the endpoint idle, and its rest (prompt + its tokens, the
   rest of its budget) goes ahead of the requests that have not started, to whichever side has
   room first; its tokens and logprobs are kept (the same weights sampled them). An endpoint
-  that keeps K rollouts beside its users (`--rollouts-beside-serving K`) aborts only the others,
-  and the cap falls to K, not 0, while they are served (still 0 past the headroom). Without
+  that keeps K rollouts beside its users (`--rollouts-beside-serving K`) aborts only the others
+  (it starts no new one while they are served: its prefill would stall their decoding). Those K are
+  the first to go when the users' latency nears its objective: past the headroom the controller
+  tells the endpoint to keep none (`next_beside`, `POST /v1/beside`), which gives them back at
+  once if users are being served, and K again once the p99s are back under it. Without
   yielding, a rollout already on the endpoint when the cap drops runs to its end beside the
   users' requests.
 """
@@ -62,26 +65,37 @@ class ServingObjective:
     """Most rollout requests the endpoint holds at once."""
 
 
-def next_cap(cap: int, serving: dict, objective: ServingObjective, yields: bool = False,
-             beside: int = 0) -> int:
+def next_cap(cap: int, serving: dict, objective: ServingObjective, yields: bool = False) -> int:
     """The lending cap after one control interval, from the serving traffic's recent p99s
     (`serving`: `ttft_p99_s`, `tpot_p99_s`, None when no request finished in the window):
     0 when either passes `headroom` x its objective or a serving request is running, else doubled
     (at least 1), up to `max_lent`. An idle endpoint (no serving request in the window) lends the
     most, and so does one that `yields` (started with `--yield-to-serving`): its users never
-    share more than one decoding step with rollouts (or with the `beside` rollouts it keeps), so
-    a gradual ramp would protect nothing while the p99s stay within the objective. While its
-    users are served, a yielding endpoint that keeps `beside` rollouts may hold that many."""
-    limits = {"ttft_p99_s": objective.ttft_p99_s, "tpot_p99_s": objective.tpot_p99_s}
-    for key, limit in limits.items():
-        value = serving.get(key)
-        if value is not None and value > objective.headroom * limit:
-            return 0
+    share more than one decoding step with rollouts (or with those it keeps beside them, see
+    `next_beside`), so a gradual ramp would protect nothing while the p99s stay within the
+    objective."""
+    if threatened(serving, objective):
+        return 0
     if serving.get("in_flight", 0) > 0:  # users are being served right now
-        return min(beside, objective.max_lent) if yields else 0
+        return 0
     if yields or serving.get("requests", 0) == 0:
         return objective.max_lent
     return min(objective.max_lent, max(1, 2 * cap))
+
+
+def next_beside(serving: dict, objective: ServingObjective, most: int) -> int:
+    """How many rollouts a yielding endpoint that may keep up to `most` beside its users should
+    keep now: none while either recent p99 of its users (`serving`, as for `next_cap`) is past
+    `headroom` x its objective, so that the users' batch is theirs alone until it is back under;
+    else all `most`."""
+    return 0 if threatened(serving, objective) else most
+
+
+def threatened(serving: dict, objective: ServingObjective) -> bool:
+    """Whether either recent p99 of the serving traffic is past `headroom` x its objective."""
+    limits = {"ttft_p99_s": objective.ttft_p99_s, "tpot_p99_s": objective.tpot_p99_s}
+    return any(serving.get(key) is not None and serving[key] > objective.headroom * limit
+               for key, limit in limits.items())
 
 
 @dataclass
@@ -102,6 +116,8 @@ class ElasticCounters:
     """Of those, the tokens of preempted rollouts (kept, continued on the dedicated engine)."""
     lent_busy_s: float = 0.0
     """Time during which the endpoint held at least one rollout request."""
+    unkept: int = 0
+    """Times the controller told the endpoint to keep no rollouts beside its users."""
 
 
 class ElasticEngine:
@@ -121,7 +137,6 @@ class ElasticEngine:
         self._in_flight = {"dedicated": 0, "serving": 0}
         self._lent_since = 0.0
         self._yields = 0  # rollouts the endpoint gave back for its users, so far
-        self._beside = 0  # rollouts a yielding endpoint keeps beside its users (its /load says)
         self._where: dict[str, tuple[str, str]] = {}  # request -> (side, id of its part)
         self._aborted: set[str] = set()  # aborted by the caller, not preempted
         self._lock = threading.Lock()
@@ -172,9 +187,8 @@ class ElasticEngine:
                 self._in_flight[side] -= 1
                 if side == "serving" and part is not None and part.finish_reason == "abort" \
                         and original_id not in self._aborted:
-                    # it yielded: no more lending than it keeps beside its users until the
-                    # controller sees them gone
-                    self.cap = min(self.cap, self._beside)
+                    # it yielded: no more lending until the controller sees the users gone
+                    self.cap = 0
                     self._yields += 1
                 if side == "serving" and self._in_flight[side] == 0:
                     self.counters.lent_busy_s += time.perf_counter() - self._lent_since
@@ -221,7 +235,7 @@ class ElasticEngine:
         c = self.counters
         total = max(c.lent + c.dedicated, 1)
         return {"elastic/lent_frac": c.lent / total, "elastic/backoffs": float(c.backoffs),
-                "elastic/preempted": float(c.preempted),
+                "elastic/preempted": float(c.preempted), "elastic/unkept": float(c.unkept),
                 "elastic/cap_mean": sum(c.caps) / max(len(c.caps), 1)}
 
     def close(self) -> None:
@@ -292,19 +306,30 @@ class ElasticEngine:
             try:
                 load = self._http.get(f"{self.serving_url}/load", params=params).json()
                 users_busy = load["serving"]["in_flight"] > 0
-                self._beside = int(load.get("rollouts_beside_serving", 0))
-                cap = next_cap(self.cap, load["serving"], o, load.get("yield_to_serving", False),
-                               self._beside)
+                self._keep_beside(load)
+                cap = next_cap(self.cap, load["serving"], o, load.get("yield_to_serving", False))
             except Exception:  # noqa: BLE001 - an endpoint that does not answer lends nothing
                 cap, users_busy = 0, False
             with self._lock:
                 if self._yields != yields:  # a rollout yielded since the read: users came
-                    cap, users_busy = min(cap, self._beside), True
+                    cap, users_busy = 0, True
                 if cap == 0 and self.cap > 0:
                     self.counters.backoffs += 1
                 self.cap = cap
                 self.counters.caps.append(cap)
                 self._grant()
+
+    def _keep_beside(self, load: dict) -> None:
+        """Tell the endpoint how many rollouts to keep beside its users now (`next_beside`)
+        when that changed (an endpoint without `beside` in its load cannot be told)."""
+        if "beside" not in load:
+            return
+        keep = next_beside(load["serving"], self.objective,
+                           int(load.get("rollouts_beside_serving", 0)))
+        if keep != load["beside"]:
+            self._http.post(f"{self.serving_url}/beside", json={"keep": keep}).raise_for_status()
+            if keep == 0:
+                self.counters.unkept += 1
 
 
 @dataclass(eq=False)

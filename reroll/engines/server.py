@@ -19,8 +19,13 @@ runs is turned away at once (no tokens, finish reason `abort`), so the users' re
 share a batch with rollouts beyond the decoding step under way when they arrive.
 `rollouts_beside_serving` K (`--rollouts-beside-serving K`) softens that for an endpoint whose
 latency objective leaves room for a few more sequences in a batch: the K rollouts that started
-first keep running beside the users (only the others are aborted), and rollouts are turned away
-only while K already run.
+first keep running beside the users (only the others are aborted). No rollout starts while users
+are served, even with fewer than K running: its prompt's prefill would stall their decoding (4
+rollouts' prompts of 48-140 tokens took 0.27-0.9 s to prefill on one core of this machine, 5-18
+of the users' decoding steps). K is the most it keeps: `POST /v1/beside` (`{"keep": k}`) sets how many
+it keeps now, from 0 to K (the lender's controller lowers it when the users' latency nears
+their objective); lowered while users are served, the rollouts past the new number are aborted
+at once.
 """
 
 from __future__ import annotations
@@ -107,6 +112,8 @@ class CompletionServer:
         self.engine, self.model_name = engine, model_name
         self.yield_to_serving = yield_to_serving
         self.rollouts_beside_serving = rollouts_beside_serving
+        self.beside = rollouts_beside_serving
+        """How many rollouts it keeps beside its users now (`keep_beside`), at most the K above."""
         self.latency = LatencyLog()
         self.refused = 0
         """Rollout requests turned away at once because users were being served (yielding)."""
@@ -136,15 +143,13 @@ class CompletionServer:
         kind = "rollout" if body.get("reroll_kind") == "rollout" else "serving"
         with self._rollouts_lock:
             refused = kind == "rollout" and self.yield_to_serving \
-                and self.latency.in_flight["serving"] > 0 \
-                and len(self._rollouts) >= self.rollouts_beside_serving
+                and self.latency.in_flight["serving"] > 0
             if refused:  # users are being served: the rollout goes back untouched
                 self.refused += 1
             elif kind == "rollout":
                 self._rollouts[request.request_id] = None
             elif self.yield_to_serving:  # the oldest K stay: they are the furthest along
-                for rollout_id in list(self._rollouts)[self.rollouts_beside_serving:]:
-                    self.engine.abort(rollout_id)
+                self._abort_rollouts_past(self.beside)
             if not refused:
                 self.latency.started(kind)
         if refused:
@@ -159,6 +164,20 @@ class CompletionServer:
                 self._rollouts.pop(request.request_id, None)
         self.latency.finished(kind, time.perf_counter() - start, out)
         return self._reply(out, prompt)
+
+    def keep_beside(self, keep: int) -> dict:
+        """Keep `keep` rollouts beside the users from now on (clipped to 0..K); while users are
+        served, the rollouts past that number (the latest started) are aborted at once."""
+        with self._rollouts_lock:
+            self.beside = max(0, min(int(keep), self.rollouts_beside_serving))
+            if self.yield_to_serving and self.latency.in_flight["serving"] > 0:
+                self._abort_rollouts_past(self.beside)
+        return {"keep": self.beside, "rollouts_beside_serving": self.rollouts_beside_serving}
+
+    def _abort_rollouts_past(self, keep: int) -> None:
+        """Abort every running rollout but the `keep` that started first (lock held)."""
+        for rollout_id in list(self._rollouts)[keep:]:
+            self.engine.abort(rollout_id)
 
     def _reply(self, out: Completion, prompt: list[int]) -> dict:
         return {
@@ -211,6 +230,7 @@ def _handler(server: CompletionServer) -> type[BaseHTTPRequestHandler]:
                 self._reply(200, server.latency.report(window) | {
                     "yield_to_serving": server.yield_to_serving,
                     "rollouts_beside_serving": server.rollouts_beside_serving,
+                    "beside": server.beside,
                     "refused": server.refused})
             elif route == "/v1/weights_fingerprint":
                 self._reply(200, {"fingerprint": server.engine.weights_fingerprint()})
@@ -219,10 +239,12 @@ def _handler(server: CompletionServer) -> type[BaseHTTPRequestHandler]:
 
         def do_POST(self) -> None:
             route = self.path.rstrip("/")
-            if route not in ("/v1/completions", "/v1/weights"):
+            if route not in ("/v1/completions", "/v1/weights", "/v1/beside"):
                 return self._reply(404, {"error": {"message": f"no route {self.path}"}})
             try:
                 data = self.rfile.read(int(self.headers.get("Content-Length", 0)))
+                if route == "/v1/beside":
+                    return self._reply(200, server.keep_beside(json.loads(data)["keep"]))
                 if route == "/v1/weights":
                     version = int(self.headers.get("X-Reroll-Version", 0))
                     return self._reply(200, server.load_weights(data, version))

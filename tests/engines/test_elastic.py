@@ -14,7 +14,7 @@ import yaml
 from engine_checks import generate_all
 
 from reroll.engines.base import Completion, Request, SamplingParams, fingerprint
-from reroll.engines.elastic import ElasticEngine, ServingObjective, next_cap
+from reroll.engines.elastic import ElasticEngine, ServingObjective, next_beside, next_cap
 from reroll.engines.hf import HFEngine
 from reroll.engines.remote import RemoteEngine
 from reroll.engines.server import CompletionServer, LatencyLog, p99
@@ -49,17 +49,16 @@ def test_an_endpoint_that_yields_lends_its_most_at_once_while_its_users_are_with
     assert next_cap(cap, serving, OBJECTIVE, yields=True) == expected
 
 
-@pytest.mark.parametrize(("serving", "beside", "expected"), [
-    ({"requests": 5, "in_flight": 1, "ttft_p99_s": 0.5, "tpot_p99_s": 0.05}, 2, 2),  # keeps 2
-    ({"requests": 5, "in_flight": 1, "ttft_p99_s": 0.5, "tpot_p99_s": 0.05}, 20, 8),  # max_lent
-    ({"requests": 5, "in_flight": 1, "ttft_p99_s": 0.5, "tpot_p99_s": 0.09}, 2, 0),  # past it
-    ({"requests": 5, "ttft_p99_s": 0.5, "tpot_p99_s": 0.05}, 2, 8),  # users gone: the most
+@pytest.mark.parametrize(("serving", "expected"), [
+    ({"requests": 5, "in_flight": 2, "ttft_p99_s": 0.5, "tpot_p99_s": 0.05}, 3),  # within: all
+    ({"requests": 5, "in_flight": 2, "ttft_p99_s": 0.8, "tpot_p99_s": 0.08}, 3),  # at the line
+    ({"requests": 5, "in_flight": 2, "ttft_p99_s": 0.81, "tpot_p99_s": 0.05}, 0),  # ttft near
+    ({"requests": 5, "in_flight": 0, "ttft_p99_s": 0.5, "tpot_p99_s": 0.081}, 0),  # tpot near
+    ({"requests": 0, "in_flight": 0, "ttft_p99_s": None, "tpot_p99_s": None}, 3),  # quiet: all
 ])
-def test_an_endpoint_that_keeps_rollouts_beside_its_users_may_hold_that_many_while_they_run(
-        serving, beside, expected):
-    assert next_cap(8, serving, OBJECTIVE, yields=True, beside=beside) == expected
-    assert next_cap(8, serving, OBJECTIVE, yields=False, beside=beside) == \
-        (0 if serving.get("in_flight") else 8)  # without yielding `beside` means nothing
+def test_the_rollouts_kept_beside_the_users_go_first_when_their_latency_nears_the_objective(
+        serving, expected):
+    assert next_beside(serving, OBJECTIVE, most=3) == expected
 
 
 def test_p99_is_the_nearest_rank():
@@ -285,6 +284,111 @@ def test_an_endpoint_that_keeps_one_rollout_beside_its_users_aborts_only_the_lat
     with pytest.raises(ValueError, match="rollouts_beside_serving"):
         CompletionServer(HFEngine(load_model(tiny_model), 4, 0), "tiny",
                          rollouts_beside_serving=-1)
+
+
+def test_an_endpoint_told_to_keep_fewer_beside_its_users_aborts_the_later_ones_at_once(
+        tiny_model, tokenizer):
+    import threading
+
+    import httpx
+
+    server = CompletionServer(HFEngine(load_model(tiny_model), 64, tokenizer.pad_token_id),
+                              "tiny", yield_to_serving=True, rollouts_beside_serving=2)
+    replies: dict[str, dict] = {}
+
+    def call(name: str, body: dict) -> None:
+        replies[name] = server.complete(body | {"ignore_eos": True})
+
+    try:
+        calls = [threading.Thread(target=call, args=(name, {
+            "prompt": [1, 2], "max_tokens": 600, "reroll_kind": "rollout"}))
+            for name in ("older", "newer")]
+        for running, thread in enumerate(calls, start=1):
+            thread.start()
+            while len(server._rollouts) < running:
+                time.sleep(0.002)
+        user = threading.Thread(target=call, args=("user", {"prompt": [1, 2, 3],
+                                                            "max_tokens": 600}))
+        user.start()
+        while server.latency.report(60)["serving"]["in_flight"] == 0:
+            time.sleep(0.002)
+        assert len(server._rollouts) == 2  # both kept beside the user so far
+        reply = httpx.post(f"{server.url}/beside", json={"keep": 1}).json()
+        assert reply == {"keep": 1, "rollouts_beside_serving": 2}
+        calls[1].join(timeout=60)  # the newer one comes back now, not after its 600 tokens
+        newer = replies["newer"]["choices"][0]
+        assert newer["finish_reason"] == "abort" and len(newer["token_ids"]) < 600
+        assert user.is_alive() and len(server._rollouts) == 1
+        assert httpx.post(f"{server.url}/beside", json={"keep": 9}).json()["keep"] == 2  # at most K
+        assert httpx.get(f"{server.url}/load").json()["beside"] == 2
+        assert httpx.post(f"{server.url}/beside", json={"keep": "x"}).status_code == 400
+        for thread in [calls[0], user]:
+            thread.join(timeout=120)
+        assert len(replies["older"]["choices"][0]["token_ids"]) == 600
+    finally:
+        server.close()
+
+
+def test_the_controller_takes_the_kept_rollouts_back_while_the_users_latency_nears_the_objective(
+        tiny_model, tokenizer):
+    strict = ServingObjective(ttft_p99_s=1e-6, tpot_p99_s=60, control_interval_s=0.05,
+                              window_s=1.0, max_lent=4)
+    server = CompletionServer(HFEngine(load_model(tiny_model), 64, tokenizer.pad_token_id),
+                              "tiny", yield_to_serving=True, rollouts_beside_serving=2)
+    engine = elastic(tiny_model, tokenizer, server.url, strict)
+    users = RemoteEngine([server.url])
+    try:
+        time.sleep(0.3)
+        assert server.beside == 2 and engine.counters.unkept == 0  # quiet: keeps its 2
+        generate_all(users, rollout_requests(1, length=4))  # any TTFT passes 0.8 x 1e-6
+        deadline = time.perf_counter() + 2 * strict.control_interval_s + 0.5
+        while not (server.beside == 0 and engine.counters.unkept and engine.cap == 0) \
+                and time.perf_counter() < deadline:
+            time.sleep(0.01)
+        assert server.beside == 0 and engine.counters.unkept == 1 and engine.cap == 0
+        deadline = time.perf_counter() + strict.window_s + 1.0  # the slow request leaves the window
+        while not (server.beside == 2 and engine.cap == 4) and time.perf_counter() < deadline:
+            time.sleep(0.01)
+        assert server.beside == 2 and engine.cap == 4 and engine.counters.unkept == 1
+    finally:
+        users.close()
+        engine.close()
+        server.close()
+
+
+def test_an_endpoint_that_keeps_rollouts_beside_its_users_starts_no_new_one_while_they_run(
+        tiny_model, tokenizer):
+    """Room for 2 beside the user, 1 running: a new rollout is still turned away (its prefill
+    would stall the user's decoding); the running one goes on to its end."""
+    import threading
+
+    server = CompletionServer(HFEngine(load_model(tiny_model), 64, tokenizer.pad_token_id),
+                              "tiny", yield_to_serving=True, rollouts_beside_serving=2)
+    replies: dict[str, dict] = {}
+
+    def call(name: str, body: dict) -> None:
+        replies[name] = server.complete(body | {"ignore_eos": True})
+
+    try:
+        kept = threading.Thread(target=call, args=("kept", {
+            "prompt": [1, 2], "max_tokens": 400, "reroll_kind": "rollout"}))
+        kept.start()
+        while not server._rollouts:
+            time.sleep(0.002)
+        user = threading.Thread(target=call, args=("user", {"prompt": [1, 2, 3],
+                                                            "max_tokens": 400}))
+        user.start()
+        while server.latency.report(60)["serving"]["in_flight"] == 0:
+            time.sleep(0.002)
+        new = server.complete({"prompt": [1, 2], "max_tokens": 50, "reroll_kind": "rollout"})
+        assert new["choices"][0]["finish_reason"] == "abort" and new["choices"][0]["token_ids"] == []
+        assert server.refused == 1 and user.is_alive()
+        for thread in (kept, user):
+            thread.join(timeout=120)
+        assert replies["kept"]["choices"][0]["finish_reason"] == "length"
+        assert len(replies["kept"]["choices"][0]["token_ids"]) == 400
+    finally:
+        server.close()
 
 
 def test_lending_resumes_as_soon_as_the_users_leave_not_on_the_next_tick(tiny_model, tokenizer):
