@@ -242,32 +242,39 @@ def test_a_yielding_endpoint_turns_rollouts_away_while_users_are_served_and_says
         server.close()
 
 
-def test_an_endpoint_that_keeps_one_rollout_beside_its_users_aborts_only_the_later_ones(
-        tiny_model, tokenizer):
+def two_rollouts_then_a_user(server: CompletionServer, rollout_tokens: int, user_tokens: int):
+    """Start rollouts "older" then "newer" on `server`, then a user request once both run; returns
+    (the rollouts' threads, the user's thread, the replies by name, filled as they end)."""
     import threading
 
-    import httpx
-
-    server = CompletionServer(HFEngine(load_model(tiny_model), 64, tokenizer.pad_token_id),
-                              "tiny", yield_to_serving=True, rollouts_beside_serving=1)
     replies: dict[str, dict] = {}
 
     def call(name: str, body: dict) -> None:
         replies[name] = server.complete(body | {"ignore_eos": True})
 
-    try:
-        calls = [threading.Thread(target=call, args=(name, {
-            "prompt": [1, 2], "max_tokens": 200, "reroll_kind": "rollout"}))
-            for name in ("older", "newer")]
-        for running, thread in enumerate(calls, start=1):
-            thread.start()  # in order: "older" runs before "newer" starts
-            while len(server._rollouts) < running:
-                time.sleep(0.002)
-        user = threading.Thread(target=call, args=("user", {"prompt": [1, 2, 3],
-                                                            "max_tokens": 300}))
-        user.start()
-        while server.latency.report(60)["serving"]["in_flight"] == 0:
+    calls = [threading.Thread(target=call, args=(name, {
+        "prompt": [1, 2], "max_tokens": rollout_tokens, "reroll_kind": "rollout"}))
+        for name in ("older", "newer")]
+    for running, thread in enumerate(calls, start=1):
+        thread.start()  # in order: "older" runs before "newer" starts
+        while len(server._rollouts) < running:
             time.sleep(0.002)
+    user = threading.Thread(target=call, args=("user", {"prompt": [1, 2, 3],
+                                                        "max_tokens": user_tokens}))
+    user.start()
+    while server.latency.report(60)["serving"]["in_flight"] == 0:
+        time.sleep(0.002)
+    return calls, user, replies
+
+
+def test_an_endpoint_that_keeps_one_rollout_beside_its_users_aborts_only_the_later_ones(
+        tiny_model, tokenizer):
+    import httpx
+
+    server = CompletionServer(HFEngine(load_model(tiny_model), 64, tokenizer.pad_token_id),
+                              "tiny", yield_to_serving=True, rollouts_beside_serving=1)
+    try:
+        calls, user, replies = two_rollouts_then_a_user(server, 200, 300)
         # one rollout (the older) already runs beside the user: a third is turned away
         third = server.complete({"prompt": [1, 2], "max_tokens": 50, "reroll_kind": "rollout"})
         assert third["choices"][0]["finish_reason"] == "abort" and server.refused == 1
@@ -288,30 +295,12 @@ def test_an_endpoint_that_keeps_one_rollout_beside_its_users_aborts_only_the_lat
 
 def test_an_endpoint_told_to_keep_fewer_beside_its_users_aborts_the_later_ones_at_once(
         tiny_model, tokenizer):
-    import threading
-
     import httpx
 
     server = CompletionServer(HFEngine(load_model(tiny_model), 64, tokenizer.pad_token_id),
                               "tiny", yield_to_serving=True, rollouts_beside_serving=2)
-    replies: dict[str, dict] = {}
-
-    def call(name: str, body: dict) -> None:
-        replies[name] = server.complete(body | {"ignore_eos": True})
-
     try:
-        calls = [threading.Thread(target=call, args=(name, {
-            "prompt": [1, 2], "max_tokens": 600, "reroll_kind": "rollout"}))
-            for name in ("older", "newer")]
-        for running, thread in enumerate(calls, start=1):
-            thread.start()
-            while len(server._rollouts) < running:
-                time.sleep(0.002)
-        user = threading.Thread(target=call, args=("user", {"prompt": [1, 2, 3],
-                                                            "max_tokens": 600}))
-        user.start()
-        while server.latency.report(60)["serving"]["in_flight"] == 0:
-            time.sleep(0.002)
+        calls, user, replies = two_rollouts_then_a_user(server, 600, 600)
         assert len(server._rollouts) == 2  # both kept beside the user so far
         reply = httpx.post(f"{server.url}/beside", json={"keep": 1}).json()
         assert reply == {"keep": 1, "rollouts_beside_serving": 2}
