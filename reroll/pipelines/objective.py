@@ -323,7 +323,10 @@ def make_dense_distill_loss(config: AlgorithmConfig, batch: TensorDict, temperat
             old = micro["old_logprobs"] if "old_logprobs" in micro.keys() else sampled.detach()
             task, raw = policy_loss(sampled, old, micro["advantages"], mask, micro, **policy)
             loss, parts = algorithms.dense_distill_with_task_loss(loss, task, d.task_coef)
-            metrics |= {f"distill/{k}": v for k, v in parts.items()}
+            # Each part is this micro-batch's share of the batch's; the trainer averages metrics
+            # weighted by micro-batch size, so scaled back they log the batch's two parts.
+            whole = batch.batch_size[0] / micro.batch_size[0]
+            metrics |= {f"distill/{k}": v * whole for k, v in parts.items()}
             metrics |= {f"actor/{k}": v for k, v in raw.items()}
         if kl_in_loss:
             kl = algorithms.kl_estimate(sampled, micro["ref_logprobs"], config.kl.estimator)
