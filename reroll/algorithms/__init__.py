@@ -50,7 +50,11 @@ from .corrections import (
     tis_token_weights,
     tis_turn_weights,
 )
-from .distillation import dense_distill_loss, on_policy_distill_advantages
+from .distillation import (
+    dense_distill_loss,
+    dense_distill_with_task_loss,
+    on_policy_distill_advantages,
+)
 from .filters import dapo_overlong_penalty, dynamic_sampling_keep, overlong_filter_mask
 from .kl import (
     KL_ESTIMATORS,
@@ -81,6 +85,7 @@ from .values import (
 
 __all__ = [
     "dense_distill_loss",
+    "dense_distill_with_task_loss",
     "on_policy_distill_advantages",
     "KL_ESTIMATORS",
     "LOSS_AGGREGATIONS",

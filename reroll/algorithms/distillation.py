@@ -83,6 +83,18 @@ def dense_distill_loss(student_logprobs: torch.Tensor, teacher_logprobs: torch.T
     return loss, {"divergence": masked_mean(per_token.detach(), mask)}
 
 
+def dense_distill_with_task_loss(divergence_loss: torch.Tensor, task_loss: torch.Tensor,
+                                task_coef: float) -> tuple[torch.Tensor, dict]:
+    """Dense distillation plus the task: L = L_div + task_coef * L_task, with `divergence_loss`
+    the aggregated `dense_distill_loss` and `task_loss` the policy loss on the task reward's
+    advantage (both scalars over the same batch, with the same normalisers, so micro-batch sums
+    still add up). Returns (loss, {"divergence_loss", "task_loss"}: the two parts, unweighted)."""
+    if task_coef < 0:
+        raise ValueError(f"task_coef must be >= 0, got {task_coef}")
+    loss = divergence_loss + task_coef * task_loss
+    return loss, {"divergence_loss": divergence_loss.detach(), "task_loss": task_loss.detach()}
+
+
 def on_policy_distill_advantages(teacher_logprobs: torch.Tensor, student_logprobs: torch.Tensor,
                                  mask: torch.Tensor, baseline: str = "none") -> torch.Tensor:
     """On-policy distillation's per-token advantage, A_t = log pi_T(y_t) - log pi_S(y_t) on the

@@ -531,7 +531,8 @@ class AlgorithmConfig(Section):
         adv = self.advantage
         grouped = adv.group_baseline and not (
             adv.name == "grpo" and "group" not in (adv.mean, adv.std))
-        if grouped and group_size < 2 and not (self.distill is not None and self.distill.dense):
+        dense_alone = self.distill is not None and self.distill.dense and not self.distill.with_task
+        if grouped and group_size < 2 and not dense_alone:
             errors.append(f"algorithm.advantage {adv.name} needs rollout.group_size >= 2 (a group "
                           f"of one response has no baseline)")
         if self.critic is not None and self.critic.num_critics > group_size:

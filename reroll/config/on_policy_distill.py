@@ -33,7 +33,8 @@ class OnPolicyDistillConfig(Section):
     lambda = 1): the loss is `divergence` between the teacher's top-`top_k` distribution and
     the student's at every response position of the student's samples, and replaces the policy
     loss (the task's reward is logged, no advantage is estimated, `policy_loss` is unused, and
-    `rollout.group_size` may be 1). The teacher scores the same tokens in every mode
+    `rollout.group_size` may be 1; with `task_coef` > 0 the task's policy loss is added). The
+    teacher scores the same tokens in every mode
     (`distill/teacher_tokens`)."""
     coef: float = Field(1.0, gt=0)
     """`mixed` only: the weight of the teacher's per-token advantage."""
@@ -48,6 +49,11 @@ class OnPolicyDistillConfig(Section):
     as `distill/<divergence>`."""
     beta: float = Field(0.5, gt=0, lt=1)
     """`dense` with `divergence: jsd` only: the mixture M = beta teacher + (1 - beta) student."""
+    task_coef: float = Field(0.0, ge=0)
+    """`dense` only: 0: the divergence alone is the loss; > 0: loss = divergence + task_coef x
+    the policy loss (`policy_loss`) on the task reward's advantage, as when distillation is
+    off, so the advantage is estimated and its `rollout.group_size` rule applies. Both parts
+    are logged (`distill/divergence_loss`, `distill/task_loss`)."""
     top_k: int = Field(32, ge=1, le=4096)
     """`dense` only: teacher tokens kept per position (at most the vocabulary); the rest of its
     probability is one tail bucket."""
@@ -59,7 +65,7 @@ class OnPolicyDistillConfig(Section):
                              "(routed by the rows' `tag`), or both")
         given = self.model_fields_set
         if self.mode != "dense":
-            wrong = sorted(given & {"divergence", "beta", "top_k"})
+            wrong = sorted(given & {"divergence", "beta", "top_k", "task_coef"})
             if wrong:
                 raise ValueError(f"algorithm.distill.{wrong[0]} is used by mode: dense only "
                                  f"(mode is {self.mode})")
@@ -77,6 +83,12 @@ class OnPolicyDistillConfig(Section):
     def dense(self) -> bool:
         """The loss is the divergence at every position (`mode: dense`), not an advantage."""
         return self.mode == "dense"
+
+    @property
+    def with_task(self) -> bool:
+        """The task's policy loss joins the dense divergence (`task_coef` > 0): an advantage is
+        estimated."""
+        return self.dense and self.task_coef > 0
 
     def names(self) -> list[str | None]:
         """The teachers in routing order: None (the default `teacher`, when set) first, then

@@ -288,7 +288,9 @@ def make_dense_distill_loss(config: AlgorithmConfig, batch: TensorDict, temperat
     at every loss token, aggregated by `loss_agg` over the whole `batch`, plus the KL-to-reference
     term when `kl` is in the loss. The student's logprobs are gathered at the teacher's ids (and
     the sampled token, for the KL and the train/inference mismatch) a chunk of positions at a
-    time (`reroll.models.top_k`), never as [B, T, V]."""
+    time (`reroll.models.top_k`), never as [B, T, V]. With `task_coef` > 0 the policy loss on
+    the task's `advantages` (at the sampled tokens, as `make_rl_loss` computes it) is added,
+    times `task_coef`."""
     d = config.distill
     divergence = distillation.DIVERGENCES[d.divergence]
     if d.divergence == "jsd":
@@ -299,6 +301,10 @@ def make_dense_distill_loss(config: AlgorithmConfig, batch: TensorDict, temperat
     agg = {"agg": tokens["mode"], **{k: v for k, v in tokens.items() if k != "mode"}}
     kl_coef = config.kl.coef if kl_coef is None else kl_coef
     kl_in_loss = config.kl.in_loss and kl_coef > 0
+    policy = dict(agg)
+    if d.with_task and config.policy_loss.name == "ipa_chunk":  # its token_mean counts chunks
+        policy["num_tokens"] = algorithms.chunk_count(_turn_ids(batch), count_mask)
+    policy_loss = policy_loss_fn(config) if d.with_task else None
 
     def loss_fn(model: torch.nn.Module, micro: TensorDict) -> tuple[torch.Tensor, dict]:
         mask, response = micro[loss_key], micro["response_mask"]
@@ -313,6 +319,15 @@ def make_dense_distill_loss(config: AlgorithmConfig, batch: TensorDict, temperat
                    "actor/behaviour_kl_k3": algorithms.masked_mean(
                        algorithms.behaviour_kl_k3(sampled.detach(), micro["behaviour_logprobs"],
                                                   response), response)}
+        if policy_loss is not None:  # task_coef > 0: the task's policy loss joins the divergence
+            old = micro["old_logprobs"] if "old_logprobs" in micro.keys() else sampled.detach()
+            task, raw = policy_loss(sampled, old, micro["advantages"], mask, micro, **policy)
+            loss, parts = algorithms.dense_distill_with_task_loss(loss, task, d.task_coef)
+            # Each part is this micro-batch's share of the batch's; the trainer averages metrics
+            # weighted by micro-batch size, so scaled back they log the batch's two parts.
+            whole = batch.batch_size[0] / micro.batch_size[0]
+            metrics |= {f"distill/{k}": v * whole for k, v in parts.items()}
+            metrics |= {f"actor/{k}": v for k, v in raw.items()}
         if kl_in_loss:
             kl = algorithms.kl_estimate(sampled, micro["ref_logprobs"], config.kl.estimator)
             loss = loss + kl_coef * algorithms.aggregate_loss(kl, mask, **tokens)

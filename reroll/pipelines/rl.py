@@ -319,11 +319,11 @@ def make_batch(trajectories: list[Trajectory], config: RLRunConfig, learner: Lea
         batch, logprobs = compute_logprobs_and_values(batch, config, learner, rows)
     else:
         batch, logprobs = compute_logprobs_and_values(batch, config, learner)
-        if a.distill is not None and a.distill.dense:  # no advantage: a loss (objective.py)
-            estimated = {}
+        if a.distill is not None and a.distill.dense and not a.distill.with_task:
+            estimated = {}  # no advantage: the divergence is the loss (objective.py)
         else:
             batch, estimated = estimate(batch, a, group_size, kl_coef)
-            if a.distill is not None:
+            if a.distill is not None and not a.distill.dense:
                 estimated |= distill_advantages(batch, a.distill)
     return batch, metrics | logprobs | estimated | filtered
 

@@ -10,6 +10,7 @@ import torch
 from reroll.algorithms.distillation import (
     bucketed,
     dense_distill_loss,
+    dense_distill_with_task_loss,
     forward_kl,
     generalized_jsd,
     on_policy_distill_advantages,
@@ -62,6 +63,35 @@ def test_dense_loss_by_hand():
     assert student.grad[0, :, 0].tolist() == pytest.approx([0.0, -1 / 12, 0.0], abs=1e-6)
     reverse, _ = dense_distill_loss(student, teacher, mask, reverse_kl, agg="seq_mean_token_sum")
     assert float(reverse.detach()) == pytest.approx(0.130812, abs=1e-6)
+
+
+def test_dense_loss_plus_the_task_loss_by_hand():
+    """loss = divergence + task_coef x the PPO loss on the task advantage. The divergence part is
+    the example above (0.143841 / 2 over two tokens); the policy at pi_old (ratio 1) makes the
+    PPO loss -mean(A) over the same tokens: -(1.0 + -0.5) / 2 = -0.25; with task_coef 0.4 the
+    total is 0.0719205 - 0.1 = -0.0280795, and the gradient is the parts' weighted sum."""
+    from reroll.algorithms import ppo_clip_loss
+
+    student = torch.log(torch.tensor([[[0.1], [0.25], [0.5]]])).requires_grad_()
+    teacher = torch.log(torch.tensor([[[0.9], [0.5], [0.5]]]))
+    mask = torch.tensor([[0.0, 1.0, 1.0]])
+    sampled = torch.log(torch.tensor([[0.3, 0.6, 0.7]])).requires_grad_()
+    advantages = torch.tensor([[9.0, 1.0, -0.5]])  # the masked 9.0 never counts
+    divergence, _ = dense_distill_loss(student, teacher, mask, forward_kl)
+    task, _ = ppo_clip_loss(sampled, sampled.detach(), advantages, mask)
+    assert float(task.detach()) == pytest.approx(-0.25, abs=1e-6)
+    loss, parts = dense_distill_with_task_loss(divergence, task, 0.4)
+    assert float(loss.detach()) == pytest.approx(0.143841 / 2 - 0.4 * 0.25, abs=1e-6)
+    assert float(parts["divergence_loss"]) == pytest.approx(0.143841 / 2, abs=1e-6)
+    assert float(parts["task_loss"]) == pytest.approx(-0.25, abs=1e-6)
+    loss.backward()
+    # d/d sampled of 0.4 x -(A ratio) / 2 = -0.2 A per unmasked token; the divergence's -1/6
+    assert sampled.grad[0].tolist() == pytest.approx([0.0, -0.2, 0.1], abs=1e-6)
+    assert student.grad[0, :, 0].tolist() == pytest.approx([0.0, -1 / 6, 0.0], abs=1e-6)
+    alone, parts = dense_distill_with_task_loss(divergence.detach(), task.detach(), 0.0)
+    assert float(alone) == pytest.approx(0.143841 / 2, abs=1e-6)
+    with pytest.raises(ValueError, match="task_coef"):
+        dense_distill_with_task_loss(divergence, task, -1.0)
 
 
 def full_and_topk(seed: int, k: int, vocab: int = 50):

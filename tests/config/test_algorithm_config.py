@@ -207,6 +207,9 @@ def test_dense_distillation_parses_with_the_offline_names():
     ({"mode": "dense", "beta": 0.2}, {}, "beta is used by divergence: jsd only"),
     ({"mode": "dense", "top_k": 0}, {}, "top_k"),
     ({"mode": "dense", "divergence": "kl"}, {}, "forward_kl"),
+    ({"mode": "pure", "task_coef": 0.5}, {}, "distill.task_coef is used by mode: dense only"),
+    ({"mode": "mixed", "task_coef": 0.5}, {}, "distill.task_coef is used by mode: dense only"),
+    ({"mode": "dense", "task_coef": -1}, {}, "task_coef"),
     ({"mode": "dense"}, {"entropy_coef": 0.01}, "entropy_coef > 0 would have no effect"),
     ({"mode": "dense"}, {"kl": {"coef": 0.1, "mode": "reward"}}, "kl.mode reward"),
     ({"mode": "gkd"}, {}, "dense"),
@@ -222,3 +225,17 @@ def test_dense_distillation_needs_no_group(tmp_path):
     assert dense.rollout.group_size == 1
     assert "needs rollout.group_size >= 2" in error_of(
         tmp_path, {"distill": TEACHER | {"mode": "pure"}}, rollout={"group_size": 1})
+
+
+def test_dense_distillation_with_the_task_loss_needs_a_group(tmp_path):
+    """`task_coef` > 0 adds the task's policy loss, so its advantage is estimated again and the
+    estimator's group rule is back; a group-free estimator (REINFORCE++) still takes one."""
+    with_task = TEACHER | {"mode": "dense", "task_coef": 0.5}
+    assert "needs rollout.group_size >= 2" in error_of(
+        tmp_path, {"distill": with_task}, rollout={"group_size": 1})
+    config = load(tmp_path, {"distill": with_task})
+    assert config.algorithm.distill.with_task and config.algorithm.distill.task_coef == 0.5
+    assert not AlgorithmConfig(distill=TEACHER | {"mode": "dense"}).distill.with_task
+    single = load(tmp_path, {"distill": with_task, "advantage": {"name": "reinforce_pp"}},
+                  rollout={"group_size": 1})
+    assert single.rollout.group_size == 1

@@ -7,6 +7,7 @@ teachers routed by tag."""
 from __future__ import annotations
 
 import json
+import math
 import shutil
 from pathlib import Path
 
@@ -180,6 +181,46 @@ def test_dense_on_policy_distillation_lowers_the_divergence_and_resumes(tmp_path
     lines = (cut / "metrics.jsonl").read_text().splitlines()[:5]
     (cut / "metrics.jsonl").write_text("\n".join(lines) + "\n")
     assert run(cut, resume=True)["resumed_from_step"] == 4
+    strip = lambda r: {k: v for k, v in r.items() if not k.startswith("time/")}  # noqa: E731
+    assert [strip(r) for r in read_metrics(cut)] == [strip(r) for r in rows]
+
+
+def test_dense_distillation_plus_the_task_loss_logs_both_parts_and_resumes(tmp_path, warm_model,
+                                                                           weak_student):
+    """`mode: dense` with `task_coef: 0.5`: the task's GRPO advantage is estimated again and its
+    policy loss joins the divergence; both parts are logged every step and finite, the loss is
+    their weighted sum, and a run cut after step 2 resumes to the same numbers."""
+    from reroll.pipelines.rlvr import train
+
+    def run(out: Path, resume: bool = False) -> dict:
+        config = tmp_path / "rl.yaml"
+        config.write_text(yaml.safe_dump({
+            "output_dir": str(out), "steps": 4, "model": {"path": weak_student},
+            "data": {"train": warm_model["train"]},
+            "rollout": {"prompts_per_step": 8, "group_size": 4, "max_new_tokens": 24},
+            "optimizer": {"lr": 1e-3}, "checkpoint": {"every_steps": 2},
+            "algorithm": {"distill": {"teacher": {"path": warm_model["model"]}, "mode": "dense",
+                                      "top_k": 8, "task_coef": 0.5}},
+            "tracking": {"progress": False, "tensorboard": False}}))
+        return train(load_config(config, ["resume=true"] if resume else []))
+
+    run(tmp_path / "run")
+    rows = read_metrics(tmp_path / "run")
+    print({"divergence_loss": [round(r["distill/divergence_loss"], 4) for r in rows],
+           "task_loss": [round(r["distill/task_loss"], 4) for r in rows]})
+    assert [r["step"] for r in rows] == [1, 2, 3, 4]
+    for r in rows:
+        parts = r["distill/divergence_loss"] + 0.5 * r["distill/task_loss"]
+        assert math.isfinite(r["train/loss"]) and r["train/loss"] == pytest.approx(parts, abs=1e-5)
+        assert r["distill/divergence_loss"] > 0 and "distill/forward_kl" in r
+    assert any(r["distill/task_loss"] != 0 for r in rows)  # the task advantage is not all zero
+
+    cut = tmp_path / "cut"
+    shutil.copytree(tmp_path / "run", cut)
+    shutil.rmtree(cut / "checkpoints" / "step_4")
+    lines = (cut / "metrics.jsonl").read_text().splitlines()[:3]
+    (cut / "metrics.jsonl").write_text("\n".join(lines) + "\n")
+    assert run(cut, resume=True)["resumed_from_step"] == 2
     strip = lambda r: {k: v for k, v in r.items() if not k.startswith("time/")}  # noqa: E731
     assert [strip(r) for r in read_metrics(cut)] == [strip(r) for r in rows]
 
