@@ -499,7 +499,8 @@ class AlgorithmConfig(Section):
                                (self.kl.in_reward and self.kl.coef > 0, "algorithm.kl.mode reward")):
                 if wrong:
                     raise ValueError(f"algorithm.distill.mode dense trains on the divergence "
-                                     f"alone: {why} would have no effect (remove it)")
+                                     f"(and the task's policy loss with task_coef > 0): {why} "
+                                     f"would have no effect (remove it)")
         if loss == "decoupled_ppo" and self.correction.tis is not None:
             raise ValueError("algorithm.policy_loss decoupled_ppo already weights by pi_old / mu "
                              "(see its behaviour_cap); algorithm.correction.tis would apply the "
