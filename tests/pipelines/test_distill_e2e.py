@@ -145,26 +145,45 @@ def test_on_policy_distillation_moves_the_student_toward_the_teacher(tmp_path, w
     assert summary["eval_reward_end"] > summary["eval_reward_start"]
 
 
+def dense_runner(tmp_path: Path, warm_model: dict, weak_student: str, steps: int, **distill):
+    """A function (out, resume) -> summary: RLVR with `mode: dense` from the weak student
+    toward the SFT'd teacher (top-8), a checkpoint every `steps` // 2 steps."""
+    from reroll.pipelines.rlvr import train
+
+    def run(out: Path, resume: bool = False) -> dict:
+        config = tmp_path / "rl.yaml"
+        config.write_text(yaml.safe_dump({
+            "output_dir": str(out), "steps": steps, "model": {"path": weak_student},
+            "data": {"train": warm_model["train"]},
+            "rollout": {"prompts_per_step": 8, "group_size": 4, "max_new_tokens": 24},
+            "optimizer": {"lr": 1e-3}, "checkpoint": {"every_steps": steps // 2},
+            "algorithm": {"distill": {"teacher": {"path": warm_model["model"]}, "mode": "dense",
+                                      "top_k": 8, **distill}},
+            "tracking": {"progress": False, "tensorboard": False}}))
+        return train(load_config(config, ["resume=true"] if resume else []))
+
+    return run
+
+
+def assert_resumes_exactly(tmp_path: Path, run, rows: list[dict], steps: int) -> None:
+    """The run in tmp_path/run, cut back to its middle checkpoint, resumes to the same rows."""
+    cut = tmp_path / "cut"
+    shutil.copytree(tmp_path / "run", cut)
+    shutil.rmtree(cut / "checkpoints" / f"step_{steps}")
+    lines = (cut / "metrics.jsonl").read_text().splitlines()[:steps // 2 + 1]
+    (cut / "metrics.jsonl").write_text("\n".join(lines) + "\n")
+    assert run(cut, resume=True)["resumed_from_step"] == steps // 2
+    strip = lambda r: {k: v for k, v in r.items() if not k.startswith("time/")}  # noqa: E731
+    assert [strip(r) for r in read_metrics(cut)] == [strip(r) for r in rows]
+
+
 def test_dense_on_policy_distillation_lowers_the_divergence_and_resumes(tmp_path, warm_model,
                                                                         weak_student):
     """`mode: dense` (GKD): the divergence to the teacher's top-8 at every position of the
     student's own samples is the whole loss; it falls over 8 steps, the teacher's cost is the
     response tokens it scored (as in `pure`), and a run cut after step 4 resumes to the same
     numbers."""
-    from reroll.pipelines.rlvr import train
-
-    def run(out: Path, resume: bool = False) -> dict:
-        config = tmp_path / "rl.yaml"
-        config.write_text(yaml.safe_dump({
-            "output_dir": str(out), "steps": 8, "model": {"path": weak_student},
-            "data": {"train": warm_model["train"]},
-            "rollout": {"prompts_per_step": 8, "group_size": 4, "max_new_tokens": 24},
-            "optimizer": {"lr": 1e-3}, "checkpoint": {"every_steps": 4},
-            "algorithm": {"distill": {"teacher": {"path": warm_model["model"]}, "mode": "dense",
-                                      "top_k": 8}},
-            "tracking": {"progress": False, "tensorboard": False}}))
-        return train(load_config(config, ["resume=true"] if resume else []))
-
+    run = dense_runner(tmp_path, warm_model, weak_student, 8)
     run(tmp_path / "run")
     rows = read_metrics(tmp_path / "run")
     print({"forward_kl": [round(r["distill/forward_kl"], 3) for r in rows],
@@ -174,15 +193,7 @@ def test_dense_on_policy_distillation_lowers_the_divergence_and_resumes(tmp_path
     assert "distill/reverse_kl" not in rows[0]  # no one-sample advantage in this mode
     assert sum(r["distill/forward_kl"] for r in rows[-3:]) < 0.8 * sum(
         r["distill/forward_kl"] for r in rows[:3])
-
-    cut = tmp_path / "cut"
-    shutil.copytree(tmp_path / "run", cut)
-    shutil.rmtree(cut / "checkpoints" / "step_8")
-    lines = (cut / "metrics.jsonl").read_text().splitlines()[:5]
-    (cut / "metrics.jsonl").write_text("\n".join(lines) + "\n")
-    assert run(cut, resume=True)["resumed_from_step"] == 4
-    strip = lambda r: {k: v for k, v in r.items() if not k.startswith("time/")}  # noqa: E731
-    assert [strip(r) for r in read_metrics(cut)] == [strip(r) for r in rows]
+    assert_resumes_exactly(tmp_path, run, rows, 8)
 
 
 def test_dense_distillation_plus_the_task_loss_logs_both_parts_and_resumes(tmp_path, warm_model,
@@ -190,20 +201,7 @@ def test_dense_distillation_plus_the_task_loss_logs_both_parts_and_resumes(tmp_p
     """`mode: dense` with `task_coef: 0.5`: the task's GRPO advantage is estimated again and its
     policy loss joins the divergence; both parts are logged every step and finite, the loss is
     their weighted sum, and a run cut after step 2 resumes to the same numbers."""
-    from reroll.pipelines.rlvr import train
-
-    def run(out: Path, resume: bool = False) -> dict:
-        config = tmp_path / "rl.yaml"
-        config.write_text(yaml.safe_dump({
-            "output_dir": str(out), "steps": 4, "model": {"path": weak_student},
-            "data": {"train": warm_model["train"]},
-            "rollout": {"prompts_per_step": 8, "group_size": 4, "max_new_tokens": 24},
-            "optimizer": {"lr": 1e-3}, "checkpoint": {"every_steps": 2},
-            "algorithm": {"distill": {"teacher": {"path": warm_model["model"]}, "mode": "dense",
-                                      "top_k": 8, "task_coef": 0.5}},
-            "tracking": {"progress": False, "tensorboard": False}}))
-        return train(load_config(config, ["resume=true"] if resume else []))
-
+    run = dense_runner(tmp_path, warm_model, weak_student, 4, task_coef=0.5)
     run(tmp_path / "run")
     rows = read_metrics(tmp_path / "run")
     print({"divergence_loss": [round(r["distill/divergence_loss"], 4) for r in rows],
@@ -214,15 +212,7 @@ def test_dense_distillation_plus_the_task_loss_logs_both_parts_and_resumes(tmp_p
         assert math.isfinite(r["train/loss"]) and r["train/loss"] == pytest.approx(parts, abs=1e-5)
         assert r["distill/divergence_loss"] > 0 and "distill/forward_kl" in r
     assert any(r["distill/task_loss"] != 0 for r in rows)  # the task advantage is not all zero
-
-    cut = tmp_path / "cut"
-    shutil.copytree(tmp_path / "run", cut)
-    shutil.rmtree(cut / "checkpoints" / "step_4")
-    lines = (cut / "metrics.jsonl").read_text().splitlines()[:3]
-    (cut / "metrics.jsonl").write_text("\n".join(lines) + "\n")
-    assert run(cut, resume=True)["resumed_from_step"] == 2
-    strip = lambda r: {k: v for k, v in r.items() if not k.startswith("time/")}  # noqa: E731
-    assert [strip(r) for r in read_metrics(cut)] == [strip(r) for r in rows]
+    assert_resumes_exactly(tmp_path, run, rows, 4)
 
 
 def test_teachers_routed_by_tag_score_their_own_rows(tmp_path, warm_model, weak_student):
