@@ -155,11 +155,8 @@ class LocalStrategy:
         self.train_config = train
         # Only trained parameters get AdamW state (with LoRA: the adapter's, a few MB).
         trained = [p for p in model.parameters() if p.requires_grad]
-        # Fused: one kernel over every parameter instead of a dozen small ops per tensor (the
-        # tiny model's 60 steps: 0.05 s instead of 0.38 s on the CPU).
         self.optimizer = torch.optim.AdamW(trained, lr=optimizer.lr, betas=optimizer.betas,
-                                           weight_decay=optimizer.weight_decay,
-                                           fused=self.device.type in ("cpu", "cuda"))
+                                           weight_decay=optimizer.weight_decay)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer,
             lambda s: lr_lambda(s, optimizer.warmup_steps, total_steps, optimizer.schedule,
