@@ -27,7 +27,7 @@ for _ in range(3):
     block = torch.ones(6 << 20)  # touched, so resident
     before_free = rss_mib()
     del block
-    assert rss_mib() < before_free - 20, (before_free, rss_mib())
+    print(before_free - rss_mib())  # MiB given back by the free
 """
 
 
@@ -45,29 +45,31 @@ before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
 for _ in range(100):
     block = torch.ones(8, 102, 384)
     del block
-faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
-assert faults < 3000, faults
+print(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
 """
 
 
-def run_fresh(program: str) -> None:
-    """In a fresh process, as a trainer starts: in a long test session the heap's state depends
-    on every test before (the check was flaky there)."""
+def run_fresh(program: str) -> list[float]:
+    """The numbers `program` prints, run in a fresh process, as a trainer starts: in a long test
+    session the heap's state depends on every test before (the check was flaky there)."""
     env = {k: v for k, v in os.environ.items()
            if k not in ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_")}
     result = subprocess.run([sys.executable, "-c", program], env=env,
                             capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr[-2000:]
+    return [float(line) for line in result.stdout.split()]
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's mallopt")
 def test_freed_blocks_leave_the_heap():
-    run_fresh(FREED_BLOCKS_PROGRAM)
+    given_back_mib = run_fresh(FREED_BLOCKS_PROGRAM)
+    assert len(given_back_mib) == 3 and all(mib > 20 for mib in given_back_mib), given_back_mib
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's mallopt")
 def test_small_blocks_are_reused_without_page_faults():
-    run_fresh(REUSED_BLOCKS_PROGRAM)
+    [faults] = run_fresh(REUSED_BLOCKS_PROGRAM)
+    assert faults < 3000
 
 
 def test_a_users_own_threshold_wins(monkeypatch):
