@@ -247,9 +247,7 @@ def make_rl_loss(config: AlgorithmConfig, batch: TensorDict, temperature: float,
     tokens = _normalisers(config, count_mask, max_response_len)
     entropy_norm = _normalisers(config, count_mask if has_count else batch[entropy_key],
                                 max_response_len)
-    policy = {"agg": tokens["mode"], **{k: v for k, v in tokens.items() if k != "mode"}}
-    if config.policy_loss.name == "ipa_chunk":  # its token_mean normaliser counts chunks
-        policy["num_tokens"] = algorithms.chunk_count(_turn_ids(batch), count_mask)
+    policy = policy_loss_args(config, batch, count_mask, tokens)
     policy_loss = policy_loss_fn(config)
     kl_coef = config.kl.coef if kl_coef is None else kl_coef
     kl_in_loss = config.kl.in_loss and kl_coef > 0
@@ -259,8 +257,7 @@ def make_rl_loss(config: AlgorithmConfig, batch: TensorDict, temperature: float,
         logprobs, entropy = forward_logprobs(
             model, micro["input_ids"], micro["attention_mask"], temperature, with_entropy=True,
             response_mask=response, entropy_grad=config.entropy_coef > 0)
-        # Without stored old logprobs the update is on-policy: pi_old is the current policy.
-        old = micro["old_logprobs"] if "old_logprobs" in micro.keys() else logprobs.detach()
+        old = pi_old(micro, logprobs)
         loss, raw = policy_loss(logprobs, old, micro["advantages"], mask, micro, **policy)
         metrics = {f"actor/{k}": v for k, v in raw.items()}
         # Train/inference mismatch: how far the engine's sampling distribution is from the policy.
@@ -278,6 +275,22 @@ def make_rl_loss(config: AlgorithmConfig, batch: TensorDict, temperature: float,
         return loss, metrics
 
     return loss_fn
+
+
+def policy_loss_args(config: AlgorithmConfig, batch: TensorDict, count_mask: Tensor,
+                     tokens: dict) -> dict:
+    """The aggregation keywords of `policy_loss_fn(config)` over the whole `batch` (`tokens`:
+    `_normalisers`), with ipa_chunk's count of chunks as its token_mean normaliser."""
+    policy = {"agg": tokens["mode"], **{k: v for k, v in tokens.items() if k != "mode"}}
+    if config.policy_loss.name == "ipa_chunk":
+        policy["num_tokens"] = algorithms.chunk_count(_turn_ids(batch), count_mask)
+    return policy
+
+
+def pi_old(micro: TensorDict, logprobs: Tensor) -> Tensor:
+    """The micro-batch's stored old logprobs; without them the update is on-policy and pi_old is
+    the current policy (`logprobs`, detached)."""
+    return micro["old_logprobs"] if "old_logprobs" in micro.keys() else logprobs.detach()
 
 
 def make_dense_distill_loss(config: AlgorithmConfig, batch: TensorDict, temperature: float,
@@ -301,9 +314,7 @@ def make_dense_distill_loss(config: AlgorithmConfig, batch: TensorDict, temperat
     agg = {"agg": tokens["mode"], **{k: v for k, v in tokens.items() if k != "mode"}}
     kl_coef = config.kl.coef if kl_coef is None else kl_coef
     kl_in_loss = config.kl.in_loss and kl_coef > 0
-    policy = dict(agg)
-    if d.with_task and config.policy_loss.name == "ipa_chunk":  # its token_mean counts chunks
-        policy["num_tokens"] = algorithms.chunk_count(_turn_ids(batch), count_mask)
+    policy = policy_loss_args(config, batch, count_mask, tokens) if d.with_task else {}
     policy_loss = policy_loss_fn(config) if d.with_task else None
 
     def loss_fn(model: torch.nn.Module, micro: TensorDict) -> tuple[torch.Tensor, dict]:
@@ -320,8 +331,8 @@ def make_dense_distill_loss(config: AlgorithmConfig, batch: TensorDict, temperat
                        algorithms.behaviour_kl_k3(sampled.detach(), micro["behaviour_logprobs"],
                                                   response), response)}
         if policy_loss is not None:  # task_coef > 0: the task's policy loss joins the divergence
-            old = micro["old_logprobs"] if "old_logprobs" in micro.keys() else sampled.detach()
-            task, raw = policy_loss(sampled, old, micro["advantages"], mask, micro, **policy)
+            task, raw = policy_loss(sampled, pi_old(micro, sampled), micro["advantages"], mask,
+                                    micro, **policy)
             loss, parts = algorithms.dense_distill_with_task_loss(loss, task, d.task_coef)
             # Each part is this micro-batch's share of the batch's; the trainer averages metrics
             # weighted by micro-batch size, so scaled back they log the batch's two parts.
