@@ -18,7 +18,10 @@ repeating; each USER_PROMPT tokens in, USER_NEW tokens out) from t = 0 of every 
    `elastic` (`rollout.serving_endpoint`): the ElasticEngine lends the endpoint up to MAX_LENT
    of them while its users' p99s stay under `headroom` x the objective; when a user request
    arrives the endpoint gives back all but the BESIDE oldest of them and starts no new one
-   until its users have left (and gives back those BESIDE too while a p99 is past it).
+   until its users have left (and gives back those BESIDE too while a p99 is past it). With
+   PAUSE (`--pause-rollouts`), up to PAUSE of those it would give back are paused instead (KV
+   cache kept, no work under the users) and resumed when the users leave; the dedicated engine
+   takes paused ones back when it has room no waiting rollout fills (the run's tail).
    Rollout throughput = rollout tokens / time until the last rollout ends; SLO attainment = the
    share of user requests in that time that met both objectives. The modes alternate ROUNDS
    times; each keeps its fastest run.
@@ -32,6 +35,7 @@ Last line: JSON with `speedup` (elastic over fixed rollout throughput), `slo_att
 of every elastic run), and the runs.
 
     .venv/bin/python benchmarks/elastic_rollout.py [--rounds R] [--model small|tiny] [--beside K]
+        [--pause P]
 """
 
 from __future__ import annotations
@@ -69,6 +73,9 @@ memory's limit on a GPU; here about where one core's throughput stops growing wi
 BESIDE = 4
 """Rollouts the endpoint keeps running beside its users (`--rollouts-beside-serving`): 0, 2 and
 4 gave `speedup` 1.01, 1.05 and 1.19 on 2026-11-26 (docs/benchmarks.md)."""
+PAUSE = MAX_LENT
+"""Most rollouts the endpoint pauses at once for its users (`--pause-rollouts`); 0: it gives
+every one past BESIDE back (aborted, prefilled again where it continues)."""
 console = Console(stderr=True)
 
 
@@ -135,10 +142,11 @@ class Users:
         return sorted(self.results, key=lambda r: r["at"])
 
 
-def start_server(model: str, port: int, beside: int) -> subprocess.Popen:
+def start_server(model: str, port: int, beside: int, pause: int) -> subprocess.Popen:
     server = subprocess.Popen([sys.executable, "-m", "reroll.engines.server", model,
                                "--port", str(port), "--threads", "1", "--yield-to-serving",
-                               "--rollouts-beside-serving", str(beside)],
+                               "--rollouts-beside-serving", str(beside),
+                               "--pause-rollouts", str(pause)],
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     seen = []
     for line in server.stdout:  # progress bars come first
@@ -166,7 +174,7 @@ def run_mode(mode: str, model: str, url: str, vocab: int, objective: ServingObje
         ElasticEngine(dedicated, url, objective, DEDICATED_MAX, model="m")
     users = Users(url, vocab, duration_s=600)
     requests = rollout_requests(vocab)
-    refused = httpx.get(f"{url}/load").json().get("refused", 0)
+    before = httpx.get(f"{url}/load").json()
     users.start()
     start = time.perf_counter()
     outs = asyncio.run(generate(engine, requests))
@@ -185,8 +193,9 @@ def run_mode(mode: str, model: str, url: str, vocab: int, objective: ServingObje
         result |= {"lent": c.lent, "backoffs": c.backoffs, "preempted": c.preempted,
                    "unkept": c.unkept,
                    "lent_tokens": c.lent_tokens, "kept_tokens": c.kept_tokens,
-                   "lent_busy_s": c.lent_busy_s,
-                   "refused": httpx.get(f"{url}/load").json().get("refused", 0) - refused}
+                   "lent_busy_s": c.lent_busy_s, "reclaimed": c.reclaimed}
+        after = httpx.get(f"{url}/load").json()
+        result |= {key: after.get(key, 0) - before.get(key, 0) for key in ("refused", "pauses")}
         engine.close()
     console.log(result)
     return result
@@ -226,11 +235,14 @@ def main() -> None:
     parser.add_argument("--beside", type=int, default=BESIDE,
                         help="rollouts the endpoint keeps beside its users (--rollouts-beside-"
                              "serving); 0: every rollout yields to a user")
+    parser.add_argument("--pause", type=int, default=PAUSE,
+                        help="rollouts the endpoint pauses at once for its users instead of "
+                             "giving them back (--pause-rollouts); 0: none")
     args = parser.parse_args()
     torch.set_num_threads(1)
     model = build_model(args.model)
     vocab = load_model(model).config.vocab_size
-    server = start_server(model, args.port, args.beside)
+    server = start_server(model, args.port, args.beside, args.pause)
     url = f"http://127.0.0.1:{args.port}/v1"
     try:
         base = calibrate(url, vocab)
@@ -254,6 +266,7 @@ def main() -> None:
         "slo_attainment_fixed": best["fixed"]["slo_attainment"],
         "slo_attainment_min": min(r["slo_attainment"] for r in runs["elastic"]),
         "rollout_tokens": best["fixed"]["rollout_tokens"], "beside": args.beside,
+        "pause": args.pause,
         "objective": {"ttft_p99_s": objective.ttft_p99_s, "tpot_p99_s": objective.tpot_p99_s},
         "users_alone": base, "runs": runs}))
 

@@ -30,6 +30,12 @@ them while its own traffic stays within its objective:
   once if users are being served, and K again once the p99s are back under it. Without
   yielding, a rollout already on the endpoint when the cap drops runs to its end beside the
   users' requests.
+- paused, not given back: an endpoint started with `--pause-rollouts P` pauses the rollouts it
+  would abort for its users (up to P; KV cache and tokens kept, no work done) and resumes them
+  when its users leave, so they pay no second prefill. While some are paused and the dedicated
+  engine has room that no waiting request takes (the run's tail), the controller takes them back
+  (`POST /v1/reclaim`): they come back as given-back rollouts and continue here, rather than
+  wait for the users to leave.
 """
 
 from __future__ import annotations
@@ -118,6 +124,8 @@ class ElasticCounters:
     """Time during which the endpoint held at least one rollout request."""
     unkept: int = 0
     """Times the controller told the endpoint to keep no rollouts beside its users."""
+    reclaimed: int = 0
+    """Paused rollouts taken back from the endpoint for room on the dedicated engine."""
 
 
 class ElasticEngine:
@@ -137,6 +145,7 @@ class ElasticEngine:
         self._in_flight = {"dedicated": 0, "serving": 0}
         self._lent_since = 0.0
         self._yields = 0  # rollouts the endpoint gave back for its users, so far
+        self._reclaiming = 0  # paused rollouts taken back that have not come back yet
         self._where: dict[str, tuple[str, str]] = {}  # request -> (side, id of its part)
         self._aborted: set[str] = set()  # aborted by the caller, not preempted
         self._lock = threading.Lock()
@@ -190,6 +199,7 @@ class ElasticEngine:
                     # it yielded: no more lending until the controller sees the users gone
                     self.cap = 0
                     self._yields += 1
+                    self._reclaiming = max(0, self._reclaiming - 1)
                 if side == "serving" and self._in_flight[side] == 0:
                     self.counters.lent_busy_s += time.perf_counter() - self._lent_since
                 self._grant()
@@ -236,6 +246,7 @@ class ElasticEngine:
         total = max(c.lent + c.dedicated, 1)
         return {"elastic/lent_frac": c.lent / total, "elastic/backoffs": float(c.backoffs),
                 "elastic/preempted": float(c.preempted), "elastic/unkept": float(c.unkept),
+                "elastic/reclaimed": float(c.reclaimed),
                 "elastic/cap_mean": sum(c.caps) / max(len(c.caps), 1)}
 
     def close(self) -> None:
@@ -307,6 +318,7 @@ class ElasticEngine:
                 load = self._http.get(f"{self.serving_url}/load", params=params).json()
                 users_busy = load["serving"]["in_flight"] > 0
                 self._keep_beside(load)
+                self._reclaim(load)
                 cap = next_cap(self.cap, load["serving"], o, load.get("yield_to_serving", False))
             except Exception:  # noqa: BLE001 - an endpoint that does not answer lends nothing
                 cap, users_busy = 0, False
@@ -330,6 +342,27 @@ class ElasticEngine:
             self._http.post(f"{self.serving_url}/beside", json={"keep": keep}).raise_for_status()
             if keep == 0:
                 self.counters.unkept += 1
+
+
+    def _reclaim(self, load: dict) -> None:
+        """Take paused rollouts back from the endpoint while the dedicated engine has room that
+        no waiting request (nor one taken back before, still on its way) will fill."""
+        paused = int(load.get("paused", 0))
+        if not paused:
+            return
+        with self._lock:
+            room = self.dedicated_max - self._in_flight["dedicated"] - len(self._waiting) \
+                - self._reclaiming
+            n = min(room, paused)
+            if n <= 0:
+                return
+            self._reclaiming += n
+        reply = self._http.post(f"{self.serving_url}/reclaim", json={"n": n})
+        reply.raise_for_status()
+        given = int(reply.json()["reclaimed"])
+        with self._lock:
+            self._reclaiming -= n - given
+            self.counters.reclaimed += given
 
 
 @dataclass(eq=False)

@@ -16,11 +16,17 @@ token, so a request's sample does not depend on its batch neighbours or on when 
 
 Requests with other sampling settings wait until the running batch is empty. While one waits, only
 requests older than it still join, so the batch drains and no request waits forever.
+
+A request can be paused (`pause`, from any thread): between two decoding steps its row leaves the
+running batch with its KV cache, its tokens and its next-token logits kept aside (a pending one is
+just not admitted), and it does no work until `resume` merges it back, sampling on as if it had
+never left (no prefill again). An abort ends a paused request at once with the tokens it has.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import inspect
 import itertools
 import time
@@ -106,6 +112,11 @@ class HFEngine:
         self._pending: list[_Row] = []
         self._running: _Batch | None = None
         self._aborted: set[str] = set()
+        self._paused: set[str] = set()
+        """Requests to hold (`pause`), until `resume`."""
+        self._parked: dict[str, _Batch] = {}
+        """Paused rows set aside, each in a one-row batch with its KV cache and logits."""
+        self._wakeup: tuple[asyncio.AbstractEventLoop, asyncio.Event] | None = None
         self._worker: asyncio.Task | None = None
         self.generated_tokens = 0
         self.meter = LoadMeter()
@@ -125,6 +136,8 @@ class HFEngine:
         self.meter.started()
         if self._worker is None or self._worker.done():
             self._worker = asyncio.create_task(self._serve())
+        else:
+            self._wake()
         tokens = 0
         try:
             completion = await future
@@ -134,9 +147,25 @@ class HFEngine:
             self.meter.finished(tokens)
             # An abort that came after the request ended (before its caller resumed) is moot.
             self._aborted.discard(request.request_id)
+            self._paused.discard(request.request_id)
 
     def abort(self, request_id: str) -> None:
         self._aborted.add(request_id)
+        self._wake()
+
+    def pause(self, request_id: str) -> None:
+        """Hold the request from the next decoding step on, its KV cache and tokens kept (see the
+        module doc). Any thread; a request that is not running or pending is not affected."""
+        self._paused.add(request_id)
+
+    def resume(self, request_id: str) -> None:
+        """Let a paused request decode again from where it stopped. Any thread."""
+        self._paused.discard(request_id)
+        self._wake()
+
+    def paused(self) -> int:
+        """Requests set aside by `pause` now, with their KV cache."""
+        return len(self._parked)
 
     in_flight_updates = True
     """`load_weights` may be called on the event loop's thread while requests run (between two
@@ -189,13 +218,23 @@ class HFEngine:
     async def _serve(self) -> None:
         await asyncio.sleep(0)  # let every request submitted in this tick join the first batch
         self._running = None  # a batch left by a previous event loop has no one waiting for it
-        while self._pending or self._running is not None:
+        self._parked = {}
+        wakeup = asyncio.Event()
+        self._wakeup = (asyncio.get_running_loop(), wakeup)
+        while self._pending or self._running is not None or self._parked:
             # One decoding step per iteration on this thread, handing the loop back between steps
             # (aborts, new requests, rewards). Not a worker thread: torch ops from a second thread
             # get their own OpenMP team, and alternating with the trainer's team halved decoding
             # speed here.
+            wakeup.clear()
             self._end_aborted_pending()
+            with torch.inference_mode():
+                self._park()
+                self._unpark()
             newcomers = self._take_newcomers()
+            if self._running is None and not newcomers:  # only paused requests: wait for a change
+                await wakeup.wait()
+                continue
             try:
                 with torch.inference_mode():
                     self._admit(newcomers)
@@ -210,14 +249,56 @@ class HFEngine:
                     self._resolve(row)
             await asyncio.sleep(0)
 
+    def _wake(self) -> None:
+        """Wake the worker if it waits with only paused requests (any thread)."""
+        if self._wakeup is not None:
+            loop, event = self._wakeup
+            with contextlib.suppress(RuntimeError):  # its loop has closed
+                loop.call_soon_threadsafe(event.set)
+
     def _end_aborted_pending(self) -> None:
-        """Requests aborted before they started end now, with no tokens."""
+        """Requests aborted before they started end now, with no tokens; paused ones end with
+        the tokens they have."""
         if not self._aborted:
             return
         for row in [row for row in self._pending if row.request.request_id in self._aborted]:
             self._pending.remove(row)
             row.finish = "abort"
             self._resolve(row)
+        for request_id in [r for r in self._parked if r in self._aborted]:
+            row = self._parked.pop(request_id).rows[0]
+            row.finish = "abort"
+            self._resolve(row)
+
+    def _park(self) -> None:
+        """Set the paused rows of the running batch aside, each with its own KV cache."""
+        batch = self._running
+        if batch is None or not self._paused:
+            return
+        leaving = [j for j, row in enumerate(batch.rows)
+                   if row.finish is None and row.request.request_id in self._paused]
+        if not leaving:
+            return
+        for j in leaving:
+            self._parked[batch.rows[j].request.request_id] = _row_apart(batch, j)
+        keep = [j for j, row in enumerate(batch.rows) if row.finish is None and j not in leaving]
+        if not keep:
+            self._running = None
+            return
+        batch.rows = [batch.rows[j] for j in keep]
+        _gather_rows(batch, torch.tensor(keep, dtype=torch.long, device=batch.logits.device))
+        _crop_padding(batch)
+
+    def _unpark(self) -> None:
+        """Merge the resumed rows back into the running batch (or start one with them) while
+        they share its sampling key and it has room."""
+        for request_id in [r for r in self._parked if r not in self._paused]:
+            running, parked = self._running, self._parked[request_id]
+            if running is None:
+                self._running = self._parked.pop(request_id)
+            elif _batch_key(running.params) == _batch_key(parked.params) \
+                    and len(running.rows) < self.max_batch_size:
+                self._running = _merge(running, self._parked.pop(request_id))
 
     def _take_newcomers(self) -> list[_Row]:
         """The pending requests that join the running batch now (or start one): those with its
@@ -228,15 +309,16 @@ class HFEngine:
         turn."""
         running = self._running
         free = self.max_batch_size - (len(running.rows) if running is not None else 0)
-        if not self._pending or free <= 0:
+        pending = [row for row in self._pending if row.request.request_id not in self._paused]
+        if not pending or free <= 0:
             return []
         if running is None:
-            key = _batch_key(self._pending[0].request.params)
-            candidates = [row for row in self._pending if _batch_key(row.request.params) == key]
+            key = _batch_key(pending[0].request.params)
+            candidates = [row for row in pending if _batch_key(row.request.params) == key]
         else:
             key = _batch_key(running.params)
             candidates = list(itertools.takewhile(
-                lambda row: _batch_key(row.request.params) == key, self._pending))
+                lambda row: _batch_key(row.request.params) == key, pending))
         if not candidates:
             return []
         chosen = _similar_lengths(candidates, len(candidates[0].request.prompt_ids), free)
@@ -396,6 +478,20 @@ def _gather_rows(batch: _Batch, index: torch.Tensor) -> None:
     batch.attention = batch.attention[index]
     batch.next_position = batch.next_position[index]
     batch.logits = batch.logits[index]
+
+
+def _row_apart(batch: _Batch, j: int) -> _Batch:
+    """Row `j` of the batch in a one-row batch of its own: copies of its real KV columns (a
+    suffix), attention, next position and logits."""
+    from reroll.engines.kv_cache import growing_cache
+
+    real = int(batch.attention[j].sum())
+    cache = growing_cache()
+    for i, layer in enumerate(batch.cache.layers):
+        cache.update(layer.keys[j:j + 1, :, -real:].clone(),
+                     layer.values[j:j + 1, :, -real:].clone(), i)
+    return _Batch(batch.params, [batch.rows[j]], cache, batch.attention[j:j + 1, -real:].clone(),
+                  batch.next_position[j:j + 1].clone(), batch.logits[j:j + 1].clone())
 
 
 def _crop_padding(batch: _Batch) -> None:

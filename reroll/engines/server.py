@@ -26,6 +26,14 @@ of the users' decoding steps). K is the most it keeps: `POST /v1/beside` (`{"kee
 it keeps now, from 0 to K (the lender's controller lowers it when the users' latency nears
 their objective); lowered while users are served, the rollouts past the new number are aborted
 at once.
+
+`pause_rollouts` P (`--pause-rollouts P`, for an engine that can pause, like the HF engine) pauses
+those rollouts instead of aborting them, up to P at once (the rest are aborted as before): a
+paused rollout keeps its KV cache and tokens on the endpoint and does no work while the users are
+served, and goes on where it stopped when the last of them leaves, with no prefill again (an
+aborted one is prefilled again, prompt and tokens, wherever it continues). `POST /v1/reclaim`
+(`{"n": n}`) gives back the n latest paused at once (aborted, with their tokens), for a lender
+whose own engine has room for them; `GET /v1/load` reports `paused`, and `pauses` so far.
 """
 
 from __future__ import annotations
@@ -106,14 +114,25 @@ class CompletionServer:
     """Serves `engine` on host:port in a background thread (port 0: any free port)."""
 
     def __init__(self, engine: Engine, model_name: str, host: str = "127.0.0.1", port: int = 0,
-                 yield_to_serving: bool = False, rollouts_beside_serving: int = 0):
+                 yield_to_serving: bool = False, rollouts_beside_serving: int = 0,
+                 pause_rollouts: int = 0):
         if rollouts_beside_serving < 0:
             raise ValueError(f"rollouts_beside_serving must be >= 0, not {rollouts_beside_serving}")
+        if pause_rollouts < 0:
+            raise ValueError(f"pause_rollouts must be >= 0, not {pause_rollouts}")
+        if pause_rollouts and not hasattr(engine, "pause"):
+            raise ValueError(f"pause_rollouts needs an engine that can pause; "
+                             f"{type(engine).__name__} cannot")
         self.engine, self.model_name = engine, model_name
         self.yield_to_serving = yield_to_serving
         self.rollouts_beside_serving = rollouts_beside_serving
         self.beside = rollouts_beside_serving
         """How many rollouts it keeps beside its users now (`keep_beside`), at most the K above."""
+        self.pause_rollouts = pause_rollouts
+        """Most rollouts paused at once for the users (the others past `beside` are aborted)."""
+        self.pauses = 0
+        """Rollouts paused for the users so far."""
+        self._paused: dict[str, None] = {}  # rollouts paused now, in the order they were paused
         self.latency = LatencyLog()
         self.refused = 0
         """Rollout requests turned away at once because users were being served (yielding)."""
@@ -157,12 +176,17 @@ class CompletionServer:
                              getattr(self.engine, "version", 0))
             return self._reply(out, prompt)
         start = time.perf_counter()
+        out = None
         try:
             out = self._loop.run(self.engine.generate(request))
         finally:
             with self._rollouts_lock:
                 self._rollouts.pop(request.request_id, None)
-        self.latency.finished(kind, time.perf_counter() - start, out)
+                self._paused.pop(request.request_id, None)
+                if out is not None:
+                    self.latency.finished(kind, time.perf_counter() - start, out)
+                if kind == "serving" and self.latency.in_flight["serving"] == 0:
+                    self._resume_paused()  # the last user left
         return self._reply(out, prompt)
 
     def keep_beside(self, keep: int) -> dict:
@@ -174,10 +198,32 @@ class CompletionServer:
                 self._abort_rollouts_past(self.beside)
         return {"keep": self.beside, "rollouts_beside_serving": self.rollouts_beside_serving}
 
+    def reclaim(self, n: int) -> dict:
+        """Give back (abort) the `n` rollouts paused last; they return with their tokens."""
+        with self._rollouts_lock:
+            given = list(self._paused)[::-1][:max(0, int(n))]
+            for rollout_id in given:
+                self._paused.pop(rollout_id)
+                self.engine.abort(rollout_id)
+        return {"reclaimed": len(given)}
+
     def _abort_rollouts_past(self, keep: int) -> None:
-        """Abort every running rollout but the `keep` that started first (lock held)."""
-        for rollout_id in list(self._rollouts)[keep:]:
-            self.engine.abort(rollout_id)
+        """Every running rollout but the `keep` that started first (paused ones not counted)
+        stops: paused while fewer than `pause_rollouts` are, else aborted (lock held)."""
+        running = [r for r in self._rollouts if r not in self._paused]
+        for rollout_id in running[keep:]:
+            if len(self._paused) < self.pause_rollouts:
+                self.engine.pause(rollout_id)
+                self._paused[rollout_id] = None
+                self.pauses += 1
+            else:
+                self.engine.abort(rollout_id)
+
+    def _resume_paused(self) -> None:
+        """Every paused rollout decodes again (lock held)."""
+        for rollout_id in self._paused:
+            self.engine.resume(rollout_id)
+        self._paused.clear()
 
     def _reply(self, out: Completion, prompt: list[int]) -> dict:
         return {
@@ -231,7 +277,9 @@ def _handler(server: CompletionServer) -> type[BaseHTTPRequestHandler]:
                     "yield_to_serving": server.yield_to_serving,
                     "rollouts_beside_serving": server.rollouts_beside_serving,
                     "beside": server.beside,
-                    "refused": server.refused})
+                    "refused": server.refused,
+                    "pause_rollouts": server.pause_rollouts,
+                    "paused": len(server._paused), "pauses": server.pauses})
             elif route == "/v1/weights_fingerprint":
                 self._reply(200, {"fingerprint": server.engine.weights_fingerprint()})
             else:
@@ -239,12 +287,14 @@ def _handler(server: CompletionServer) -> type[BaseHTTPRequestHandler]:
 
         def do_POST(self) -> None:
             route = self.path.rstrip("/")
-            if route not in ("/v1/completions", "/v1/weights", "/v1/beside"):
+            if route not in ("/v1/completions", "/v1/weights", "/v1/beside", "/v1/reclaim"):
                 return self._reply(404, {"error": {"message": f"no route {self.path}"}})
             try:
                 data = self.rfile.read(int(self.headers.get("Content-Length", 0)))
                 if route == "/v1/beside":
                     return self._reply(200, server.keep_beside(json.loads(data)["keep"]))
+                if route == "/v1/reclaim":
+                    return self._reply(200, server.reclaim(json.loads(data)["n"]))
                 if route == "/v1/weights":
                     version = int(self.headers.get("X-Reroll-Version", 0))
                     return self._reply(200, server.load_weights(data, version))
@@ -275,9 +325,15 @@ def main() -> None:
     parser.add_argument("--rollouts-beside-serving", type=int, default=0, metavar="K",
                         help="with --yield-to-serving: the K oldest rollouts keep running beside "
                              "the users' requests (default 0)")
+    parser.add_argument("--pause-rollouts", type=int, default=0, metavar="P",
+                        help="with --yield-to-serving: pause (KV cache kept) up to P of the "
+                             "rollouts that yield to the users instead of aborting them, and "
+                             "resume them when the users leave (default 0)")
     args = parser.parse_args()
     if args.rollouts_beside_serving < 0:
         parser.error(f"--rollouts-beside-serving must be >= 0, not {args.rollouts_beside_serving}")
+    if args.pause_rollouts < 0:
+        parser.error(f"--pause-rollouts must be >= 0, not {args.pause_rollouts}")
     if args.threads:
         import torch
 
@@ -288,7 +344,7 @@ def main() -> None:
     engine = HFEngine(load_model(args.model), args.max_batch_size,
                       load_tokenizer(args.model).pad_token_id)
     server = CompletionServer(engine, args.model, args.host, args.port, args.yield_to_serving,
-                              args.rollouts_beside_serving)
+                              args.rollouts_beside_serving, args.pause_rollouts)
     print(f"serving {args.model} at {server.url}", flush=True)
     threading.Event().wait()
 

@@ -89,6 +89,72 @@ def test_the_hf_engine_measures_time_to_first_token(tiny_model, tokenizer):
     assert out.first_token_s is not None and 0 < out.first_token_s < 30
 
 
+async def ticks_until(condition, ticks: int = 20_000) -> None:
+    """Hand the loop to the engine until `condition()` holds."""
+    for _ in range(ticks):
+        if condition():
+            return
+        await asyncio.sleep(0)
+    raise AssertionError("condition never held")
+
+
+def test_a_paused_request_keeps_its_cache_does_no_work_and_resumes_as_if_never_paused(
+        tiny_model, tokenizer):
+    engine = HFEngine(load_model(tiny_model), 8, tokenizer.pad_token_id)
+    paused = Request([1, 5, 9, 11], SamplingParams(40, temperature=1.0), seed=3)
+    neighbour = Request([1, 6], SamplingParams(60, temperature=1.0), seed=4)
+
+    async def go():
+        tasks = [asyncio.create_task(engine.generate(r)) for r in (paused, neighbour)]
+        await ticks_until(lambda: engine.running_cache_length() >= len(paused.prompt_ids) + 5)
+        engine.pause(paused.request_id)
+        await ticks_until(lambda: engine.paused() == 1)
+        held = len(engine._parked[paused.request_id].rows[0].tokens)
+        assert 0 < held < 40 and len(engine._running.rows) == 1  # out of the batch
+        neighbour_out = await tasks[1]  # the neighbour runs to its end meanwhile ...
+        for _ in range(50):
+            await asyncio.sleep(0)
+        assert not tasks[0].done() and engine.paused() == 1  # ... and the paused one waits
+        assert len(engine._parked[paused.request_id].rows[0].tokens) == held  # doing nothing
+        engine.resume(paused.request_id)
+        return await tasks[0], neighbour_out
+
+    paused_out, neighbour_out = asyncio.run(go())
+    assert engine.paused() == 0
+    for request, out in ((paused, paused_out), (neighbour, neighbour_out)):
+        alone = engine.generate_batch([request])[0]
+        assert out.finish_reason == "length" and out.token_ids == alone.token_ids
+        assert out.logprobs == pytest.approx(alone.logprobs, abs=1e-4)
+
+
+def test_an_aborted_paused_request_ends_at_once_with_its_tokens_and_a_paused_pending_one_waits(
+        tiny_model, tokenizer):
+    engine = HFEngine(load_model(tiny_model), 8, tokenizer.pad_token_id)
+    running = Request([1, 5, 9], SamplingParams(300, temperature=1.0), seed=1)
+    pending = Request([1, 7], SamplingParams(5, temperature=1.0), seed=2)
+
+    async def go():
+        task = asyncio.create_task(engine.generate(running))
+        await ticks_until(lambda: engine.running_cache_length() >= len(running.prompt_ids) + 3)
+        engine.pause(running.request_id)
+        await ticks_until(lambda: engine.paused() == 1)
+        held = list(engine._parked[running.request_id].rows[0].tokens)
+        engine.pause(pending.request_id)  # paused before it starts: not admitted
+        later = asyncio.create_task(engine.generate(pending))
+        for _ in range(50):
+            await asyncio.sleep(0)
+        assert not later.done() and engine._running is None  # nothing decodes
+        engine.abort(running.request_id)
+        out = await task
+        assert out.finish_reason == "abort" and out.token_ids == held
+        assert len(out.logprobs) == len(held) and engine.paused() == 0
+        engine.resume(pending.request_id)
+        return await later
+
+    later_out = asyncio.run(go())
+    assert later_out.token_ids == engine.generate_batch([pending])[0].token_ids
+
+
 def rollout_requests(n: int, length: int = 12) -> list[Request]:
     return [Request([1, 5 + i % 7, 9], SamplingParams(length, temperature=1.0), seed=i)
             for i in range(n)]
@@ -315,6 +381,99 @@ def test_an_endpoint_told_to_keep_fewer_beside_its_users_aborts_the_later_ones_a
             thread.join(timeout=120)
         assert len(replies["older"]["choices"][0]["token_ids"]) == 600
     finally:
+        server.close()
+
+
+def test_an_endpoint_that_pauses_rollouts_for_its_users_resumes_them_when_they_leave(
+        tiny_model, tokenizer):
+    """Pause room for 1: the older rollout is paused (KV kept, no work) and finishes whole after
+    the user, as if never paused; the newer one, past the pause cap, is aborted as before."""
+    import httpx
+
+    engine = HFEngine(load_model(tiny_model), 64, tokenizer.pad_token_id)
+    server = CompletionServer(engine, "tiny", yield_to_serving=True, pause_rollouts=1)
+    try:
+        calls, user, replies = two_rollouts_then_a_user(server, 300, 400)
+        calls[1].join(timeout=60)  # the newer comes back at once (aborted)
+        assert replies["newer"]["choices"][0]["finish_reason"] == "abort"
+        assert user.is_alive() and "older" not in replies
+        load = httpx.get(f"{server.url}/load").json()
+        assert load["paused"] == 1 and load["pauses"] == 1 and load["pause_rollouts"] == 1
+        parked = engine._parked.get(next(iter(server._paused)))  # None: paused before it began
+        assert parked is None or len(parked.rows[0].tokens) < 300
+        user.join(timeout=120)
+        calls[0].join(timeout=120)
+        older = replies["older"]["choices"][0]
+        assert older["finish_reason"] == "length" and len(older["token_ids"]) == 300
+        alone = engine.generate_batch([Request([1, 2], SamplingParams(300, temperature=1.0),
+                                               seed=0)])[0]
+        assert older["token_ids"] == alone.token_ids  # resumed where it stopped
+        assert engine.paused() == 0 and not server._paused
+    finally:
+        server.close()
+    for bad in ({"pause_rollouts": -1}, {"pause_rollouts": 1, "engine": RemoteEngine(
+            ["http://127.0.0.1:9/v1"])}):
+        with pytest.raises(ValueError, match="pause_rollouts"):
+            CompletionServer(bad.pop("engine", engine), "tiny", **bad)
+
+
+def test_an_endpoint_gives_back_its_paused_rollouts_when_asked_with_their_tokens(
+        tiny_model, tokenizer):
+    import httpx
+
+    engine = HFEngine(load_model(tiny_model), 64, tokenizer.pad_token_id)
+    server = CompletionServer(engine, "tiny", yield_to_serving=True, pause_rollouts=2)
+    try:
+        calls, user, replies = two_rollouts_then_a_user(server, 300, 600)
+        while httpx.get(f"{server.url}/load").json()["paused"] < 2:
+            time.sleep(0.002)
+        assert httpx.post(f"{server.url}/reclaim", json={"n": 1}).json() == {"reclaimed": 1}
+        calls[1].join(timeout=60)  # the one paused last comes back now, with its tokens
+        newer = replies["newer"]["choices"][0]
+        assert newer["finish_reason"] == "abort" and len(newer["token_ids"]) < 300
+        assert len(newer["logprobs"]["token_logprobs"]) == len(newer["token_ids"])
+        assert user.is_alive() and httpx.get(f"{server.url}/load").json()["paused"] == 1
+        assert httpx.post(f"{server.url}/reclaim", json={"n": "x"}).status_code == 400
+        user.join(timeout=120)
+        calls[0].join(timeout=120)
+        assert len(replies["older"]["choices"][0]["token_ids"]) == 300
+    finally:
+        server.close()
+
+
+def test_the_controller_takes_paused_rollouts_back_when_the_dedicated_engine_has_room(
+        tiny_model, tokenizer):
+    """2 short rollouts on the dedicated engine, 2 long ones lent and paused under a long user
+    request: once the short ones end, the controller takes the paused ones back (before the user
+    leaves) and they finish whole on the dedicated engine."""
+    idle = ServingObjective(ttft_p99_s=60, tpot_p99_s=60, control_interval_s=0.05, max_lent=2)
+    server = CompletionServer(HFEngine(load_model(tiny_model), 64, tokenizer.pad_token_id),
+                              "tiny", yield_to_serving=True, pause_rollouts=4)
+    engine = elastic(tiny_model, tokenizer, server.url, idle)
+    users = RemoteEngine([server.url])
+    try:
+        time.sleep(0.3)
+
+        async def scenario():
+            requests = [Request([1, 2, i], SamplingParams(n, temperature=1.0), seed=i)
+                        for i, n in enumerate((20, 20, 300, 300))]
+            rollouts = [asyncio.create_task(engine.generate(r)) for r in requests]
+            await until(lambda: server.latency.report(60)["rollout"]["in_flight"] == 2)
+            user = asyncio.create_task(users.generate(Request([1, 2, 3], SamplingParams(3000),
+                                                              seed=0)))
+            await until(lambda: engine.counters.reclaimed == 2 or user.done())
+            assert not user.done() and server.pauses == 2
+            outs = await asyncio.gather(*rollouts)
+            assert not user.done()  # they finished while the user was still served
+            return await user, outs
+
+        user, outs = asyncio.run(asyncio.wait_for(scenario(), 300))
+        assert len(user.token_ids) == 3000
+        assert [len(o.token_ids) for o in outs] == [20, 20, 300, 300]
+        assert engine.counters.preempted == 2 and engine.metrics()["elastic/reclaimed"] == 2
+    finally:
+        users.close()
+        engine.close()
         server.close()
 
 
