@@ -11,10 +11,12 @@ some sums right). Both sides start from it.
   prompts, and the loss is `--divergence` between the teacher's top-8 (as offline's) and the
   student's distribution at every position; `--on-policy-mode pure`: 8 prompts x 4 responses,
   and the advantage is log pi_T - log pi_S of each sampled token.
-Both are evaluated greedily on the same 64 held-out prompts every 5 steps (checkpoints, then
-`reroll eval`'s code). The target is closing 60% of the teacher-student gap; the headline is the
-teacher tokens each needs to reach it. Equal work here means equal teacher tokens, so the curves
-are drawn against them.
+Both are evaluated greedily on the same held-out prompts (`--held-out`, 256 by default: a
+64-prompt mean moves by 0.016 a prompt, and its curves crossed the target by chance) every 5
+steps (checkpoints, then `reroll eval`'s code). `--seed` seeds both distillation runs (their data
+order and the on-policy samples); the teacher and student stay the same. The target is closing
+60% of the teacher-student gap; the headline is the teacher tokens each needs to reach it. Equal
+work here means equal teacher tokens, so the curves are drawn against them.
 Last line: JSON with the settings, both curves, the target and `teacher_tokens_ratio` (offline
 over on-policy at the target; > 1: on-policy is cheaper in teacher computations), and the same
 in `teacher_positions` (response tokens plus the templated prompt the teacher also reads, once a
@@ -126,12 +128,19 @@ def main() -> None:
     parser.add_argument("--divergence", choices=("forward_kl", "reverse_kl", "jsd"),
                         default="forward_kl",
                         help="on-policy dense: algorithm.distill.divergence (top-8 like offline)")
+    parser.add_argument("--task-coef", type=float, default=0.0,
+                        help="on-policy dense: algorithm.distill.task_coef (adds that times the "
+                             "policy loss on the math reward's advantage; needs --group-size >= 2)")
     parser.add_argument("--on-policy-epochs", type=int, default=1,
                         help="on-policy: algorithm.epochs (optimizer passes over each step's "
                              "samples and teacher scores)")
     parser.add_argument("--reuse-offline", action="store_true",
                         help="keep the offline run of an earlier call with the same settings "
                              "(its curve is measured again)")
+    parser.add_argument("--held-out", type=int, default=256,
+                        help="held-out prompts of every greedy evaluation")
+    parser.add_argument("--seed", type=int, default=0,
+                        help="seed of both distillation runs (teacher and student unchanged)")
     parser.add_argument("--offline-steps", type=int, default=60)
     parser.add_argument("--on-policy-steps", type=int, default=40)
     args = parser.parse_args()
@@ -143,8 +152,8 @@ def main() -> None:
     tiny = str(make_model(ROOT / "tiny", "tiny", seed=0)) if not (ROOT / "tiny").is_dir() \
         else str(ROOT / "tiny")
     data = write_arithmetic(ROOT / "data", train_size=1200, eval_size=16, seed=0, levels=(1,))
-    held_out = str(write_arithmetic(ROOT / "held_out", train_size=1, eval_size=64, seed=7,
-                                    levels=(1,))["eval"])
+    held_out = str(write_arithmetic(ROOT / "held_out", train_size=1, eval_size=args.held_out,
+                                    seed=7, levels=(1,))["eval"])
     teacher = sft("teacher", tiny, str(data["train"]), 112)
     student = sft("student", tiny, str(data["train"]), args.student_steps)
     scores = {"teacher": reward(teacher, held_out), "student": reward(student, held_out)}
@@ -153,7 +162,8 @@ def main() -> None:
 
     earlier = (ROOT / "offline.yaml").read_text() if (ROOT / "offline.yaml").is_file() else None
     offline = run_config("offline", {
-        "pipeline": "distill", "model": {"path": student}, "teacher": {"path": teacher},
+        "pipeline": "distill", "seed": args.seed, "model": {"path": student},
+        "teacher": {"path": teacher},
         "distill": {"top_k": 8}, "steps": args.offline_steps, "batch_size": 32,
         "data": {"train": str(data["train"]), "response_key": "solution"},
         "optimizer": {"lr": args.offline_lr}, "checkpoint": {"every_steps": 5, "keep_last": 12}})
@@ -161,10 +171,10 @@ def main() -> None:
             and (ROOT / "offline" / "summary.json").is_file()):
         train_distill(load_config(offline, expect="distill"))
     on_policy_distill = {"teacher": {"path": teacher}, "mode": args.on_policy_mode} | (
-        {"divergence": args.divergence, "top_k": 8} if args.on_policy_mode == "dense"
+        {"divergence": args.divergence, "top_k": 8, "task_coef": args.task_coef} if dense
         else {"baseline": args.baseline})
     on_policy = run_config("on_policy", {
-        "steps": args.on_policy_steps, "model": {"path": student},
+        "steps": args.on_policy_steps, "seed": args.seed, "model": {"path": student},
         "data": {"train": str(data["train"]), "eval": held_out},
         "rollout": {"prompts_per_step": args.prompts_per_step, "group_size": args.group_size,
                     "max_new_tokens": 24},
