@@ -89,72 +89,6 @@ def test_the_hf_engine_measures_time_to_first_token(tiny_model, tokenizer):
     assert out.first_token_s is not None and 0 < out.first_token_s < 30
 
 
-async def ticks_until(condition, ticks: int = 20_000) -> None:
-    """Hand the loop to the engine until `condition()` holds."""
-    for _ in range(ticks):
-        if condition():
-            return
-        await asyncio.sleep(0)
-    raise AssertionError("condition never held")
-
-
-def test_a_paused_request_keeps_its_cache_does_no_work_and_resumes_as_if_never_paused(
-        tiny_model, tokenizer):
-    engine = HFEngine(load_model(tiny_model), 8, tokenizer.pad_token_id)
-    paused = Request([1, 5, 9, 11], SamplingParams(40, temperature=1.0), seed=3)
-    neighbour = Request([1, 6], SamplingParams(60, temperature=1.0), seed=4)
-
-    async def go():
-        tasks = [asyncio.create_task(engine.generate(r)) for r in (paused, neighbour)]
-        await ticks_until(lambda: engine.running_cache_length() >= len(paused.prompt_ids) + 5)
-        engine.pause(paused.request_id)
-        await ticks_until(lambda: engine.paused() == 1)
-        held = len(engine._parked[paused.request_id].rows[0].tokens)
-        assert 0 < held < 40 and len(engine._running.rows) == 1  # out of the batch
-        neighbour_out = await tasks[1]  # the neighbour runs to its end meanwhile ...
-        for _ in range(50):
-            await asyncio.sleep(0)
-        assert not tasks[0].done() and engine.paused() == 1  # ... and the paused one waits
-        assert len(engine._parked[paused.request_id].rows[0].tokens) == held  # doing nothing
-        engine.resume(paused.request_id)
-        return await tasks[0], neighbour_out
-
-    paused_out, neighbour_out = asyncio.run(go())
-    assert engine.paused() == 0
-    for request, out in ((paused, paused_out), (neighbour, neighbour_out)):
-        alone = engine.generate_batch([request])[0]
-        assert out.finish_reason == "length" and out.token_ids == alone.token_ids
-        assert out.logprobs == pytest.approx(alone.logprobs, abs=1e-4)
-
-
-def test_an_aborted_paused_request_ends_at_once_with_its_tokens_and_a_paused_pending_one_waits(
-        tiny_model, tokenizer):
-    engine = HFEngine(load_model(tiny_model), 8, tokenizer.pad_token_id)
-    running = Request([1, 5, 9], SamplingParams(300, temperature=1.0), seed=1)
-    pending = Request([1, 7], SamplingParams(5, temperature=1.0), seed=2)
-
-    async def go():
-        task = asyncio.create_task(engine.generate(running))
-        await ticks_until(lambda: engine.running_cache_length() >= len(running.prompt_ids) + 3)
-        engine.pause(running.request_id)
-        await ticks_until(lambda: engine.paused() == 1)
-        held = list(engine._parked[running.request_id].rows[0].tokens)
-        engine.pause(pending.request_id)  # paused before it starts: not admitted
-        later = asyncio.create_task(engine.generate(pending))
-        for _ in range(50):
-            await asyncio.sleep(0)
-        assert not later.done() and engine._running is None  # nothing decodes
-        engine.abort(running.request_id)
-        out = await task
-        assert out.finish_reason == "abort" and out.token_ids == held
-        assert len(out.logprobs) == len(held) and engine.paused() == 0
-        engine.resume(pending.request_id)
-        return await later
-
-    later_out = asyncio.run(go())
-    assert later_out.token_ids == engine.generate_batch([pending])[0].token_ids
-
-
 def rollout_requests(n: int, length: int = 12) -> list[Request]:
     return [Request([1, 5 + i % 7, 9], SamplingParams(length, temperature=1.0), seed=i)
             for i in range(n)]
@@ -174,11 +108,12 @@ def elastic(tiny_model, tokenizer, url: str, objective: ServingObjective) -> Ela
 
 @contextlib.contextmanager
 def lending_to_a_yielding_endpoint(tiny_model, tokenizer, objective: ServingObjective,
-                                   settle_s: float):
-    """A yielding endpoint around the tiny model, an ElasticEngine lending to it under
-    ``objective``, and its users' client; after ``settle_s`` of control ticks. Closed after."""
+                                   settle_s: float, **server_options):
+    """A yielding endpoint around the tiny model (with ``server_options``), an ElasticEngine
+    lending to it under ``objective``, and its users' client; after ``settle_s`` of control
+    ticks. Closed after."""
     server = CompletionServer(HFEngine(load_model(tiny_model), 64, tokenizer.pad_token_id),
-                              "tiny", yield_to_serving=True)
+                              "tiny", yield_to_serving=True, **server_options)
     engine = elastic(tiny_model, tokenizer, server.url, objective)
     users = RemoteEngine([server.url])
     try:
@@ -447,12 +382,8 @@ def test_the_controller_takes_paused_rollouts_back_when_the_dedicated_engine_has
     request: once the short ones end, the controller takes the paused ones back (before the user
     leaves) and they finish whole on the dedicated engine."""
     idle = ServingObjective(ttft_p99_s=60, tpot_p99_s=60, control_interval_s=0.05, max_lent=2)
-    server = CompletionServer(HFEngine(load_model(tiny_model), 64, tokenizer.pad_token_id),
-                              "tiny", yield_to_serving=True, pause_rollouts=4)
-    engine = elastic(tiny_model, tokenizer, server.url, idle)
-    users = RemoteEngine([server.url])
-    try:
-        time.sleep(0.3)
+    with lending_to_a_yielding_endpoint(tiny_model, tokenizer, idle, settle_s=0.3,
+                                        pause_rollouts=4) as (server, engine, users):
 
         async def scenario():
             requests = [Request([1, 2, i], SamplingParams(n, temperature=1.0), seed=i)
@@ -471,22 +402,14 @@ def test_the_controller_takes_paused_rollouts_back_when_the_dedicated_engine_has
         assert len(user.token_ids) == 3000
         assert [len(o.token_ids) for o in outs] == [20, 20, 300, 300]
         assert engine.counters.preempted == 2 and engine.metrics()["elastic/reclaimed"] == 2
-    finally:
-        users.close()
-        engine.close()
-        server.close()
 
 
 def test_the_controller_takes_the_kept_rollouts_back_while_the_users_latency_nears_the_objective(
         tiny_model, tokenizer):
     strict = ServingObjective(ttft_p99_s=1e-6, tpot_p99_s=60, control_interval_s=0.05,
                               window_s=1.0, max_lent=4)
-    server = CompletionServer(HFEngine(load_model(tiny_model), 64, tokenizer.pad_token_id),
-                              "tiny", yield_to_serving=True, rollouts_beside_serving=2)
-    engine = elastic(tiny_model, tokenizer, server.url, strict)
-    users = RemoteEngine([server.url])
-    try:
-        time.sleep(0.3)
+    with lending_to_a_yielding_endpoint(tiny_model, tokenizer, strict, settle_s=0.3,
+                                        rollouts_beside_serving=2) as (server, engine, users):
         assert server.beside == 2 and engine.counters.unkept == 0  # quiet: keeps its 2
         generate_all(users, rollout_requests(1, length=4))  # any TTFT passes 0.8 x 1e-6
         deadline = time.perf_counter() + 2 * strict.control_interval_s + 0.5
@@ -498,10 +421,6 @@ def test_the_controller_takes_the_kept_rollouts_back_while_the_users_latency_nea
         while not (server.beside == 2 and engine.cap == 4) and time.perf_counter() < deadline:
             time.sleep(0.01)
         assert server.beside == 2 and engine.cap == 4 and engine.counters.unkept == 1
-    finally:
-        users.close()
-        engine.close()
-        server.close()
 
 
 def test_an_endpoint_that_keeps_rollouts_beside_its_users_starts_no_new_one_while_they_run(

@@ -212,3 +212,60 @@ def test_decode_row_segments_by_hand():
     assert decode_row_segments(attention) == ((0, 3, 0), (3, 6, 40), (6, 7, 100))
     assert decode_row_segments(attention, most=2) == ((0, 6, 0), (6, 7, 100))
     assert decode_row_segments(torch.ones(3, 10, dtype=torch.long)) is None  # nothing to skip
+
+
+def test_a_paused_request_keeps_its_cache_does_no_work_and_resumes_as_if_never_paused(
+        tiny_model, tokenizer):
+    engine = HFEngine(load_model(tiny_model), 8, tokenizer.pad_token_id)
+    paused = Request([1, 5, 9, 11], SamplingParams(40, temperature=1.0), seed=3)
+    neighbour = Request([1, 6], SamplingParams(60, temperature=1.0), seed=4)
+
+    async def go():
+        tasks = [asyncio.create_task(engine.generate(r)) for r in (paused, neighbour)]
+        await until(lambda: engine.running_cache_length() >= len(paused.prompt_ids) + 5)
+        engine.pause(paused.request_id)
+        await until(lambda: engine.paused() == 1)
+        held = len(engine._parked[paused.request_id].rows[0].tokens)
+        assert 0 < held < 40 and len(engine._running.rows) == 1  # out of the batch
+        neighbour_out = await tasks[1]  # the neighbour runs to its end meanwhile ...
+        for _ in range(50):
+            await asyncio.sleep(0)
+        assert not tasks[0].done() and engine.paused() == 1  # ... and the paused one waits
+        assert len(engine._parked[paused.request_id].rows[0].tokens) == held  # doing nothing
+        engine.resume(paused.request_id)
+        return await tasks[0], neighbour_out
+
+    paused_out, neighbour_out = asyncio.run(go())
+    assert engine.paused() == 0
+    for request, out in ((paused, paused_out), (neighbour, neighbour_out)):
+        alone = engine.generate_batch([request])[0]
+        assert out.finish_reason == "length" and out.token_ids == alone.token_ids
+        assert out.logprobs == pytest.approx(alone.logprobs, abs=1e-4)
+
+
+def test_an_aborted_paused_request_ends_at_once_with_its_tokens_and_a_paused_pending_one_waits(
+        tiny_model, tokenizer):
+    engine = HFEngine(load_model(tiny_model), 8, tokenizer.pad_token_id)
+    running = Request([1, 5, 9], SamplingParams(300, temperature=1.0), seed=1)
+    pending = Request([1, 7], SamplingParams(5, temperature=1.0), seed=2)
+
+    async def go():
+        task = asyncio.create_task(engine.generate(running))
+        await until(lambda: engine.running_cache_length() >= len(running.prompt_ids) + 3)
+        engine.pause(running.request_id)
+        await until(lambda: engine.paused() == 1)
+        held = list(engine._parked[running.request_id].rows[0].tokens)
+        engine.pause(pending.request_id)  # paused before it starts: not admitted
+        later = asyncio.create_task(engine.generate(pending))
+        for _ in range(50):
+            await asyncio.sleep(0)
+        assert not later.done() and engine._running is None  # nothing decodes
+        engine.abort(running.request_id)
+        out = await task
+        assert out.finish_reason == "abort" and out.token_ids == held
+        assert len(out.logprobs) == len(held) and engine.paused() == 0
+        engine.resume(pending.request_id)
+        return await later
+
+    later_out = asyncio.run(go())
+    assert later_out.token_ids == engine.generate_batch([pending])[0].token_ids
