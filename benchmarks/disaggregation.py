@@ -164,7 +164,7 @@ class Engine:
             await asyncio.sleep(self._next_finish() - loop.time())
 
     def _join(self) -> None:
-        """The waiting sequences that arrived by the start of the next step join the batch."""
+        """The waiting sequences that arrived by the start of the step about to run join it."""
         while self.waiting and self.waiting[0][0] <= self.start:
             self.active.append(self.waiting.pop(0)[1])
 
@@ -176,7 +176,7 @@ class Engine:
                 if not self.waiting:
                     return
                 self.start = max(self.start, self.waiting[0][0])  # idle: the arrival starts one
-                self._join()
+            self._join()
             end = self.start + STEP_S + PER_SEQ_S * len(self.active)
             if end > now:
                 return
@@ -187,7 +187,6 @@ class Engine:
                 if seq[0] == 0:
                     seq[1].set_result(seq[2])
             self.active = [seq for seq in self.active if seq[0] > 0]
-            self._join()
 
     def _next_finish(self) -> float:
         """When the first sequence of the batch finishes if no more arrive (those waiting join
