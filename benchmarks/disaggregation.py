@@ -132,28 +132,68 @@ class MonolithicNode:
 
 
 class Engine:
-    """One modelled accelerator with continuous batching: each decoding step serves every
-    sequence in flight; a new request joins at the next step."""
+    """One modelled accelerator with continuous batching: each decoding step (STEP_S + PER_SEQ_S
+    per sequence in the batch) serves every sequence in flight, and a request that arrives during
+    a step joins at the next one. The modelled accelerator holds no CPU, so neither does its
+    loop: it does not wake at every step but only when a sequence is due to finish, and then
+    replays the steps since it last woke (each arrival joining at its step). The timing is that
+    of a step-by-step loop; a new sequence needs TOKENS steps, so one that joins never finishes
+    before those in flight and the wake is never late, only sometimes early (an arrival made the
+    steps slower: the loop replays and sleeps again)."""
 
     def __init__(self):
-        self.active: list[list] = []  # [steps left, future, result]
+        self.active: list[list] = []  # [steps left, future, action] of the batch decoding now
+        self.waiting: list[tuple[float, list]] = []  # (arrival time, sequence) to join the batch
+        self.start = 0.0  # when the step in progress began (the event loop's clock)
         self.loop_task = None
 
     async def generate(self, episode: int, turn: int, observation: int) -> int:
-        future = asyncio.get_running_loop().create_future()
-        self.active.append([TOKENS, future, action_of(episode, turn, observation)])
+        loop = asyncio.get_running_loop()
+        future = loop.create_future()
+        self.waiting.append((loop.time(), [TOKENS, future, action_of(episode, turn, observation)]))
         if self.loop_task is None or self.loop_task.done():
             self.loop_task = asyncio.create_task(self._decode())
         return await future
 
     async def _decode(self) -> None:
-        while self.active:
-            await asyncio.sleep(STEP_S + PER_SEQ_S * len(self.active))
+        loop = asyncio.get_running_loop()
+        while True:
+            self._replay(loop.time())
+            if not self.active:
+                return
+            await asyncio.sleep(self._next_finish() - loop.time())
+
+    def _join(self) -> None:
+        """The waiting sequences that arrived by the start of the step about to run join it."""
+        while self.waiting and self.waiting[0][0] <= self.start:
+            self.active.append(self.waiting.pop(0)[1])
+
+    def _replay(self, now: float) -> None:
+        """Every step that ended by `now`, in order; the sequences they finished get their
+        result."""
+        while True:
+            if not self.active:
+                if not self.waiting:
+                    return
+                self.start = max(self.start, self.waiting[0][0])  # idle: the arrival starts one
+            self._join()
+            end = self.start + STEP_S + PER_SEQ_S * len(self.active)
+            if end > now:
+                return
+            self.start = end
             for seq in self.active:
                 seq[0] -= 1
-            for seq in [s for s in self.active if s[0] == 0]:
-                seq[1].set_result(seq[2])
-            self.active = [s for s in self.active if s[0] > 0]
+            for seq in self.active:
+                if seq[0] == 0:
+                    seq[1].set_result(seq[2])
+            self.active = [seq for seq in self.active if seq[0] > 0]
+
+    def _next_finish(self) -> float:
+        """When the first sequence of the batch finishes if no more arrive (those waiting join
+        at the end of the step in progress)."""
+        left = min(seq[0] for seq in self.active)
+        end = self.start + STEP_S + PER_SEQ_S * len(self.active)
+        return end + (left - 1) * (STEP_S + PER_SEQ_S * (len(self.active) + len(self.waiting)))
 
 
 class EnvWorker:
@@ -204,7 +244,8 @@ class Disaggregated:
             num_cpus=0, resources={"accel": 1}, label_selector={"pool": "rollout"},
             max_concurrency=1000).remote() for _ in range(2)]
         self.envs = [ray.remote(EnvWorker).options(
-            num_cpus=0.5, label_selector={"pool": "env"}).remote(CORES) for _ in range(2)]
+            num_cpus=0.5, label_selector={"pool": "env"},
+            allow_out_of_order_execution=True).remote(CORES) for _ in range(2)]
         self.served = start_reward_service(
             functools.partial(BurnReward, CORES),
             # a replica per core of the env node stands ready for the burst (a new one takes
@@ -221,14 +262,21 @@ class Disaggregated:
         return asyncio.run(self._run(episodes))
 
     async def _run(self, episodes: int) -> dict[int, float]:
-        async def episode(e: int) -> float:
-            observation = 0
-            for turn in range(TURNS):
-                action = await self.engines[e % 2].generate.remote(e, turn, observation)
-                observation = await self.envs[e % 2].step.remote(e, turn, action)
-            return (await self.runner.reward(sample_of(e, observation))).score
+        # Each episode is a chain of calls, each taking the previous call's result: Ray's owner
+        # (the driver's core worker) sends a call on as soon as its argument is ready, without
+        # waking the driver's Python; the driver wakes once an episode, for its reward. The
+        # calls go out turn by turn, the order in which they become ready; the environment
+        # workers run theirs in the order their arguments arrive (allow_out_of_order_execution).
+        observations = dict.fromkeys(range(episodes), 0)
+        for turn in range(TURNS):
+            for e in range(episodes):
+                action = self.engines[e % 2].generate.remote(e, turn, observations[e])
+                observations[e] = self.envs[e % 2].step.remote(e, turn, action)
 
-        scores = await asyncio.gather(*(episode(e) for e in range(episodes)))
+        async def reward(e: int) -> float:
+            return (await self.runner.reward(sample_of(e, await observations[e]))).score
+
+        scores = await asyncio.gather(*(reward(e) for e in range(episodes)))
         return dict(enumerate(scores))
 
 
