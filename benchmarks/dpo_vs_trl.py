@@ -12,9 +12,10 @@ checkpointing, turned off here) and reference (the starting model). With `--devi
 autocast (reroll's `device: cuda`, TRL's `bf16=True`), the weights staying fp32. TRL gets the pairs in its
 conversational format (it applies the same chat template) and runs each batch as one forward;
 reroll runs it as
-micro-batches of `--micro-batch` sequences (its `train.micro_batch_size`; 16 = two micro-batches
-of 8 pairs, shortest pairs first, the gradient accumulated: the same update of 16 pairs; 32 = one
-forward, as measured before 2026-11-26).
+micro-batches of `--micro-batch` sequences (its `train.micro_batch_size`; 16, the default on a
+CPU, = two micro-batches of 8 pairs, shortest pairs first, the gradient accumulated: the same
+update of 16 pairs; 32, the default on a GPU, = one forward a step, as TRL: there the tiny model
+is bound by the host's work per forward and backward, not by the GPU's).
 
 Each training run is a fresh process with the same torch thread count; the sides alternate
 (TRL, reroll, TRL, reroll, ...) so drift of the machine cancels. Two times of each run:
@@ -57,14 +58,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--steps", type=int, default=60, help="training steps per run")
     p.add_argument("--rounds", type=int, default=2, help="runs per side, alternating")
     p.add_argument("--threads", type=int, default=2, help="torch threads of each process")
-    p.add_argument("--micro-batch", type=int, default=BATCH_PAIRS,
-                   help="reroll's train.micro_batch_size (sequences; 2 per pair)")
+    p.add_argument("--micro-batch", type=int,
+                   help="reroll's train.micro_batch_size (sequences; 2 per pair); default 16 "
+                        "on a CPU, 32 (one forward a step) on a GPU")
     p.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
                    help="where both sides train (cuda: bf16 autocast on both)")
     p.add_argument("--side", choices=["trl", "reroll"], help=argparse.SUPPRESS)
     p.add_argument("--work", help=argparse.SUPPRESS)
     p.add_argument("--out", help=argparse.SUPPRESS)
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    if args.micro_batch is None:
+        args.micro_batch = 2 * BATCH_PAIRS if args.device == "cuda" else BATCH_PAIRS
+    return args
 
 
 def prepare(work: Path, threads: int) -> dict[str, str]:

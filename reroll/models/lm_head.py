@@ -6,7 +6,8 @@ several copies alive until the backward. Here the model's backbone returns hidde
 [tokens, hidden] (576 floats a token for SmolLM2-135M instead of 49,152), and the LM head,
 temperature, log-softmax, gather and entropy run over chunks of `chunk_tokens` positions inside
 `torch.utils.checkpoint`: the forward keeps only each chunk's outputs, and the backward
-recomputes one chunk's logits at a time. The price is one more LM-head matmul per scored token.
+recomputes one chunk's logits at a time. The price is one more LM-head matmul per scored token,
+paid only when there are several chunks (a single chunk's logits are kept for the backward).
 
 `OutputHead.of(model)` says whether a model's logits are exactly `lm_head(last_hidden_state)`
 (possibly scaled or soft-capped, applied here as its forward does); for any other model it is
@@ -107,10 +108,13 @@ def chunked_scores(head: OutputHead, hidden: torch.Tensor, targets: torch.Tensor
     vocab = head.head.weight.shape[0]
     chunk = chunk_tokens or max(1, CHUNK_ELEMENTS // vocab)
     grad = torch.is_grad_enabled() and (hidden.requires_grad or _head_requires_grad(head))
+    # One chunk's logits are alive at the backward's peak either way (recomputed or kept), so
+    # only several chunks gain from recomputing: one chunk skips checkpoint's extra head pass.
+    recompute = grad and hidden.shape[0] > chunk
     logprobs, entropies = [], []
     for start in range(0, hidden.shape[0], chunk):
         h, t = hidden[start:start + chunk], targets[start:start + chunk]
-        if grad:
+        if recompute:
             lp, ent = checkpoint(_chunk_scores, head, h, t, temperature, with_entropy,
                                  entropy_grad, use_reentrant=False, preserve_rng_state=False)
         else:
