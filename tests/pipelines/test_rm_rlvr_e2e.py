@@ -1,0 +1,72 @@
+"""RLVR on a trained reward model raises the task reward the true verifier measures, and more
+than the same run on an untrained reward model: the recipe of docs/preferences.md ("RLVR on a
+reward model, measured by the verifier"), run with the CLI as a user runs it.
+
+The demo's warm start (1,000 SFT steps on demonstrations of mixed quality), its samples on 1,000
+training prompts verified by math-verify and paired (a right one chosen, a wrong one rejected),
+a reward model trained on those pairs, then 10 GRPO steps on the reward model's score with
+held-out evaluation by the verifier (`eval.reward: {type: math}`). The control is the same
+reward model before training (the SFT'd backbone, its scalar head as initialised): a random head
+also favours some answers, so beating the start alone would not show what the training adds.
+About 6 minutes on 2 cores, most of it the SFT."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+from reroll.cli import main
+from reroll.tracking import read_metrics
+
+pytestmark = pytest.mark.e2e
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+
+
+def quiet(out: Path) -> list[str]:
+    return [f"output_dir={out}", "overwrite=true", "tracking.progress=false"]
+
+
+def grpo_on(tmp_path: Path, sft: Path, data: Path, reward_model: Path, name: str
+            ) -> tuple[float, float]:
+    """Held-out verifier reward (before step 1, after step 10) of GRPO on `reward_model`'s
+    score."""
+    assert main(["train", str(EXAMPLES / "preferences/rm_rl.yaml"), f"model.path={sft}",
+                 f"reward.path={reward_model}", f"data.train={data / 'train.jsonl'}",
+                 f"data.eval={data / 'eval.jsonl'}", "steps=10",
+                 *quiet(tmp_path / name)]) == 0
+    summary = json.loads((tmp_path / name / "summary.json").read_text())
+    return summary["eval_reward_start"], summary["eval_reward_end"]
+
+
+def test_grpo_on_a_trained_reward_model_raises_the_verified_reward(tmp_path, tiny_model):
+    data, sft = tmp_path / "data", tmp_path / "sft"
+    assert main(["make-data", "--out", str(data), "--direct-frac", "0.6",
+                 "--direct-accuracy", "0.25"]) == 0
+    assert main(["sft", str(EXAMPLES / "arithmetic/sft.yaml"), f"model.path={tiny_model}",
+                 f"data.train={data / 'train.jsonl'}", f"data.eval={data / 'eval.jsonl'}",
+                 *quiet(sft)]) == 0
+    samples = tmp_path / "eval" / "sft-train.json"
+    assert main(["eval", "--model", str(sft / "final"), "--task", str(data / "train.jsonl"),
+                 "--max-prompts", "1000", "--n", "8", "--temperature", "1.0",
+                 "--out", str(samples)]) == 0
+    pairs = tmp_path / "pairs"
+    assert main(["make-data", "--preferences-from",
+                 str(samples.with_name("sft-train.samples.jsonl")), "--out", str(pairs)]) == 0
+
+    rm_config = [str(EXAMPLES / "preferences/rm_samples.yaml"), f"model.path={sft / 'final'}",
+                 f"data.train={pairs / 'train.jsonl'}", f"data.eval={pairs / 'eval.jsonl'}"]
+    assert main(["rm", *rm_config, *quiet(tmp_path / "rm")]) == 0
+    # the control: one step at a learning rate that changes nothing, so the head stays as drawn
+    assert main(["rm", *rm_config, "steps=1", "optimizer.lr=1e-12",
+                 *quiet(tmp_path / "rm-untrained")]) == 0
+    rm_rows = [r for r in read_metrics(tmp_path / "rm") if "eval/accuracy" in r]
+    assert rm_rows[-1]["eval/accuracy"] >= rm_rows[0]["eval/accuracy"] + 0.05
+
+    trained = grpo_on(tmp_path, sft / "final", data, tmp_path / "rm" / "final", "grpo")
+    untrained = grpo_on(tmp_path, sft / "final", data, tmp_path / "rm-untrained" / "final",
+                        "grpo-untrained")
+    # measured: start 0.035; 0.52 on the trained reward model, 0.19 on the untrained one
+    assert trained[0] == untrained[0] <= 0.15
+    assert trained[1] >= 0.35
+    assert trained[1] >= untrained[1] + 0.15
