@@ -16,15 +16,19 @@ from pathlib import Path
 import pytest
 
 from reroll.cli import main
-from reroll.tracking import read_metrics
 
 pytestmark = pytest.mark.e2e
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
 
-def quiet(out: Path) -> list[str]:
+def fresh_run_in(out: Path) -> list[str]:
+    """Overrides: the run directory `out`, written anew, without a progress bar."""
     return [f"output_dir={out}", "overwrite=true", "tracking.progress=false"]
+
+
+def summary(run: Path) -> dict:
+    return json.loads((run / "summary.json").read_text())
 
 
 def grpo_on(tmp_path: Path, sft: Path, data: Path, reward_model: Path, name: str
@@ -34,9 +38,9 @@ def grpo_on(tmp_path: Path, sft: Path, data: Path, reward_model: Path, name: str
     assert main(["train", str(EXAMPLES / "preferences/rm_rl.yaml"), f"model.path={sft}",
                  f"reward.path={reward_model}", f"data.train={data / 'train.jsonl'}",
                  f"data.eval={data / 'eval.jsonl'}", "steps=10",
-                 *quiet(tmp_path / name)]) == 0
-    summary = json.loads((tmp_path / name / "summary.json").read_text())
-    return summary["eval_reward_start"], summary["eval_reward_end"]
+                 *fresh_run_in(tmp_path / name)]) == 0
+    run = summary(tmp_path / name)
+    return run["eval_reward_start"], run["eval_reward_end"]
 
 
 def test_grpo_on_a_trained_reward_model_raises_the_verified_reward(tmp_path, tiny_model):
@@ -45,7 +49,7 @@ def test_grpo_on_a_trained_reward_model_raises_the_verified_reward(tmp_path, tin
                  "--direct-accuracy", "0.25"]) == 0
     assert main(["sft", str(EXAMPLES / "arithmetic/sft.yaml"), f"model.path={tiny_model}",
                  f"data.train={data / 'train.jsonl'}", f"data.eval={data / 'eval.jsonl'}",
-                 *quiet(sft)]) == 0
+                 *fresh_run_in(sft)]) == 0
     samples = tmp_path / "eval" / "sft-train.json"
     assert main(["eval", "--model", str(sft / "final"), "--task", str(data / "train.jsonl"),
                  "--max-prompts", "1000", "--n", "8", "--temperature", "1.0",
@@ -56,12 +60,12 @@ def test_grpo_on_a_trained_reward_model_raises_the_verified_reward(tmp_path, tin
 
     rm_config = [str(EXAMPLES / "preferences/rm_samples.yaml"), f"model.path={sft / 'final'}",
                  f"data.train={pairs / 'train.jsonl'}", f"data.eval={pairs / 'eval.jsonl'}"]
-    assert main(["rm", *rm_config, *quiet(tmp_path / "rm")]) == 0
+    assert main(["rm", *rm_config, *fresh_run_in(tmp_path / "rm")]) == 0
     # the control: one step at a learning rate that changes nothing, so the head stays as drawn
     assert main(["rm", *rm_config, "steps=1", "optimizer.lr=1e-12",
-                 *quiet(tmp_path / "rm-untrained")]) == 0
-    rm_rows = [r for r in read_metrics(tmp_path / "rm") if "eval/accuracy" in r]
-    assert rm_rows[-1]["eval/accuracy"] >= rm_rows[0]["eval/accuracy"] + 0.05
+                 *fresh_run_in(tmp_path / "rm-untrained")]) == 0
+    rm = summary(tmp_path / "rm")
+    assert rm["eval_accuracy_end"] >= rm["eval_accuracy_start"] + 0.05
 
     trained = grpo_on(tmp_path, sft / "final", data, tmp_path / "rm" / "final", "grpo")
     untrained = grpo_on(tmp_path, sft / "final", data, tmp_path / "rm-untrained" / "final",
