@@ -121,6 +121,17 @@ def nonfinite_flags(loss: float, grad_norm: float, device: torch.device | None
     return bool(flags[0]), bool(flags[1])
 
 
+def adamw(params: list[torch.nn.Parameter], optimizer: OptimizerConfig,
+          device: torch.device) -> torch.optim.AdamW:
+    """AdamW over `params`; on a GPU its fused kernel: one launch updates every parameter, where
+    the default (foreach) launches several per step and op, and a small model's step is bound by
+    the host's launches (transformers' Trainer, so TRL, takes the fused one there too). The same
+    update up to float rounding; a checkpoint of either loads into the other."""
+    return torch.optim.AdamW(params, lr=optimizer.lr, betas=optimizer.betas,
+                             weight_decay=optimizer.weight_decay,
+                             fused=device.type == "cuda" or None)
+
+
 def enable_gradient_checkpointing(model: torch.nn.Module, train: TrainConfig) -> None:
     """`train.gradient_checkpointing`: transformers' activation checkpointing, non-reentrant
     (the reentrant variant needs inputs that require grad and breaks with frozen embeddings).
@@ -155,8 +166,7 @@ class LocalStrategy:
         self.train_config = train
         # Only trained parameters get AdamW state (with LoRA: the adapter's, a few MB).
         trained = [p for p in model.parameters() if p.requires_grad]
-        self.optimizer = torch.optim.AdamW(trained, lr=optimizer.lr, betas=optimizer.betas,
-                                           weight_decay=optimizer.weight_decay)
+        self.optimizer = adamw(trained, optimizer, self.device)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer,
             lambda s: lr_lambda(s, optimizer.warmup_steps, total_steps, optimizer.schedule,

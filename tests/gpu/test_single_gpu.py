@@ -4,6 +4,7 @@ device decision behind these runs is also tested on CPU (tests/models/test_devic
 from __future__ import annotations
 
 import asyncio
+import shutil
 
 import pytest
 import torch
@@ -136,3 +137,30 @@ def test_sft_distill_dpo_and_reward_model_train_on_cuda(tmp_path, tiny_model, ar
         summary = pipeline.run()
         assert summary["steps"] == 4
         assert torch.isfinite(torch.tensor(summary["eval_accuracy_end"]))
+
+
+def test_the_trainer_steps_with_fused_adamw_and_resumes_from_its_checkpoint(tmp_path, tiny_model,
+                                                                           arithmetic):
+    """On a GPU the trainer's AdamW is the fused kernel; a run resumed from its step-2
+    checkpoint (the optimizer's moments and step count restored) ends where the whole run ends."""
+    from safetensors.torch import load_file
+
+    from reroll.config.schema import SFTConfig
+    from reroll.pipelines.sft import SFTPipeline
+
+    def run(**extra) -> dict:
+        config = one_process_config(SFTConfig, tmp_path / "sft", tiny_model, {"data": {
+            "train": arithmetic["train"], "response_key": "solution"}},
+            checkpoint={"every_steps": 2, "keep_last": 4}, **extra)
+        pipeline = SFTPipeline(config)
+        assert pipeline.policy.optimizer.defaults["fused"] is True
+        return pipeline.run()
+
+    whole = run()
+    final = load_file(f"{whole['final_model']}/model.safetensors")
+    run_dir = tmp_path / "sft" / "run"
+    shutil.rmtree(run_dir / "checkpoints" / "step_4")
+    resumed = run(resume=True)
+    assert resumed["resumed_from_step"] == 2
+    again = load_file(f"{resumed['final_model']}/model.safetensors")
+    assert all(torch.allclose(again[k], final[k], rtol=1e-3, atol=1e-5) for k in final)
