@@ -1,11 +1,17 @@
 """Offline vs on-policy distillation, against the teacher's cost: held-out reward as a function of
 the response tokens the teacher has scored (`distill/teacher_tokens`).
 
-Teacher: the tiny model after 112 SFT steps on worked arithmetic solutions (single-digit sums).
-Student: the tiny model after 55 of those steps (`--student-steps`; it writes the format, gets
-some sums right). Both sides start from it.
+The pair (`--teacher`):
+- `rl` (the default, the issue's and examples/distill/'s): the demo's (`make demo`). Student: the
+  tiny model after the demo's 1,000 SFT steps on demonstrations of mixed quality (60% skip the
+  working and are right a quarter of the time; levels 1-4). Teacher: the student after the
+  demo's GRPO (`--teacher-rl-steps`, 40), which it learnt on its own samples.
+- `sft` (the default until 2026-11-26): teacher the tiny model after 112 SFT steps on worked
+  single-digit sums, student after 55 of those steps (`--student-steps`); the gap is more of
+  the same SFT, on the very rows offline distillation reads.
+Both sides start from the student.
 - offline (`reroll distill`): the student learns the teacher's top-8 distribution on the SFT
-  data's own solutions, 32 rows a step;
+  data's own responses, 32 rows a step;
 - on-policy (`algorithm.distill`): the student samples 32 responses a step and the teacher
   scores those tokens. `--on-policy-mode dense` (the default; GKD): one response to each of 32
   prompts, and the loss is `--divergence` between the teacher's top-8 (as offline's) and the
@@ -50,6 +56,7 @@ from reroll.pipelines.validation import prompt_lengths
 from reroll.tracking import read_metrics
 
 ROOT = Path("runs/bench_distill")
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 console = Console(stderr=True)
 BASE = {"tracking": {"progress": False, "tensorboard": False}}
 
@@ -61,22 +68,70 @@ def run_config(name: str, data: dict) -> Path:
     return path
 
 
-def sft(name: str, model: str, train_file: str, steps: int) -> str:
+def sft(name: str, model: str, train_file: str, steps: int, response_key: str = "solution",
+        **extra) -> str:
     """The SFT'd model `name` (a finished run of the same steps is reused)."""
     done = ROOT / name / "summary.json"
     if done.is_file() and yaml.safe_load((ROOT / f"{name}.yaml").read_text())["steps"] == steps:
         return json.loads(done.read_text())["final_model"]
     config = run_config(name, {"pipeline": "sft", "model": {"path": model}, "steps": steps,
-                               "data": {"train": train_file, "response_key": "solution"},
-                               "batch_size": 32, "optimizer": {"lr": 3e-3, "warmup_steps": 5}})
+                               "data": {"train": train_file, "response_key": response_key},
+                               "batch_size": 32, "optimizer": {"lr": 3e-3, "warmup_steps": 5}}
+                        | extra)
     return train_sft(load_config(config, expect="sft"))["final_model"]
 
 
-def reward(model: str, held_out: str) -> float:
-    return evaluate(EvalSpec(model=model, task=held_out, max_new_tokens=24))[0]["mean@1"]
+def grpo(name: str, model: str, data: dict, steps: int) -> str:
+    """`model` after `steps` of the demo's GRPO (examples/arithmetic/grpo.yaml, the verifier's
+    reward); a finished run of the same steps is reused."""
+    done = ROOT / name / "summary.json"
+    if done.is_file() and json.loads(done.read_text())["steps"] == steps:
+        return json.loads(done.read_text())["final_checkpoint"]
+    config = load_config(EXAMPLES / "arithmetic/grpo.yaml", [
+        f"model.path={model}", f"data.train={data['train']}", f"data.eval={data['eval']}",
+        f"steps={steps}", f"output_dir={ROOT / name}", "overwrite=true",
+        "tracking.progress=false", "tracking.tensorboard=false"])
+    return train(config)["final_checkpoint"]
 
 
-def curve(run: Path, held_out: str, key: str, prompt_cost: float) -> list[dict]:
+MAX_NEW_TOKENS = {"sft": 24, "rl": 40}
+"""Response budget of the evaluations and the on-policy samples: the single-digit sums of the
+`sft` pairing fit 24 tokens; the demo's levels 1-4 take its GRPO's 40."""
+
+
+def reward(model: str, held_out: str, max_new_tokens: int) -> float:
+    return evaluate(EvalSpec(model=model, task=held_out,
+                             max_new_tokens=max_new_tokens))[0]["mean@1"]
+
+
+def sft_pairing(args: argparse.Namespace, tiny: str) -> dict:
+    """Teacher: 112 SFT steps on worked single-digit sums; student: fewer of the same steps."""
+    data = write_arithmetic(ROOT / "data", train_size=1200, eval_size=16, seed=0, levels=(1,))
+    return {"teacher": sft("teacher", tiny, str(data["train"]), 112),
+            "student": sft("student", tiny, str(data["train"]), args.student_steps),
+            "train": str(data["train"]), "response_key": "solution",
+            "held_out": str(write_arithmetic(ROOT / "held_out", train_size=1,
+                                             eval_size=args.held_out, seed=7,
+                                             levels=(1,))["eval"])}
+
+
+def rl_pairing(args: argparse.Namespace, tiny: str) -> dict:
+    """The demo's pair (`make demo`, examples/distill/): the student is its SFT warm start on
+    demonstrations of mixed quality (60% skip the working, right a quarter of the time), the
+    teacher that model after the demo's GRPO; what the teacher learnt, it learnt on its own
+    samples, not from the demonstrations offline distillation reads."""
+    data = write_arithmetic(ROOT / "demo_data", seed=0, direct_frac=0.6, direct_accuracy=0.25)
+    student = sft("demo_sft", tiny, str(data["train"]), 1000, response_key="response",
+                  optimizer={"lr": 3e-3, "warmup_steps": 10, "schedule": "cosine"})
+    return {"teacher": grpo("demo_grpo", student, {k: str(v) for k, v in data.items()},
+                            args.teacher_rl_steps),
+            "student": student, "train": str(data["train"]), "response_key": "response",
+            "held_out": str(write_arithmetic(ROOT / "demo_held_out", train_size=1,
+                                             eval_size=args.held_out, seed=7)["eval"])}
+
+
+def curve(run: Path, held_out: str, key: str, prompt_cost: float, max_new_tokens: int
+          ) -> list[dict]:
     """(teacher tokens, held-out reward) at each checkpoint of `run`. `teacher_positions` adds
     the prompt positions the teacher also reads (`prompt_cost` a step: 32 sequences a step on
     the offline side, prompts x samples on the on-policy side, each with its templated prompt)."""
@@ -86,9 +141,16 @@ def curve(run: Path, held_out: str, key: str, prompt_cost: float) -> list[dict]:
         step = int(checkpoint.name[5:])
         points.append({"step": step, "teacher_tokens": tokens[step],
                        "teacher_positions": round(tokens[step] + step * prompt_cost),
-                       "reward": reward(str(checkpoint), held_out)})
+                       "reward": reward(str(checkpoint), held_out, max_new_tokens)})
         console.log(run.name, points[-1])
     return points
+
+
+def checkpoints(args: argparse.Namespace, steps: int) -> dict:
+    """Every 5 steps, and every step up to `--fine-steps` (the demo's pair closes most of its gap
+    in the first few steps, on both sides)."""
+    return {"every_steps": 5, "keep_last": steps // 5 + 1,
+            "keep_steps": [s for s in range(1, args.fine_steps + 1) if s % 5]}
 
 
 def tokens_to_reach(points: list[dict], target: float, key: str = "teacher_tokens"
@@ -109,10 +171,19 @@ def mean_prompt_tokens(model: str, train_file: str) -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--teacher", choices=("rl", "sft"), default="rl",
+                        help="rl: the demo's GRPO'd model teaches its SFT warm start (the "
+                             "issue's pairing, examples/distill/); sft: 112 SFT steps teach 55 "
+                             "of the same steps (the pairing until 2026-11-26)")
+    parser.add_argument("--teacher-rl-steps", type=int, default=40,
+                        help="--teacher rl: the teacher's GRPO steps (the demo's 40)")
     parser.add_argument("--student-steps", type=int, default=55,
-                        help="SFT steps of the starting student (both sides start from it)")
-    parser.add_argument("--offline-lr", type=float, default=1e-3)
-    parser.add_argument("--on-policy-lr", type=float, default=1e-3)
+                        help="--teacher sft: SFT steps of the starting student (both sides "
+                             "start from it)")
+    parser.add_argument("--offline-lr", type=float,
+                        help="default 1e-4 with --teacher rl (the demo's GRPO lr; at 1e-3 both "
+                             "sides close the gap in one step), 1e-3 with sft")
+    parser.add_argument("--on-policy-lr", type=float, help="default as --offline-lr")
     parser.add_argument("--on-policy-warmup", type=int, default=0,
                         help="on-policy: optimizer.warmup_steps")
     parser.add_argument("--group-size", type=int, default=None,
@@ -141,9 +212,14 @@ def main() -> None:
                         help="held-out prompts of every greedy evaluation")
     parser.add_argument("--seed", type=int, default=0,
                         help="seed of both distillation runs (teacher and student unchanged)")
+    parser.add_argument("--fine-steps", type=int, default=20,
+                        help="evaluate every step up to this one (then every 5)")
     parser.add_argument("--offline-steps", type=int, default=60)
     parser.add_argument("--on-policy-steps", type=int, default=40)
     args = parser.parse_args()
+    lr = 1e-4 if args.teacher == "rl" else 1e-3
+    args.offline_lr = args.offline_lr or lr
+    args.on_policy_lr = args.on_policy_lr or lr
     dense = args.on_policy_mode == "dense"
     args.group_size = args.group_size or (1 if dense else 4)
     args.prompts_per_step = args.prompts_per_step or (32 if dense else 8)
@@ -151,12 +227,11 @@ def main() -> None:
     ROOT.mkdir(parents=True, exist_ok=True)
     tiny = str(make_model(ROOT / "tiny", "tiny", seed=0)) if not (ROOT / "tiny").is_dir() \
         else str(ROOT / "tiny")
-    data = write_arithmetic(ROOT / "data", train_size=1200, eval_size=16, seed=0, levels=(1,))
-    held_out = str(write_arithmetic(ROOT / "held_out", train_size=1, eval_size=args.held_out,
-                                    seed=7, levels=(1,))["eval"])
-    teacher = sft("teacher", tiny, str(data["train"]), 112)
-    student = sft("student", tiny, str(data["train"]), args.student_steps)
-    scores = {"teacher": reward(teacher, held_out), "student": reward(student, held_out)}
+    pair = (rl_pairing if args.teacher == "rl" else sft_pairing)(args, tiny)
+    teacher, student, held_out = pair["teacher"], pair["student"], pair["held_out"]
+    budget = MAX_NEW_TOKENS[args.teacher]
+    scores = {"teacher": reward(teacher, held_out, budget),
+              "student": reward(student, held_out, budget)}
     target = scores["student"] + 0.6 * (scores["teacher"] - scores["student"])
     console.log(scores, f"target {target:.3f}")
 
@@ -165,8 +240,8 @@ def main() -> None:
         "pipeline": "distill", "seed": args.seed, "model": {"path": student},
         "teacher": {"path": teacher},
         "distill": {"top_k": 8}, "steps": args.offline_steps, "batch_size": 32,
-        "data": {"train": str(data["train"]), "response_key": "solution"},
-        "optimizer": {"lr": args.offline_lr}, "checkpoint": {"every_steps": 5, "keep_last": 12}})
+        "data": {"train": pair["train"], "response_key": pair["response_key"]},
+        "optimizer": {"lr": args.offline_lr}, "checkpoint": checkpoints(args, args.offline_steps)})
     if not (args.reuse_offline and earlier == offline.read_text()
             and (ROOT / "offline" / "summary.json").is_file()):
         train_distill(load_config(offline, expect="distill"))
@@ -175,18 +250,19 @@ def main() -> None:
         else {"baseline": args.baseline})
     on_policy = run_config("on_policy", {
         "steps": args.on_policy_steps, "seed": args.seed, "model": {"path": student},
-        "data": {"train": str(data["train"]), "eval": held_out},
+        "data": {"train": pair["train"], "eval": held_out},
         "rollout": {"prompts_per_step": args.prompts_per_step, "group_size": args.group_size,
-                    "max_new_tokens": 24},
+                    "max_new_tokens": budget},
         "optimizer": {"lr": args.on_policy_lr, "warmup_steps": args.on_policy_warmup},
         "eval": {"every_steps": 0, "max_prompts": 8},
-        "checkpoint": {"every_steps": 5, "keep_last": 12},
+        "checkpoint": checkpoints(args, args.on_policy_steps),
         "algorithm": {"distill": on_policy_distill, "epochs": args.on_policy_epochs}})
     train(load_config(on_policy))
-    prompt = mean_prompt_tokens(student, str(data["train"]))
-    curves = {"offline": curve(ROOT / "offline", held_out, "distill/teacher_tokens", 32 * prompt),
+    prompt = mean_prompt_tokens(student, pair["train"])
+    curves = {"offline": curve(ROOT / "offline", held_out, "distill/teacher_tokens", 32 * prompt,
+                               budget),
               "on_policy": curve(ROOT / "on_policy", held_out, "distill/teacher_tokens",
-                                 args.prompts_per_step * args.group_size * prompt)}
+                                 args.prompts_per_step * args.group_size * prompt, budget)}
     reach = {mode: tokens_to_reach(points, target) for mode, points in curves.items()}
     positions = {mode: tokens_to_reach(points, target, "teacher_positions")
                  for mode, points in curves.items()}
