@@ -68,30 +68,33 @@ def run_config(name: str, data: dict) -> Path:
     return path
 
 
-def sft(name: str, model: str, train_file: str, steps: int, response_key: str = "solution",
-        **extra) -> str:
-    """The SFT'd model `name` (a finished run of the same steps is reused)."""
+def finished(name: str, steps: int) -> dict | None:
+    """The summary of run `name` if it finished `steps` steps (reused), else None."""
     done = ROOT / name / "summary.json"
-    if done.is_file() and yaml.safe_load((ROOT / f"{name}.yaml").read_text())["steps"] == steps:
-        return json.loads(done.read_text())["final_model"]
+    summary = json.loads(done.read_text()) if done.is_file() else None
+    return summary if summary and summary["steps"] == steps else None
+
+
+def sft(name: str, model: str, train_file: str, steps: int) -> str:
+    """The SFT'd model `name` (a finished run of the same steps is reused)."""
+    if summary := finished(name, steps):
+        return summary["final_model"]
     config = run_config(name, {"pipeline": "sft", "model": {"path": model}, "steps": steps,
-                               "data": {"train": train_file, "response_key": response_key},
-                               "batch_size": 32, "optimizer": {"lr": 3e-3, "warmup_steps": 5}}
-                        | extra)
+                               "data": {"train": train_file, "response_key": "solution"},
+                               "batch_size": 32, "optimizer": {"lr": 3e-3, "warmup_steps": 5}})
     return train_sft(load_config(config, expect="sft"))["final_model"]
 
 
-def grpo(name: str, model: str, data: dict, steps: int) -> str:
-    """`model` after `steps` of the demo's GRPO (examples/arithmetic/grpo.yaml, the verifier's
-    reward); a finished run of the same steps is reused."""
-    done = ROOT / name / "summary.json"
-    if done.is_file() and json.loads(done.read_text())["steps"] == steps:
-        return json.loads(done.read_text())["final_checkpoint"]
-    config = load_config(EXAMPLES / "arithmetic/grpo.yaml", [
+def demo_run(example: str, name: str, model: str, data: dict, steps: int) -> dict:
+    """The summary of the demo's run `example` (examples/arithmetic/) from `model` on `data`,
+    `steps` steps, as `make demo` runs it; a finished run of the same steps is reused."""
+    if summary := finished(name, steps):
+        return summary
+    config = load_config(EXAMPLES / "arithmetic" / example, [
         f"model.path={model}", f"data.train={data['train']}", f"data.eval={data['eval']}",
         f"steps={steps}", f"output_dir={ROOT / name}", "overwrite=true",
         "tracking.progress=false", "tracking.tensorboard=false"])
-    return train(config)["final_checkpoint"]
+    return train_sft(config) if config.pipeline == "sft" else train(config)
 
 
 MAX_NEW_TOKENS = {"sft": 24, "rl": 40}
@@ -120,12 +123,13 @@ def rl_pairing(args: argparse.Namespace, tiny: str) -> dict:
     demonstrations of mixed quality (60% skip the working, right a quarter of the time), the
     teacher that model after the demo's GRPO; what the teacher learnt, it learnt on its own
     samples, not from the demonstrations offline distillation reads."""
-    data = write_arithmetic(ROOT / "demo_data", seed=0, direct_frac=0.6, direct_accuracy=0.25)
-    student = sft("demo_sft", tiny, str(data["train"]), 1000, response_key="response",
-                  optimizer={"lr": 3e-3, "warmup_steps": 10, "schedule": "cosine"})
-    return {"teacher": grpo("demo_grpo", student, {k: str(v) for k, v in data.items()},
-                            args.teacher_rl_steps),
-            "student": student, "train": str(data["train"]), "response_key": "response",
+    data = {k: str(v) for k, v in write_arithmetic(ROOT / "demo_data", seed=0, direct_frac=0.6,
+                                                    direct_accuracy=0.25).items()}
+    # sft.yaml's 8 epochs of the 4,000 rows, 32 a step
+    student = demo_run("sft.yaml", "demo_sft", tiny, data, 1000)["final_model"]
+    teacher = demo_run("grpo.yaml", "demo_grpo", student, data, args.teacher_rl_steps)
+    return {"teacher": teacher["final_checkpoint"], "student": student, "train": data["train"],
+            "response_key": "response",
             "held_out": str(write_arithmetic(ROOT / "demo_held_out", train_size=1,
                                              eval_size=args.held_out, seed=7)["eval"])}
 
