@@ -141,7 +141,9 @@ class DistributedConfig(Section):
     (docs/gpus.md). With `executor: ray` a role's devices are `distributed.<role>.devices`."""
     ray_address: str | None = None
     """Join this Ray cluster (`auto`, or `ray://head:10001`) instead of starting a local instance
-    sized to this machine. See docs/distributed.md for multi-node use."""
+    sized to this machine. Unset (and no `RAY_ADDRESS`): always a local instance of its own,
+    even beside a cluster started with `ray start` here. See docs/distributed.md for multi-node
+    use."""
     num_cpus: int | None = Field(None, ge=1)
     """CPUs of the local Ray instance (None: all of this machine's)."""
     policy: RolePlacement = Field(default_factory=RolePlacement)

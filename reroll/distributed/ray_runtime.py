@@ -43,7 +43,9 @@ def init_kwargs(address: str | None, num_cpus: int | None) -> dict:
                     "log_to_driver": True, "configure_logging": True}
     address = address or settings.read("RAY_ADDRESS")
     if address is None:
-        return kwargs | {"num_cpus": num_cpus or os.cpu_count() or 1,
+        # "local", not None: with None, Ray joins whatever cluster last ran `ray start` on this
+        # machine (another user's, another test run's) and then refuses the sizes given here.
+        return kwargs | {"address": "local", "num_cpus": num_cpus or os.cpu_count() or 1,
                          "object_store_memory": LOCAL_OBJECT_STORE_BYTES}
     return kwargs | {"address": address}
 

@@ -217,7 +217,7 @@ def test_ray_joins_the_cluster_named_by_the_config_or_ray_address(monkeypatch):
 
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
     local = init_kwargs(None, 3)
-    assert local["num_cpus"] == 3 and "address" not in local
+    assert local["num_cpus"] == 3 and local["address"] == "local"  # never a stray cluster
     monkeypatch.setenv("RAY_ADDRESS", "10.0.0.1:6379")
     joined = init_kwargs(None, 3)
     assert joined["address"] == "10.0.0.1:6379" and "num_cpus" not in joined
