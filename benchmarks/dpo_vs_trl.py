@@ -18,7 +18,9 @@ update of 16 pairs; 32, the default on a GPU, = one forward a step, as TRL: ther
 is bound by the host's work per forward and backward, not by the GPU's).
 
 Each training run is a fresh process with the same torch thread count; the sides alternate
-(TRL, reroll, TRL, reroll, ...) so drift of the machine cancels. Two times of each run:
+(TRL, reroll, TRL, reroll, ...) so drift of the machine cancels. Round i seeds both sides with i
+(the order of the pairs), so the rounds also show how far each side's held-out accuracy moves
+with the seed; `reroll_accuracy` and `trl_accuracy` are the means over the rounds. Two times of each run:
 - training (`throughput_ratio`): the reference's log-probabilities of the pairs and the steps.
   TRL's `trainer.train()` (its reference forward is inside each step); reroll's scoring of every
   pair with the reference once (in the pipeline's construction) plus its `run()`. Loading the
@@ -56,7 +58,8 @@ BATCH_PAIRS, BETA, LR = 16, 0.1, 1e-3
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--steps", type=int, default=60, help="training steps per run")
-    p.add_argument("--rounds", type=int, default=2, help="runs per side, alternating")
+    p.add_argument("--rounds", type=int, default=2,
+                   help="runs per side, alternating; round i seeds both sides with i")
     p.add_argument("--threads", type=int, default=2, help="torch threads of each process")
     p.add_argument("--micro-batch", type=int,
                    help="reroll's train.micro_batch_size (sequences; 2 per pair); default 16 "
@@ -66,6 +69,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--side", choices=["trl", "reroll"], help=argparse.SUPPRESS)
     p.add_argument("--work", help=argparse.SUPPRESS)
     p.add_argument("--out", help=argparse.SUPPRESS)
+    p.add_argument("--seed", type=int, default=0, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.micro_batch is None:
         args.micro_batch = 2 * BATCH_PAIRS if args.device == "cuda" else BATCH_PAIRS
@@ -97,7 +101,7 @@ def prepare(work: Path, threads: int) -> dict[str, str]:
 
 
 def run_reroll(paths: dict, steps: int, threads: int, out: Path, micro: int,
-               device: str) -> dict[str, float]:
+               device: str, seed: int = 0) -> dict[str, float]:
     from reroll.config.preference import DPOConfig
     from reroll.models.loading import load_tokenizer
     from reroll.pipelines.dpo import DPOObjective
@@ -114,6 +118,7 @@ def run_reroll(paths: dict, steps: int, threads: int, out: Path, micro: int,
 
     config = DPOConfig.model_validate({
         "output_dir": str(out), "model": {"path": paths["model"]}, "device": device,
+        "seed": seed,
         "data": {"train": paths["train"]}, "steps": steps, "batch_size": BATCH_PAIRS,
         "loss": {"name": "sigmoid", "beta": BETA},
         "optimizer": {"lr": LR, "warmup_steps": 2, "grad_clip": 1.0},
@@ -137,7 +142,8 @@ def synchronize(device: str) -> None:
         torch.cuda.synchronize()
 
 
-def run_trl(paths: dict, steps: int, threads: int, out: Path, device: str) -> dict[str, float]:
+def run_trl(paths: dict, steps: int, threads: int, out: Path, device: str,
+            seed: int = 0) -> dict[str, float]:
     import torch
     from datasets import Dataset
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -156,7 +162,7 @@ def run_trl(paths: dict, steps: int, threads: int, out: Path, device: str) -> di
                      warmup_steps=2, max_grad_norm=1.0, beta=BETA, loss_type="sigmoid",
                      report_to="none", save_strategy="no", logging_steps=steps,
                      use_cpu=device == "cpu",
-                     dataloader_num_workers=0, disable_tqdm=True, seed=0,
+                     dataloader_num_workers=0, disable_tqdm=True, seed=seed,
                      # TRL 1.x turns both on by default; reroll trains without checkpointing,
                      # in fp32 on a CPU (bf16 on one without bf16 units is many times slower)
                      # and in bf16 autocast on a GPU
@@ -195,9 +201,10 @@ def child(args: argparse.Namespace) -> None:
     paths = json.loads(Path(args.work, "paths.json").read_text())
     out = Path(args.out)
     if args.side == "trl":
-        times = run_trl(paths, args.steps, args.threads, out, args.device)
+        times = run_trl(paths, args.steps, args.threads, out, args.device, args.seed)
     else:
-        times = run_reroll(paths, args.steps, args.threads, out, args.micro_batch, args.device)
+        times = run_reroll(paths, args.steps, args.threads, out, args.micro_batch, args.device,
+                           args.seed)
     accuracy = held_out_accuracy(paths, str(out / "final"), args.threads)
     print(json.dumps({**times, "accuracy": accuracy}))
 
@@ -221,13 +228,13 @@ def main() -> None:
                 [sys.executable, __file__, "--side", side, "--work", str(work), "--out",
                  str(work / f"{side}-{i}"), "--steps", str(args.steps), "--threads",
                  str(args.threads), "--micro-batch", str(args.micro_batch),
-                 "--device", args.device],
+                 "--device", args.device, "--seed", str(i)],
                 env=env, capture_output=True, text=True, check=False)
             if done.returncode != 0:
                 sys.exit(f"{side} run failed:\n{done.stderr[-3000:]}")
             result = json.loads(done.stdout.strip().splitlines()[-1])
             results[side].append(result)
-            print(f"{side} round {i}: training {result['seconds']:.2f} s, end to end "
+            print(f"{side} round {i} (seed {i}): training {result['seconds']:.2f} s, end to end "
                   f"{result['end_to_end_seconds']:.2f} s, held-out accuracy "
                   f"{result['accuracy']:.3f}", flush=True)
     pairs = args.steps * BATCH_PAIRS
@@ -247,6 +254,7 @@ def main() -> None:
                                for s in results},
         "reroll_accuracy": round(accuracy["reroll"], 3),
         "trl_accuracy": round(accuracy["trl"], 3),
+        "accuracy_per_seed": {s: [round(r["accuracy"], 3) for r in results[s]] for s in results},
         "steps": args.steps, "batch_pairs": BATCH_PAIRS, "reroll_micro_batch": args.micro_batch,
         "rounds": args.rounds, "threads": args.threads, "device": args.device,
         "trl_version": importlib.metadata.version("trl")}))
