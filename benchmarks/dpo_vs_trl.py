@@ -20,7 +20,8 @@ is bound by the host's work per forward and backward, not by the GPU's).
 Each training run is a fresh process with the same torch thread count; the sides alternate
 (TRL, reroll, TRL, reroll, ...) so drift of the machine cancels. Round i seeds both sides with i
 (the order of the pairs), so the rounds also show how far each side's held-out accuracy moves
-with the seed; `reroll_accuracy` and `trl_accuracy` are the means over the rounds. Two times of each run:
+with the seed; `reroll_accuracy` and `trl_accuracy` are the means over the rounds.
+Two times of each run:
 - training (`throughput_ratio`): the reference's log-probabilities of the pairs and the steps.
   TRL's `trainer.train()` (its reference forward is inside each step); reroll's scoring of every
   pair with the reference once (in the pipeline's construction) plus its `run()`. Loading the
@@ -101,7 +102,7 @@ def prepare(work: Path, threads: int) -> dict[str, str]:
 
 
 def run_reroll(paths: dict, steps: int, threads: int, out: Path, micro: int,
-               device: str, seed: int = 0) -> dict[str, float]:
+               device: str, seed: int) -> dict[str, float]:
     from reroll.config.preference import DPOConfig
     from reroll.models.loading import load_tokenizer
     from reroll.pipelines.dpo import DPOObjective
@@ -143,7 +144,7 @@ def synchronize(device: str) -> None:
 
 
 def run_trl(paths: dict, steps: int, threads: int, out: Path, device: str,
-            seed: int = 0) -> dict[str, float]:
+            seed: int) -> dict[str, float]:
     import torch
     from datasets import Dataset
     from transformers import AutoModelForCausalLM, AutoTokenizer
