@@ -3,8 +3,9 @@ rewards come in bursts, run monolithic (every role on every node, taking turns) 
 (generation on accelerator nodes, environments and rewards on a CPU node, the reward a Ray Serve
 deployment that autoscales), on the same hardware and the same episodes.
 
-The hardware, split among the Ray nodes of one `ray.cluster_utils.Cluster` on this machine:
-2 modelled accelerators and this machine's 2 cores. Every process of a node is pinned to that
+The hardware: 2 modelled accelerators and this machine's 2 cores, split among the Ray nodes of
+a `ray.cluster_utils.Cluster` started for each mode's run (its nodes alone, so the other mode's
+idle actors and daemons take none of its cores). Every process of a node is pinned to that
 node's cores (`os.sched_setaffinity`), so a node cannot borrow another node's core.
 
 - monolithic: nodes `mono0` and `mono1`, each 1 accelerator + 1 core, each running half of the
@@ -17,8 +18,9 @@ node's cores (`os.sched_setaffinity`), so a node cannot borrow another node's co
   on its own (fine-grained asynchrony): its next turn is sent to an engine as soon as its
   environment step is done, and its reward is asked for as soon as it ends.
 
-What is real: the environment steps and the rewards are CPU work (sha256 chains of ENV_HASHES and
-REWARD_HASHES), Ray actors, nodes, placement by node labels, the Serve deployment and its
+What is real: the environment steps and the rewards are CPU work (sha256 chains holding the GIL
+for ENV_CPU_S and REWARD_CPU_S of their thread's CPU time, or `--work hashes`: ENV_HASHES and
+REWARD_HASHES, whose time swings with the speed of this machine's CPU), Ray actors, nodes, placement by node labels, the Serve deployment and its
 autoscaling, every call and its queueing. What is modelled: the accelerators. This machine has
 none, so decoding a batch of b sequences is a wait of TOKENS x (STEP_S + PER_SEQ_S x b) seconds
 that holds the node's accelerator but no CPU (a memory-bound GPU decode: a bigger batch costs
@@ -28,14 +30,17 @@ loopback), prefill, a real policy and real tasks.
 
 The result depends on the share of accelerator time to CPU time: the monolithic run pays the sum
 of the two, the disaggregated one at best their maximum. With the figures below they are close
-(the regime RollArt targets: agentic tasks whose environments cost as much as the decoding).
+(the regime RollArt targets: agentic tasks whose environments cost as much as the decoding). The
+first decode of every episode finds the CPU with nothing to do in either mode, so the longer
+the episodes (`--turns`), the closer the disaggregated run gets to that maximum.
 Both modes compute the same rewards (checked). The modes alternate ROUNDS times; each keeps its
 fastest run. Last line: JSON with `speedup` (monolithic time / disaggregated time) and, per
 run, the CPU seconds of each part (`cpu_s`: the benchmark's work, the modelled engines' event
 loops, Ray's and Serve's daemons, the driver, and other work on the machine, which a figure taken
 beside it should be read against).
 
-    .venv/bin/python benchmarks/disaggregation.py [--rounds R] [--episodes N]
+    .venv/bin/python benchmarks/disaggregation.py [--rounds R] [--episodes N] [--turns T]
+        [--work cpu-time|hashes]
 """
 
 from __future__ import annotations
@@ -57,11 +62,18 @@ from reroll.distributed.reward_serve import start_reward_service
 from reroll.rewards.base import RewardResult, RewardSample
 from reroll.rewards.runner import RewardRunner
 
-TURNS = 4
+TURNS = 8
+"""Turns of an episode (`--turns`): a decode and an environment step each."""
 TOKENS, STEP_S, PER_SEQ_S = 48, 0.012, 0.0002
 """Decoding one turn: TOKENS steps of STEP_S + PER_SEQ_S per sequence in the batch."""
+ENV_CPU_S, REWARD_CPU_S = 0.025, 0.030
+"""CPU work of one environment step and of one reward: seconds of its thread's CPU time."""
 ENV_HASHES, REWARD_HASHES = 50_000, 60_000
-"""CPU work of one environment step and of one reward (about 25 ms and 30 ms on one idle core)."""
+"""The same work as a fixed number of hashes (`--work hashes`): about 25 ms and 30 ms of one idle
+core when the figures above were set; 27-54 ms and 32-65 ms on this machine since, from one
+minute to the next."""
+WORK_IN_CPU_TIME = True
+"""Set by `--work`: each step and reward burns its CPU seconds (True) or its hashes (False)."""
 MIN_REPLICAS, MAX_REPLICAS = 2, 4
 CORES = (0, 1)
 console = Console(stderr=True)
@@ -75,21 +87,43 @@ def burn(seed: str, hashes: int) -> int:
     return int.from_bytes(h[:4], "big")
 
 
+def burn_cpu_s(seed: str, seconds: float) -> int:
+    """`seconds` of this thread's CPU time hashing (holding the GIL); a number from `seed` alone.
+    The cost is core-time, as the accelerator's is wall time: the speed of this machine's CPU
+    swings by 2x from minute to minute, and a fixed count of hashes would move the workload
+    between regimes (CPU-bound, decode-bound) from one round to the next. Two threads on one
+    core each still get their `seconds` of it, so sharing a core still costs what it costs."""
+    result = burn(seed, 1)
+    end = time.thread_time() + seconds
+    h = hashlib.sha256(seed.encode()).digest()
+    while time.thread_time() < end:
+        for _ in range(200):
+            h = hashlib.sha256(h).digest()
+    return result
+
+
+def cpu_work(seed: str, seconds: float, hashes: int) -> int:
+    return burn_cpu_s(seed, seconds) if WORK_IN_CPU_TIME else burn(seed, hashes)
+
+
 def action_of(episode: int, turn: int, observation: int) -> int:
     """The modelled policy's output: a function of the episode's last observation."""
     return burn(f"a{episode}/{turn}/{observation}", 1) % 1000
 
 
 def env_step(episode: int, turn: int, action: int) -> int:
-    return burn(f"e{episode}/{turn}/{action}", ENV_HASHES)
+    return cpu_work(f"e{episode}/{turn}/{action}", ENV_CPU_S, ENV_HASHES)
 
 
 def decode_s(batch: int) -> float:
     return TOKENS * (STEP_S + PER_SEQ_S * batch)
 
 
-def pin(cores) -> None:
+def pin(cores, work_in_cpu_time: bool) -> None:
+    """This process on its node's cores, and how it measures its work (`--work`)."""
+    global WORK_IN_CPU_TIME
     os.sched_setaffinity(0, set(cores))
+    WORK_IN_CPU_TIME = work_in_cpu_time
 
 
 class BurnReward:
@@ -97,11 +131,12 @@ class BurnReward:
 
     name = "burn"
 
-    def __init__(self, cores=CORES):
-        pin(cores)
+    def __init__(self, cores, work_in_cpu_time):
+        pin(cores, work_in_cpu_time)
 
     def score(self, sample: RewardSample) -> float:
-        return burn(f"r{sample.prompt}/{sample.response}", REWARD_HASHES) % 1000 / 1000
+        return cpu_work(f"r{sample.prompt}/{sample.response}", REWARD_CPU_S,
+                        REWARD_HASHES) % 1000 / 1000
 
     async def __call__(self, sample: RewardSample) -> RewardResult:
         # off the event loop, as reroll's own verifiers run (in a pool): a replica whose loop
@@ -117,13 +152,13 @@ class MonolithicNode:
     """Every role on one node, taking turns: the accelerator decodes, then the core steps the
     environments, then (after the last turn) the core scores the episodes."""
 
-    def __init__(self, cores):
-        pin(cores)
-        self.reward = BurnReward(cores)
+    def __init__(self, cores, work_in_cpu_time):
+        pin(cores, work_in_cpu_time)
+        self.reward = BurnReward(cores, work_in_cpu_time)
 
-    def run(self, episodes: list[int]) -> dict[int, float]:
+    def run(self, episodes: list[int], turns: int) -> dict[int, float]:
         observations = dict.fromkeys(episodes, 0)
-        for turn in range(TURNS):
+        for turn in range(turns):
             actions = {e: action_of(e, turn, observations[e]) for e in episodes}
             time.sleep(decode_s(len(episodes)))  # the accelerator; the core waits
             for e in episodes:  # the core; the accelerator waits
@@ -199,45 +234,64 @@ class Engine:
 class EnvWorker:
     """Environment steps on the CPU node."""
 
-    def __init__(self, cores):
-        pin(cores)
+    def __init__(self, cores, work_in_cpu_time):
+        pin(cores, work_in_cpu_time)
 
     def step(self, episode: int, turn: int, action: int) -> int:
         return env_step(episode, turn, action)
 
 
-def start_cluster():
+NODES = {
+    "monolithic": [dict(num_cpus=1, resources={"accel": 1}, labels={"pool": "mono0"}),
+                   dict(num_cpus=1, resources={"accel": 1}, labels={"pool": "mono1"})],
+    "disaggregated": [dict(num_cpus=0, resources={"accel": 2}, labels={"pool": "rollout"}),
+                      dict(num_cpus=2, labels={"pool": "env"})],
+}
+"""Each mode's Ray nodes: the same 2 modelled accelerators and 2 cores, split two ways."""
+
+
+def start_cluster(mode: str):
+    """A Ray cluster of `mode`'s nodes alone (and a head with no CPUs for the driver): each mode
+    runs on its own deployment of the machine, so no idle node, actor or daemon of the other
+    mode takes its cores."""
     import ray
     from ray.cluster_utils import Cluster
 
+    # Quieter daemons, for both modes: no task events, metrics or event statistics from Ray;
+    # Serve's controller deciding and its replicas reporting load 4 and 10 times a second (10
+    # and 10 by default). Measured: Ray's and Serve's CPU in a disaggregated run 0.56-0.63 ->
+    # 0.35-0.41 core-s. The cluster's processes inherit this environment.
+    os.environ.update(RAY_SERVE_CONTROL_LOOP_INTERVAL_S="0.25",
+                      RAY_SERVE_METRICS_EXPORT_INTERVAL_MS="1000")
     cluster = Cluster(initialize_head=True, head_node_args={
-        "num_cpus": 0, "include_dashboard": False})
-    cluster.add_node(num_cpus=1, resources={"accel": 1}, labels={"pool": "mono0"})
-    cluster.add_node(num_cpus=1, resources={"accel": 1}, labels={"pool": "mono1"})
-    cluster.add_node(num_cpus=0, resources={"accel": 2}, labels={"pool": "rollout"})
-    cluster.add_node(num_cpus=2, labels={"pool": "env"})
+        "num_cpus": 0, "include_dashboard": False, "_system_config": {
+            "task_events_report_interval_ms": 0, "enable_metrics_collection": False,
+            "event_stats": False}})
+    for node in NODES[mode]:
+        cluster.add_node(**node)
     ray.init(address=cluster.address, include_dashboard=False, logging_level="WARNING")
     return cluster
 
 
 class Monolithic:
-    def __init__(self):
+    def __init__(self, work_in_cpu_time: bool):
         import ray
 
         self.nodes = [ray.remote(MonolithicNode).options(
             num_cpus=1, resources={"accel": 1}, label_selector={"pool": f"mono{i}"}).remote(
-            (CORES[i],)) for i in range(2)]
+            (CORES[i],), work_in_cpu_time) for i in range(2)]
 
-    def run(self, episodes: int) -> dict[int, float]:
+    def run(self, episodes: int, turns: int) -> dict[int, float]:
         import ray
 
         halves = [list(range(i, episodes, 2)) for i in range(2)]
-        parts = ray.get([node.run.remote(half) for node, half in zip(self.nodes, halves, strict=True)])
+        parts = ray.get([node.run.remote(half, turns)
+                         for node, half in zip(self.nodes, halves, strict=True)])
         return {e: s for part in parts for e, s in part.items()}
 
 
 class Disaggregated:
-    def __init__(self):
+    def __init__(self, work_in_cpu_time: bool):
         import ray
 
         self.engines = [ray.remote(Engine).options(
@@ -245,9 +299,9 @@ class Disaggregated:
             max_concurrency=1000).remote() for _ in range(2)]
         self.envs = [ray.remote(EnvWorker).options(
             num_cpus=0.5, label_selector={"pool": "env"},
-            allow_out_of_order_execution=True).remote(CORES) for _ in range(2)]
+            allow_out_of_order_execution=True).remote(CORES, work_in_cpu_time) for _ in range(2)]
         self.served = start_reward_service(
-            functools.partial(BurnReward, CORES),
+            functools.partial(BurnReward, CORES, work_in_cpu_time),
             # a replica per core of the env node stands ready for the burst (a new one takes
             # seconds to start, longer than the burst lasts), up to MAX_REPLICAS as calls queue;
             # each replica queues up to 8 calls itself, so the driver's router does not re-probe
@@ -258,17 +312,17 @@ class Disaggregated:
             {"num_cpus": 0.25, "label_selector": {"pool": "env"}}, app="bench-reward")
         self.runner = RewardRunner(self.served, timeout_s=60)
 
-    def run(self, episodes: int) -> dict[int, float]:
-        return asyncio.run(self._run(episodes))
+    def run(self, episodes: int, turns: int) -> dict[int, float]:
+        return asyncio.run(self._run(episodes, turns))
 
-    async def _run(self, episodes: int) -> dict[int, float]:
+    async def _run(self, episodes: int, turns: int) -> dict[int, float]:
         # Each episode is a chain of calls, each taking the previous call's result: Ray's owner
         # (the driver's core worker) sends a call on as soon as its argument is ready, without
         # waking the driver's Python; the driver wakes once an episode, for its reward. The
         # calls go out turn by turn, the order in which they become ready; the environment
         # workers run theirs in the order their arguments arrive (allow_out_of_order_execution).
         observations = dict.fromkeys(range(episodes), 0)
-        for turn in range(TURNS):
+        for turn in range(turns):
             for e in range(episodes):
                 action = self.engines[e % 2].generate.remote(e, turn, observations[e])
                 observations[e] = self.envs[e % 2].step.remote(e, turn, action)
@@ -336,42 +390,49 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--episodes", type=int, default=32)
+    parser.add_argument("--turns", type=int, default=TURNS)
+    parser.add_argument("--work", choices=("cpu-time", "hashes"), default="cpu-time",
+                        help="an environment step and a reward cost their seconds of CPU time "
+                             "(ENV_CPU_S, REWARD_CPU_S) or a fixed number of hashes")
     args = parser.parse_args()
     import ray
 
-    cluster = start_cluster()
-    try:
-        modes = {"monolithic": Monolithic(), "disaggregated": Disaggregated()}
-        served = modes["disaggregated"].served
-        times: dict[str, list[float]] = {m: [] for m in modes}
-        cpu: dict[str, list[dict]] = {m: [] for m in modes}
-        replicas: list[int] = []
-        scores = {}
-        modes["monolithic"].run(2), modes["disaggregated"].run(2)  # warm up every actor
-        for _ in range(args.rounds):
-            for name, mode in modes.items():
-                time.sleep(4)  # the reward replicas back to their minimum between runs
-                watch = ReplicaWatch(served) if name == "disaggregated" else None
+    modes = {"monolithic": Monolithic, "disaggregated": Disaggregated}
+    cpu_time = args.work == "cpu-time"
+    times: dict[str, list[float]] = {m: [] for m in modes}
+    cpu: dict[str, list[dict]] = {m: [] for m in modes}
+    replicas: list[int] = []
+    scores, errors = {}, 0
+    for _ in range(args.rounds):
+        for name, mode_class in modes.items():
+            cluster = start_cluster(name)
+            try:
+                mode = mode_class(cpu_time)
+                mode.run(2, args.turns)  # warm up every actor
+                time.sleep(5)  # the new cluster's daemons settle, the replicas to their minimum
+                served = getattr(mode, "served", None)
+                watch = ReplicaWatch(served) if served else None
                 before, start = cpu_seconds(), time.perf_counter()
-                scores[name] = mode.run(args.episodes)
+                scores[name] = mode.run(args.episodes, args.turns)
                 times[name].append(round(time.perf_counter() - start, 3))
                 cpu[name].append(cpu_by_part(before, cpu_seconds()))
                 if watch:
                     replicas.append(watch.close())
-                console.print(f"{name}: {times[name][-1]:.2f} s, CPU s {cpu[name][-1]}",
-                              highlight=False)
+                    errors += mode.runner.counters.failed()
+                    served.close()
+            finally:
+                ray.shutdown()
+                cluster.shutdown()
+            console.print(f"{name}: {times[name][-1]:.2f} s, CPU s {cpu[name][-1]}",
+                          highlight=False)
         if scores["monolithic"] != scores["disaggregated"]:
             raise SystemExit("the two modes scored the episodes differently")
-        errors = modes["disaggregated"].runner.counters.failed()
-        served.close()
-    finally:
-        ray.shutdown()
-        cluster.shutdown()
     mono, disagg = min(times["monolithic"]), min(times["disaggregated"])
-    accel_s = TURNS * decode_s(args.episodes // 2)
+    accel_s = args.turns * decode_s(args.episodes // 2)
     print(json.dumps({
         "speedup": round(mono / disagg, 3), "monolithic_s": mono, "disaggregated_s": disagg,
-        "runs": times, "cpu_s": cpu, "episodes": args.episodes, "turns": TURNS,
+        "runs": times, "cpu_s": cpu, "episodes": args.episodes, "turns": args.turns,
+        "work": args.work,
         "reward_replicas_max": replicas, "reward_failures": errors,
         "modelled_accelerator_s_per_node": round(accel_s, 3),
         "mean_reward": round(sum(scores["monolithic"].values()) / args.episodes, 4),

@@ -5,6 +5,7 @@ the step after it arrives). Driven by hand: `_replay(now)` at chosen times, no s
 import asyncio
 import importlib.util
 import random
+import time
 from pathlib import Path
 
 import pytest
@@ -84,3 +85,15 @@ def test_the_replay_finishes_every_sequence_when_the_step_by_step_loop_does(benc
     rng = random.Random(0)
     arrivals = [0.0] * 5 + [rng.uniform(0, 1.5) for _ in range(40)] + [2.5, 2.5, 4.0]
     assert replayed(bench, arrivals) == pytest.approx(step_by_step(bench, arrivals), abs=1e-9)
+
+
+def test_work_in_cpu_time_burns_its_seconds_and_answers_from_the_seed_alone(bench):
+    """An environment step costs its CPU seconds however fast the CPU runs that minute, and
+    both modes still see the same observations (the answer depends on the seed, not on how many
+    hashes fitted in the time)."""
+    start = time.thread_time()
+    short = bench.burn_cpu_s("e0/0/7", 0.005)
+    spent = time.thread_time() - start
+    assert 0.005 <= spent < 0.5
+    assert bench.burn_cpu_s("e0/0/7", 0.02) == short == bench.burn("e0/0/7", 1)
+    assert bench.burn_cpu_s("e0/0/8", 0.005) != short
