@@ -20,8 +20,9 @@ node's cores (`os.sched_setaffinity`), so a node cannot borrow another node's co
 
 What is real: the environment steps and the rewards are CPU work (sha256 chains holding the GIL
 for ENV_CPU_S and REWARD_CPU_S of their thread's CPU time, or `--work hashes`: ENV_HASHES and
-REWARD_HASHES, whose time swings with the speed of this machine's CPU), Ray actors, nodes, placement by node labels, the Serve deployment and its
-autoscaling, every call and its queueing. What is modelled: the accelerators. This machine has
+REWARD_HASHES, whose time swings with the speed of this machine's CPU), Ray actors, nodes,
+placement by node labels, the Serve deployment and its autoscaling, every call and its
+queueing. What is modelled: the accelerators. This machine has
 none, so decoding a batch of b sequences is a wait of TOKENS x (STEP_S + PER_SEQ_S x b) seconds
 that holds the node's accelerator but no CPU (a memory-bound GPU decode: a bigger batch costs
 little more per step). The actions are a hash of the observation (the policy's output depends on
@@ -258,9 +259,9 @@ def start_cluster(mode: str):
     from ray.cluster_utils import Cluster
 
     # Quieter daemons, for both modes: no task events, metrics or event statistics from Ray;
-    # Serve's controller deciding and its replicas reporting load 4 and 10 times a second (10
-    # and 10 by default). Measured: Ray's and Serve's CPU in a disaggregated run 0.56-0.63 ->
-    # 0.35-0.41 core-s. The cluster's processes inherit this environment.
+    # Serve's controller deciding 4 times a second and its replicas reporting their load once
+    # (10 and 10 times by default). Measured: Ray's and Serve's CPU in a 4-turn disaggregated
+    # run 0.56-0.63 -> 0.35-0.41 core-s. The cluster's processes inherit this environment.
     os.environ.update(RAY_SERVE_CONTROL_LOOP_INTERVAL_S="0.25",
                       RAY_SERVE_METRICS_EXPORT_INTERVAL_MS="1000")
     cluster = Cluster(initialize_head=True, head_node_args={
