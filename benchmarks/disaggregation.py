@@ -14,9 +14,9 @@ node's cores (`os.sched_setaffinity`), so a node cannot borrow another node's co
   core scores the node's episodes (the burst of rewards).
 - disaggregated: node `rollout` (2 accelerators: an engine each, continuous batching) and node
   `env` (both cores: 2 environment workers, and the reward's Serve replicas, MIN_REPLICAS to
-  MAX_REPLICAS as calls queue up, through reroll's `start_reward_service` and `RewardRunner`). Each episode runs
-  on its own (fine-grained asynchrony): its next turn is sent to an engine as soon as its
-  environment step is done, and its reward is asked for as soon as it ends.
+  MAX_REPLICAS as calls queue up, through reroll's `start_reward_service` and `RewardRunner`).
+  Each episode runs on its own (fine-grained asynchrony): its next turn is sent to an engine as
+  soon as its environment step is done, and its reward is asked for as soon as it ends.
 
 What is real: the environment steps and the rewards are CPU work (sha256 chains holding the GIL
 for ENV_CPU_S and REWARD_CPU_S of their thread's CPU time, or `--work hashes`: ENV_HASHES and
