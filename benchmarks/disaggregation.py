@@ -73,8 +73,6 @@ ENV_HASHES, REWARD_HASHES = 50_000, 60_000
 """The same work as a fixed number of hashes (`--work hashes`): about 25 ms and 30 ms of one idle
 core when the figures above were set; 27-54 ms and 32-65 ms on this machine since, from one
 minute to the next."""
-WORK_IN_CPU_TIME = True
-"""Set by `--work`: each step and reward burns its CPU seconds (True) or its hashes (False)."""
 MIN_REPLICAS, MAX_REPLICAS = 2, 4
 CORES = (0, 1)
 console = Console(stderr=True)
@@ -95,16 +93,16 @@ def burn_cpu_s(seed: str, seconds: float) -> int:
     between regimes (CPU-bound, decode-bound) from one round to the next. Two threads on one
     core each still get their `seconds` of it, so sharing a core still costs what it costs."""
     result = burn(seed, 1)
-    end = time.thread_time() + seconds
-    h = hashlib.sha256(seed.encode()).digest()
+    end, h = time.thread_time() + seconds, seed.encode()
     while time.thread_time() < end:
         for _ in range(200):
             h = hashlib.sha256(h).digest()
     return result
 
 
-def cpu_work(seed: str, seconds: float, hashes: int) -> int:
-    return burn_cpu_s(seed, seconds) if WORK_IN_CPU_TIME else burn(seed, hashes)
+def cpu_work(seed: str, seconds: float, hashes: int, cpu_time: bool) -> int:
+    """The work of a step or a reward, as `--work` measures it: seconds of CPU time or hashes."""
+    return burn_cpu_s(seed, seconds) if cpu_time else burn(seed, hashes)
 
 
 def action_of(episode: int, turn: int, observation: int) -> int:
@@ -112,19 +110,16 @@ def action_of(episode: int, turn: int, observation: int) -> int:
     return burn(f"a{episode}/{turn}/{observation}", 1) % 1000
 
 
-def env_step(episode: int, turn: int, action: int) -> int:
-    return cpu_work(f"e{episode}/{turn}/{action}", ENV_CPU_S, ENV_HASHES)
+def env_step(episode: int, turn: int, action: int, cpu_time: bool) -> int:
+    return cpu_work(f"e{episode}/{turn}/{action}", ENV_CPU_S, ENV_HASHES, cpu_time)
 
 
 def decode_s(batch: int) -> float:
     return TOKENS * (STEP_S + PER_SEQ_S * batch)
 
 
-def pin(cores, work_in_cpu_time: bool) -> None:
-    """This process on its node's cores, and how it measures its work (`--work`)."""
-    global WORK_IN_CPU_TIME
+def pin(cores) -> None:
     os.sched_setaffinity(0, set(cores))
-    WORK_IN_CPU_TIME = work_in_cpu_time
 
 
 class BurnReward:
@@ -132,12 +127,13 @@ class BurnReward:
 
     name = "burn"
 
-    def __init__(self, cores, work_in_cpu_time):
-        pin(cores, work_in_cpu_time)
+    def __init__(self, cores, cpu_time: bool):
+        pin(cores)
+        self.cpu_time = cpu_time
 
     def score(self, sample: RewardSample) -> float:
-        return cpu_work(f"r{sample.prompt}/{sample.response}", REWARD_CPU_S,
-                        REWARD_HASHES) % 1000 / 1000
+        return cpu_work(f"r{sample.prompt}/{sample.response}", REWARD_CPU_S, REWARD_HASHES,
+                        self.cpu_time) % 1000 / 1000
 
     async def __call__(self, sample: RewardSample) -> RewardResult:
         # off the event loop, as reroll's own verifiers run (in a pool): a replica whose loop
@@ -153,9 +149,10 @@ class MonolithicNode:
     """Every role on one node, taking turns: the accelerator decodes, then the core steps the
     environments, then (after the last turn) the core scores the episodes."""
 
-    def __init__(self, cores, work_in_cpu_time):
-        pin(cores, work_in_cpu_time)
-        self.reward = BurnReward(cores, work_in_cpu_time)
+    def __init__(self, cores, cpu_time: bool):
+        pin(cores)
+        self.cpu_time = cpu_time
+        self.reward = BurnReward(cores, cpu_time)
 
     def run(self, episodes: list[int], turns: int) -> dict[int, float]:
         observations = dict.fromkeys(episodes, 0)
@@ -163,7 +160,7 @@ class MonolithicNode:
             actions = {e: action_of(e, turn, observations[e]) for e in episodes}
             time.sleep(decode_s(len(episodes)))  # the accelerator; the core waits
             for e in episodes:  # the core; the accelerator waits
-                observations[e] = env_step(e, turn, actions[e])
+                observations[e] = env_step(e, turn, actions[e], self.cpu_time)
         return {e: self.reward.score(sample_of(e, observations[e])) for e in episodes}
 
 
@@ -235,11 +232,12 @@ class Engine:
 class EnvWorker:
     """Environment steps on the CPU node."""
 
-    def __init__(self, cores, work_in_cpu_time):
-        pin(cores, work_in_cpu_time)
+    def __init__(self, cores, cpu_time: bool):
+        pin(cores)
+        self.cpu_time = cpu_time
 
     def step(self, episode: int, turn: int, action: int) -> int:
-        return env_step(episode, turn, action)
+        return env_step(episode, turn, action, self.cpu_time)
 
 
 NODES = {
@@ -275,12 +273,12 @@ def start_cluster(mode: str):
 
 
 class Monolithic:
-    def __init__(self, work_in_cpu_time: bool):
+    def __init__(self, cpu_time: bool):
         import ray
 
         self.nodes = [ray.remote(MonolithicNode).options(
             num_cpus=1, resources={"accel": 1}, label_selector={"pool": f"mono{i}"}).remote(
-            (CORES[i],), work_in_cpu_time) for i in range(2)]
+            (CORES[i],), cpu_time) for i in range(2)]
 
     def run(self, episodes: int, turns: int) -> dict[int, float]:
         import ray
@@ -292,7 +290,7 @@ class Monolithic:
 
 
 class Disaggregated:
-    def __init__(self, work_in_cpu_time: bool):
+    def __init__(self, cpu_time: bool):
         import ray
 
         self.engines = [ray.remote(Engine).options(
@@ -300,9 +298,9 @@ class Disaggregated:
             max_concurrency=1000).remote() for _ in range(2)]
         self.envs = [ray.remote(EnvWorker).options(
             num_cpus=0.5, label_selector={"pool": "env"},
-            allow_out_of_order_execution=True).remote(CORES, work_in_cpu_time) for _ in range(2)]
+            allow_out_of_order_execution=True).remote(CORES, cpu_time) for _ in range(2)]
         self.served = start_reward_service(
-            functools.partial(BurnReward, CORES, work_in_cpu_time),
+            functools.partial(BurnReward, CORES, cpu_time),
             # a replica per core of the env node stands ready for the burst (a new one takes
             # seconds to start, longer than the burst lasts), up to MAX_REPLICAS as calls queue;
             # each replica queues up to 8 calls itself, so the driver's router does not re-probe
