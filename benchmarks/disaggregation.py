@@ -22,12 +22,15 @@ What is real: the environment steps and the rewards are CPU work (sha256 chains 
 for ENV_CPU_S and REWARD_CPU_S of their thread's CPU time, or `--work hashes`: ENV_HASHES and
 REWARD_HASHES, whose time swings with the speed of this machine's CPU), Ray actors, nodes,
 placement by node labels, the Serve deployment and its autoscaling, every call and its
-queueing. What is modelled: the accelerators. This machine has
-none, so decoding a batch of b sequences is a wait of TOKENS x (STEP_S + PER_SEQ_S x b) seconds
-that holds the node's accelerator but no CPU (a memory-bound GPU decode: a bigger batch costs
-little more per step). The actions are a hash of the observation (the policy's output depends on
-what the environment said). Not modelled: network transfer between nodes (everything is on
-loopback), prefill, a real policy and real tasks.
+queueing. What is modelled: the accelerators. This machine has none, so a decoding step is
+a wait of STEP_S + PER_SEQ_S x b seconds for a batch of b sequences, holding the node's
+accelerator but no CPU (a memory-bound GPU decode: a bigger batch costs little more per step),
+and a response takes a step per token. Responses differ in length as a policy's do (uniform
+over TOKENS x (1 +- LENGTH_SPREAD), the same lengths in both modes; `--length-spread 0` makes
+them all TOKENS long): a monolithic node's turn lasts until its longest response is done, while
+a disaggregated episode goes on as soon as its own is. The actions are a hash of the
+observation (the policy's output depends on what the environment said). Not modelled: network
+transfer between nodes (everything is on loopback), prefill, a real policy and real tasks.
 
 The result depends on the share of accelerator time to CPU time: the monolithic run pays the sum
 of the two, the disaggregated one at best their maximum. With the figures below they are close
@@ -41,7 +44,7 @@ loops, Ray's and Serve's daemons, the driver, and other work on the machine, whi
 beside it should be read against).
 
     .venv/bin/python benchmarks/disaggregation.py [--rounds R] [--episodes N] [--turns T]
-        [--work cpu-time|hashes]
+        [--length-spread S] [--work cpu-time|hashes]
 """
 
 from __future__ import annotations
@@ -66,7 +69,11 @@ from reroll.rewards.runner import RewardRunner
 TURNS = 8
 """Turns of an episode (`--turns`): a decode and an environment step each."""
 TOKENS, STEP_S, PER_SEQ_S = 48, 0.012, 0.0002
-"""Decoding one turn: TOKENS steps of STEP_S + PER_SEQ_S per sequence in the batch."""
+"""Decoding: a response of TOKENS tokens on average; a decoding step costs STEP_S + PER_SEQ_S
+per sequence in the batch."""
+LENGTH_SPREAD = 0.5
+"""Responses are TOKENS x (1 +- LENGTH_SPREAD) tokens long, uniformly (`--length-spread`; 0: all
+TOKENS long)."""
 ENV_CPU_S, REWARD_CPU_S = 0.025, 0.030
 """CPU work of one environment step and of one reward: seconds of its thread's CPU time."""
 ENV_HASHES, REWARD_HASHES = 50_000, 60_000
@@ -110,12 +117,21 @@ def action_of(episode: int, turn: int, observation: int) -> int:
     return burn(f"a{episode}/{turn}/{observation}", 1) % 1000
 
 
+def tokens_of(episode: int, turn: int, spread: float) -> int:
+    """The length of an episode's response in a turn, from the seed alone (the same in both
+    modes): uniform over the integers TOKENS x (1 +- spread), whose mean is TOKENS."""
+    half = round(TOKENS * spread)
+    return TOKENS - half + burn(f"n{episode}/{turn}", 1) % (2 * half + 1)
+
+
 def env_step(episode: int, turn: int, action: int, cpu_time: bool) -> int:
     return cpu_work(f"e{episode}/{turn}/{action}", ENV_CPU_S, ENV_HASHES, cpu_time)
 
 
-def decode_s(batch: int) -> float:
-    return TOKENS * (STEP_S + PER_SEQ_S * batch)
+def decode_s(lengths: list[int]) -> float:
+    """Decoding a batch that starts together to its last token: a step per token of the longest
+    response, each costing PER_SEQ_S for every response not yet finished."""
+    return STEP_S * max(lengths) + PER_SEQ_S * sum(lengths)
 
 
 def pin(cores) -> None:
@@ -149,16 +165,17 @@ class MonolithicNode:
     """Every role on one node, taking turns: the accelerator decodes, then the core steps the
     environments, then (after the last turn) the core scores the episodes."""
 
-    def __init__(self, cores, cpu_time: bool):
+    def __init__(self, cores, cpu_time: bool, spread: float):
         pin(cores)
-        self.cpu_time = cpu_time
+        self.cpu_time, self.spread = cpu_time, spread
         self.reward = BurnReward(cores, cpu_time)
 
     def run(self, episodes: list[int], turns: int) -> dict[int, float]:
         observations = dict.fromkeys(episodes, 0)
         for turn in range(turns):
             actions = {e: action_of(e, turn, observations[e]) for e in episodes}
-            time.sleep(decode_s(len(episodes)))  # the accelerator; the core waits
+            # the accelerator, until the longest response is done; the core waits
+            time.sleep(decode_s([tokens_of(e, turn, self.spread) for e in episodes]))
             for e in episodes:  # the core; the accelerator waits
                 observations[e] = env_step(e, turn, actions[e], self.cpu_time)
         return {e: self.reward.score(sample_of(e, observations[e])) for e in episodes}
@@ -168,33 +185,47 @@ class Engine:
     """One modelled accelerator with continuous batching: each decoding step (STEP_S + PER_SEQ_S
     per sequence in the batch) serves every sequence in flight, and a request that arrives during
     a step joins at the next one. The modelled accelerator holds no CPU, so neither does its
-    loop: it does not wake at every step but only when a sequence is due to finish, and then
-    replays the steps since it last woke (each arrival joining at its step). The timing is that
-    of a step-by-step loop; a new sequence needs TOKENS steps, so one that joins never finishes
-    before those in flight and the wake is never late, only sometimes early (an arrival made the
-    steps slower: the loop replays and sleeps again)."""
+    loop: it does not run at every step but only when a sequence is due to finish (a timer) or a
+    request arrives, and then replays the steps since it last ran (each arrival joining at its
+    step). The timing is that of a step-by-step loop: the timer is set for the first finish if
+    no more requests arrive; an arrival that finishes sooner (a short response) moves it earlier,
+    one that makes the steps slower leaves it early (the replay finds nothing due and sets it
+    again)."""
 
     def __init__(self):
         self.active: list[list] = []  # [steps left, future, action] of the batch decoding now
         self.waiting: list[tuple[float, list]] = []  # (arrival time, sequence) to join the batch
         self.start = 0.0  # when the step in progress began (the event loop's clock)
-        self.loop_task = None
+        self.timer = None  # the loop's handle of the wake set for `self.due`
+        self.due = 0.0
 
-    async def generate(self, episode: int, turn: int, observation: int) -> int:
+    async def generate(self, episode: int, turn: int, observation: int, tokens: int) -> int:
         loop = asyncio.get_running_loop()
         future = loop.create_future()
-        self.waiting.append((loop.time(), [TOKENS, future, action_of(episode, turn, observation)]))
-        if self.loop_task is None or self.loop_task.done():
-            self.loop_task = asyncio.create_task(self._decode())
+        now = loop.time()
+        self.waiting.append((now, [tokens, future, action_of(episode, turn, observation)]))
+        # it cannot finish before now + tokens steps of STEP_S: only an engine that is idle, or
+        # whose wake is later than that, needs to replay and set its wake now
+        if self.timer is None or now + tokens * STEP_S < self.due:
+            self._schedule()
         return await future
 
-    async def _decode(self) -> None:
+    def _wake(self) -> None:
+        self.timer = None
+        self._schedule()
+
+    def _schedule(self) -> None:
+        """Replay to now, then make sure the timer fires by the next finish."""
         loop = asyncio.get_running_loop()
-        while True:
-            self._replay(loop.time())
-            if not self.active:
+        self._replay(loop.time())
+        if not self.active:
+            return
+        due = self._next_finish()
+        if self.timer is not None:
+            if self.due <= due:
                 return
-            await asyncio.sleep(self._next_finish() - loop.time())
+            self.timer.cancel()
+        self.timer, self.due = loop.call_at(due, self._wake), due
 
     def _join(self) -> None:
         """The waiting sequences that arrived by the start of the step about to run join it."""
@@ -222,11 +253,12 @@ class Engine:
             self.active = [seq for seq in self.active if seq[0] > 0]
 
     def _next_finish(self) -> float:
-        """When the first sequence of the batch finishes if no more arrive (those waiting join
-        at the end of the step in progress)."""
-        left = min(seq[0] for seq in self.active)
+        """When the first sequence finishes if no more arrive: one in the batch after the step in
+        progress and its steps left but one, or one waiting after it joins at the end of that
+        step, and its steps; every step from there on with all of them."""
         end = self.start + STEP_S + PER_SEQ_S * len(self.active)
-        return end + (left - 1) * (STEP_S + PER_SEQ_S * (len(self.active) + len(self.waiting)))
+        steps = min([seq[0] - 1 for seq in self.active] + [seq[0] for _, seq in self.waiting])
+        return end + steps * (STEP_S + PER_SEQ_S * (len(self.active) + len(self.waiting)))
 
 
 class EnvWorker:
@@ -273,12 +305,12 @@ def start_cluster(mode: str):
 
 
 class Monolithic:
-    def __init__(self, cpu_time: bool):
+    def __init__(self, cpu_time: bool, spread: float):
         import ray
 
         self.nodes = [ray.remote(MonolithicNode).options(
             num_cpus=1, resources={"accel": 1}, label_selector={"pool": f"mono{i}"}).remote(
-            (CORES[i],), cpu_time) for i in range(2)]
+            (CORES[i],), cpu_time, spread) for i in range(2)]
 
     def run(self, episodes: int, turns: int) -> dict[int, float]:
         import ray
@@ -290,9 +322,10 @@ class Monolithic:
 
 
 class Disaggregated:
-    def __init__(self, cpu_time: bool):
+    def __init__(self, cpu_time: bool, spread: float):
         import ray
 
+        self.spread = spread
         self.engines = [ray.remote(Engine).options(
             num_cpus=0, resources={"accel": 1}, label_selector={"pool": "rollout"},
             max_concurrency=1000).remote() for _ in range(2)]
@@ -323,7 +356,8 @@ class Disaggregated:
         observations = dict.fromkeys(range(episodes), 0)
         for turn in range(turns):
             for e in range(episodes):
-                action = self.engines[e % 2].generate.remote(e, turn, observations[e])
+                action = self.engines[e % 2].generate.remote(
+                    e, turn, observations[e], tokens_of(e, turn, self.spread))
                 observations[e] = self.envs[e % 2].step.remote(e, turn, action)
 
         async def reward(e: int) -> float:
@@ -390,6 +424,8 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--episodes", type=int, default=32)
     parser.add_argument("--turns", type=int, default=TURNS)
+    parser.add_argument("--length-spread", type=float, default=LENGTH_SPREAD,
+                        help="responses are TOKENS x (1 +- this) tokens long (0: all the same)")
     parser.add_argument("--work", choices=("cpu-time", "hashes"), default="cpu-time",
                         help="an environment step and a reward cost their seconds of CPU time "
                              "(ENV_CPU_S, REWARD_CPU_S) or a fixed number of hashes")
@@ -406,7 +442,7 @@ def main() -> None:
         for name, mode_class in modes.items():
             cluster = start_cluster(name)
             try:
-                mode = mode_class(cpu_time)
+                mode = mode_class(cpu_time, args.length_spread)
                 mode.run(2, args.turns)  # warm up every actor
                 time.sleep(5)  # the new cluster's daemons settle, the replicas to their minimum
                 served = getattr(mode, "served", None)
@@ -427,11 +463,13 @@ def main() -> None:
         if scores["monolithic"] != scores["disaggregated"]:
             raise SystemExit("the two modes scored the episodes differently")
     mono, disagg = min(times["monolithic"]), min(times["disaggregated"])
-    accel_s = args.turns * decode_s(args.episodes // 2)
+    # the monolithic node of the even episodes: its accelerator's seconds in a run
+    accel_s = sum(decode_s([tokens_of(e, turn, args.length_spread)
+                            for e in range(0, args.episodes, 2)]) for turn in range(args.turns))
     print(json.dumps({
         "speedup": round(mono / disagg, 3), "monolithic_s": mono, "disaggregated_s": disagg,
         "runs": times, "cpu_s": cpu, "episodes": args.episodes, "turns": args.turns,
-        "work": args.work,
+        "work": args.work, "length_spread": args.length_spread,
         "reward_replicas_max": replicas, "reward_failures": errors,
         "modelled_accelerator_s_per_node": round(accel_s, 3),
         "mean_reward": round(sum(scores["monolithic"].values()) / args.episodes, 4),
