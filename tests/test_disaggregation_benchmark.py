@@ -111,14 +111,16 @@ def test_the_running_engine_wakes_for_a_short_response_that_joins_a_long_one(ben
 
     async def run():
         engine = bench.Engine()
-        long = asyncio.create_task(engine.generate(0, 0, 0, 2 * bench.TOKENS))
+        # about 60 s long: a loaded machine cannot stall the loop past it
+        long = asyncio.create_task(engine.generate(0, 0, 0, 100 * bench.TOKENS))
         await asyncio.sleep(0.05)
         short = await engine.generate(1, 0, 0, 3)
         assert not long.done()
-        return short, await long
+        long.cancel()
+        return short
 
     run_loop = asyncio.run if event_loop == "asyncio" else pytest.importorskip("uvloop").run
-    assert run_loop(run()) == (bench.action_of(1, 0, 0), bench.action_of(0, 0, 0))
+    assert run_loop(run()) == bench.action_of(1, 0, 0)
 
 
 def test_a_batch_decoded_together_lasts_until_its_longest_response(bench):
