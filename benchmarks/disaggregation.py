@@ -185,12 +185,12 @@ class Engine:
     """One modelled accelerator with continuous batching: each decoding step (STEP_S + PER_SEQ_S
     per sequence in the batch) serves every sequence in flight, and a request that arrives during
     a step joins at the next one. The modelled accelerator holds no CPU, so neither does its
-    loop: it does not run at every step but only when a sequence is due to finish (a timer) or a
-    request arrives, and then replays the steps since it last ran (each arrival joining at its
-    step). The timing is that of a step-by-step loop: the timer is set for the first finish if
-    no more requests arrive; an arrival that finishes sooner (a short response) moves it earlier,
-    one that makes the steps slower leaves it early (the replay finds nothing due and sets it
-    again)."""
+    loop: it does not run at every step but only when a sequence is due to finish (a timer), and
+    then replays the steps since it last ran (each arrival joining at its step). The timing is
+    that of a step-by-step loop: the timer is set for the first finish if no more requests
+    arrive; an arrival that could finish sooner (a short response) replays at once and moves it
+    earlier, one that makes the steps slower leaves it early (the replay finds nothing due and
+    sets it again)."""
 
     def __init__(self):
         self.active: list[list] = []  # [steps left, future, action] of the batch decoding now
