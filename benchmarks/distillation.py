@@ -9,26 +9,34 @@ The pair (`--teacher`):
 - `sft` (the default until 2026-11-26): teacher the tiny model after 112 SFT steps on worked
   single-digit sums, student after 55 of those steps (`--student-steps`); the gap is more of
   the same SFT, on the very rows offline distillation reads.
+- `agentic`: the agentic demo's (`make demo-agentic`), multi-turn guess-the-number (1..8, 3
+  guesses). Student: its SFT warm start on a careless expert's episodes (one row per turn, 60%
+  of the episodes scan upwards); teacher: the student after the demo's 30 GRPO steps. Offline
+  reads the expert's rows (the teacher scores each row's last turn), on-policy the student's
+  own episodes (every turn); the held-out score is the greedy success rate on `--held-out`
+  episodes. Multi-turn is where the student's own states can differ from the demonstrations'.
 Both sides start from the student.
 - offline (`reroll distill`): the student learns the teacher's top-8 distribution on the SFT
-  data's own responses, 32 rows a step;
-- on-policy (`algorithm.distill`): the student samples 32 responses a step and the teacher
-  scores those tokens. `--on-policy-mode dense` (the default; GKD): one response to each of 32
-  prompts, and the loss is `--divergence` between the teacher's top-8 (as offline's) and the
-  student's distribution at every position; `--on-policy-mode pure`: 8 prompts x 4 responses,
-  and the advantage is log pi_T - log pi_S of each sampled token.
+  data's own responses, `--batch` (32) rows a step;
+- on-policy (`algorithm.distill`): the student samples as many responses a step and the
+  teacher scores those tokens. `--on-policy-mode dense` (the default; GKD): one response to
+  each of 32 prompts, and the loss is `--divergence` between the teacher's top-8 (as
+  offline's) and the student's distribution at every position; `--on-policy-mode pure`: 8
+  prompts x 4 responses, and the advantage is log pi_T - log pi_S of each sampled token.
 Both are evaluated greedily on the same held-out prompts (`--held-out`, 256 by default: a
-64-prompt mean moves by 0.016 a prompt, and its curves crossed the target by chance) every 5
-steps (checkpoints, then `reroll eval`'s code). `--seed` seeds both distillation runs (their data
-order and the on-policy samples); the teacher and student stay the same. The target is closing
-60% of the teacher-student gap; the headline is the teacher tokens each needs to reach it. Equal
-work here means equal teacher tokens, so the curves are drawn against them.
+64-prompt mean moves by 0.016 a prompt, and its curves crossed the target by chance) every
+step up to `--fine-steps`, then every 5 (checkpoints, then `reroll eval`'s code). `--seed`
+seeds both distillation runs (their data order and the on-policy samples); the teacher and
+student stay the same. The target is closing 60% of the teacher-student gap; the headline is
+the teacher tokens each needs to reach it. Equal work here means equal teacher tokens, so the
+curves are drawn against them.
 Last line: JSON with the settings, both curves, the target and `teacher_tokens_ratio` (offline
-over on-policy at the target; > 1: on-policy is cheaper in teacher computations), and the same
-in `teacher_positions` (response tokens plus the templated prompt the teacher also reads, once a
-sequence on both sides). The options (learning rates, on-policy mode, divergence, warmup,
-baseline, prompts and samples per prompt, epochs, steps) are the knobs tried in
-docs/benchmarks.md.
+over on-policy at the target; > 1: on-policy is cheaper in teacher computations), the same in
+`teacher_positions` (response tokens plus the templated prompt the teacher also reads, once a
+sequence on both sides; not for `agentic`), and `teacher_sequences_to_target` (the teacher's
+forward passes, one a sequence, `--batch` a step on both sides). The options (learning rates,
+on-policy mode, divergence, warmup, baseline, batch, prompts and samples per prompt, epochs,
+steps) are the knobs tried in docs/benchmarks.md.
 
     .venv/bin/python benchmarks/distillation.py [--on-policy-mode pure] [--on-policy-lr 3e-4] ...
 """
@@ -43,12 +51,14 @@ import torch
 import yaml
 from rich.console import Console
 
+from reroll.cli import main as reroll_cli
 from reroll.config import load_config
 from reroll.data.datasets import load_prompts
 from reroll.data.tasks import write_arithmetic
 from reroll.evaluation import EvalSpec, evaluate
 from reroll.models.factory import make_model
 from reroll.models.loading import load_tokenizer
+from reroll.pipelines.agentic import train_agentic
 from reroll.pipelines.distill import train_distill
 from reroll.pipelines.rlvr import train
 from reroll.pipelines.sft import train_sft
@@ -85,26 +95,34 @@ def sft(name: str, model: str, train_file: str, steps: int) -> str:
     return train_sft(load_config(config, expect="sft"))["final_model"]
 
 
-def demo_run(example: str, name: str, model: str, data: dict, steps: int) -> dict:
-    """The summary of the demo's run `example` (examples/arithmetic/) from `model` on `data`,
-    `steps` steps, as `make demo` runs it; a finished run of the same steps is reused."""
+def demo_run(example: str, name: str, model: str, steps: int, overrides: list[str]) -> dict:
+    """The summary of the demo's run `example` (under examples/) from `model`, `steps` steps,
+    as `make demo` (or `make demo-agentic`) runs it; a finished run of the same steps is
+    reused."""
     if summary := finished(name, steps):
         return summary
-    config = load_config(EXAMPLES / "arithmetic" / example, [
-        f"model.path={model}", f"data.train={data['train']}", f"data.eval={data['eval']}",
-        f"steps={steps}", f"output_dir={ROOT / name}", "overwrite=true",
-        "tracking.progress=false", "tracking.tensorboard=false"])
-    return train_sft(config) if config.pipeline == "sft" else train(config)
+    config = load_config(EXAMPLES / example, [
+        f"model.path={model}", *overrides, f"steps={steps}", f"output_dir={ROOT / name}",
+        "overwrite=true", "tracking.progress=false", "tracking.tensorboard=false"])
+    run = {"sft": train_sft, "agentic": train_agentic}.get(config.pipeline, train)
+    return run(config)
 
 
-MAX_NEW_TOKENS = {"sft": 24, "rl": 40}
-"""Response budget of the evaluations and the on-policy samples: the single-digit sums of the
-`sft` pairing fit 24 tokens; the demo's levels 1-4 take its GRPO's 40."""
+MAX_NEW_TOKENS = {"sft": 24, "rl": 40, "agentic": 4}
+"""Response budget (a turn's, for `agentic`) of the evaluations and the on-policy samples: the
+single-digit sums of the `sft` pairing fit 24 tokens; the demo's levels 1-4 take its GRPO's
+40; a guess, the agentic demo's 4."""
+
+GUESS_NUMBER = {"high": 8}
+"""The agentic demo's environment (examples/agentic/demo.yaml: 3 turns)."""
 
 
-def reward(model: str, held_out: str, max_new_tokens: int) -> float:
-    return evaluate(EvalSpec(model=model, task=held_out,
-                             max_new_tokens=max_new_tokens))[0]["mean@1"]
+def reward(model: str, held_out: str | int, max_new_tokens: int) -> float:
+    """Greedy mean reward on the held-out prompts (a file), or success rate on that many
+    guess-the-number episodes (an int)."""
+    task = {"env": "guess_number", "episodes": held_out, "env_kwargs": GUESS_NUMBER,
+            "max_turns": 3} if isinstance(held_out, int) else {"task": held_out}
+    return evaluate(EvalSpec(model=model, max_new_tokens=max_new_tokens, **task))[0]["mean@1"]
 
 
 def sft_pairing(args: argparse.Namespace, tiny: str) -> dict:
@@ -125,27 +143,75 @@ def rl_pairing(args: argparse.Namespace, tiny: str) -> dict:
     samples, not from the demonstrations offline distillation reads."""
     data = {k: str(v) for k, v in write_arithmetic(ROOT / "demo_data", seed=0, direct_frac=0.6,
                                                     direct_accuracy=0.25).items()}
+    on_data = [f"data.train={data['train']}", f"data.eval={data['eval']}"]
     # sft.yaml's 8 epochs of the 4,000 rows, 32 a step
-    student = demo_run("sft.yaml", "demo_sft", tiny, data, 1000)["final_model"]
-    teacher = demo_run("grpo.yaml", "demo_grpo", student, data, args.teacher_rl_steps)
+    student = demo_run("arithmetic/sft.yaml", "demo_sft", tiny, 1000, on_data)["final_model"]
+    teacher = demo_run("arithmetic/grpo.yaml", "demo_grpo", student, args.teacher_rl_steps,
+                       on_data)
     return {"teacher": teacher["final_checkpoint"], "student": student, "train": data["train"],
             "response_key": "response",
             "held_out": str(write_arithmetic(ROOT / "demo_held_out", train_size=1,
                                              eval_size=args.held_out, seed=7)["eval"])}
 
 
-def curve(run: Path, held_out: str, key: str, prompt_cost: float, max_new_tokens: int
-          ) -> list[dict]:
-    """(teacher tokens, held-out reward) at each checkpoint of `run`. `teacher_positions` adds
-    the prompt positions the teacher also reads (`prompt_cost` a step: 32 sequences a step on
-    the offline side, prompts x samples on the on-policy side, each with its templated prompt)."""
+def agentic_pairing(args: argparse.Namespace, tiny: str) -> dict:
+    """The agentic demo's pair (`make demo-agentic`, built by its commands): the student is its
+    SFT warm start on a careless expert's episodes, the teacher that model after its GRPO."""
+    episodes, model = ROOT / "guess_number" / "sft.jsonl", ROOT / "guess_number_model"
+    if not episodes.is_file():
+        reroll_cli(["make-episodes", "--env", "guess_number", "--out", str(episodes),
+                    "--episodes", "600", "--kwargs", json.dumps(
+                        {"high": 8, "max_turns": 3, "noise": 0.6, "careless": "scan",
+                         "noise_scope": "episode"})])
+    if not (model / "config.json").is_file():
+        reroll_cli(["make-model", "--out", str(model), "--preset", "tiny", "--corpus",
+                    str(episodes)])
+    # its 3 epochs of the 1,548 rows (a turn each), 32 a step
+    student = demo_run("agentic/guess_number_sft.yaml", "guess_sft", str(model), 146,
+                       [f"data.train={episodes}"])["final_model"]
+    teacher = demo_run("agentic/demo.yaml", "guess_grpo", student, 30, [])
+    return {"teacher": teacher["final_checkpoint"], "student": student, "train": str(episodes),
+            "response_key": None, "held_out": args.held_out}
+
+
+def on_policy_run(args: argparse.Namespace, pair: dict, distill: dict, budget: int) -> dict:
+    """The on-policy run's config: the pair's RL run from the student with `distill` as its
+    objective (agentic: the demo's config, its environment and turns)."""
+    common = {"steps": args.on_policy_steps, "seed": args.seed,
+              "model": {"path": pair["student"]},
+              "optimizer": {"lr": args.on_policy_lr, "warmup_steps": args.on_policy_warmup},
+              "checkpoint": checkpoints(args, args.on_policy_steps),
+              "rollout": {"prompts_per_step": args.prompts_per_step,
+                          "group_size": args.group_size, "max_new_tokens": budget}}
+    if args.teacher != "agentic":
+        return common | {"data": {"train": pair["train"], "eval": pair["held_out"]},
+                         "eval": {"every_steps": 0, "max_prompts": 8},
+                         "algorithm": {"distill": distill, "epochs": args.on_policy_epochs}}
+    demo = yaml.safe_load((EXAMPLES / "agentic" / "demo.yaml").read_text())
+    demo.pop("name")
+    return demo | common | {
+        "rollout": demo["rollout"] | common["rollout"],
+        "train": demo["train"] | {"micro_batch_size": args.prompts_per_step * args.group_size},
+        "eval": {"every_steps": 0}, "tracking": demo["tracking"] | BASE["tracking"],
+        "algorithm": demo["algorithm"] | {"distill": distill, "epochs": args.on_policy_epochs}}
+
+
+def curve(run: Path, held_out: str | int, key: str, sequences: int, prompt_cost: float | None,
+          max_new_tokens: int) -> list[dict]:
+    """(teacher tokens, held-out reward) at each checkpoint of `run`. `teacher_sequences`: the
+    teacher's forward passes, one a sequence, `sequences` a step (32 rows offline, prompts x
+    samples on-policy). `teacher_positions` adds the prompt positions the teacher also reads
+    (`prompt_cost` a step: each sequence's templated prompt; None for the agentic pair, whose
+    rows and episodes carry their earlier turns)."""
     tokens = {r["step"]: r[key] for r in read_metrics(run) if key in r}
     points = []
     for checkpoint in sorted((run / "checkpoints").iterdir(), key=lambda p: int(p.name[5:])):
         step = int(checkpoint.name[5:])
         points.append({"step": step, "teacher_tokens": tokens[step],
-                       "teacher_positions": round(tokens[step] + step * prompt_cost),
-                       "reward": reward(str(checkpoint), held_out, max_new_tokens)})
+                       "teacher_sequences": step * sequences}
+                      | ({"teacher_positions": round(tokens[step] + step * prompt_cost)}
+                         if prompt_cost is not None else {})
+                      | {"reward": reward(str(checkpoint), held_out, max_new_tokens)})
         console.log(run.name, points[-1])
     return points
 
@@ -175,10 +241,11 @@ def mean_prompt_tokens(model: str, train_file: str) -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--teacher", choices=("rl", "sft"), default="rl",
+    parser.add_argument("--teacher", choices=("rl", "sft", "agentic"), default="rl",
                         help="rl: the demo's GRPO'd model teaches its SFT warm start (the "
                              "issue's pairing, examples/distill/); sft: 112 SFT steps teach 55 "
-                             "of the same steps (the pairing until 2026-11-26)")
+                             "of the same steps (the pairing until 2026-11-26); agentic: the "
+                             "agentic demo's pair, guess-the-number")
     parser.add_argument("--teacher-rl-steps", type=int, default=40,
                         help="--teacher rl: the teacher's GRPO steps (the demo's 40)")
     parser.add_argument("--student-steps", type=int, default=55,
@@ -192,9 +259,12 @@ def main() -> None:
                         help="on-policy: optimizer.warmup_steps")
     parser.add_argument("--group-size", type=int, default=None,
                         help="on-policy samples per prompt (default: 1 dense, 4 pure)")
+    parser.add_argument("--batch", type=int, default=32,
+                        help="sequences a step on both sides: offline's rows, on-policy's "
+                             "prompts x samples")
     parser.add_argument("--prompts-per-step", type=int, default=None,
-                        help="on-policy prompts a step (default: 32 dense, 8 pure; 32 samples "
-                             "a step either way, as offline's 32 rows)")
+                        help="on-policy prompts a step (default: --batch / --group-size, as "
+                             "many samples a step as offline's rows)")
     parser.add_argument("--baseline", choices=("none", "mean"), default="none",
                         help="on-policy: algorithm.distill.baseline")
     parser.add_argument("--on-policy-mode", choices=("pure", "dense"), default="dense",
@@ -213,7 +283,7 @@ def main() -> None:
                         help="keep the offline run of an earlier call with the same settings "
                              "(its curve is measured again)")
     parser.add_argument("--held-out", type=int, default=256,
-                        help="held-out prompts of every greedy evaluation")
+                        help="held-out prompts (agentic: episodes) of every greedy evaluation")
     parser.add_argument("--seed", type=int, default=0,
                         help="seed of both distillation runs (teacher and student unchanged)")
     parser.add_argument("--fine-steps", type=int, default=20,
@@ -221,17 +291,18 @@ def main() -> None:
     parser.add_argument("--offline-steps", type=int, default=60)
     parser.add_argument("--on-policy-steps", type=int, default=40)
     args = parser.parse_args()
-    lr = 1e-4 if args.teacher == "rl" else 1e-3
+    lr = {"rl": 1e-4, "sft": 1e-3, "agentic": 2e-4}[args.teacher]
     args.offline_lr = args.offline_lr or lr
     args.on_policy_lr = args.on_policy_lr or lr
     dense = args.on_policy_mode == "dense"
     args.group_size = args.group_size or (1 if dense else 4)
-    args.prompts_per_step = args.prompts_per_step or (32 if dense else 8)
+    args.prompts_per_step = args.prompts_per_step or max(1, args.batch // args.group_size)
     torch.set_num_threads(2)
     ROOT.mkdir(parents=True, exist_ok=True)
     tiny = str(make_model(ROOT / "tiny", "tiny", seed=0)) if not (ROOT / "tiny").is_dir() \
         else str(ROOT / "tiny")
-    pair = (rl_pairing if args.teacher == "rl" else sft_pairing)(args, tiny)
+    pair = {"rl": rl_pairing, "sft": sft_pairing, "agentic": agentic_pairing}[args.teacher](
+        args, tiny)
     teacher, student, held_out = pair["teacher"], pair["student"], pair["held_out"]
     budget = MAX_NEW_TOKENS[args.teacher]
     scores = {"teacher": reward(teacher, held_out, budget),
@@ -243,8 +314,9 @@ def main() -> None:
     offline = run_config("offline", {
         "pipeline": "distill", "seed": args.seed, "model": {"path": student},
         "teacher": {"path": teacher},
-        "distill": {"top_k": 8}, "steps": args.offline_steps, "batch_size": 32,
-        "data": {"train": pair["train"], "response_key": pair["response_key"]},
+        "distill": {"top_k": 8}, "steps": args.offline_steps, "batch_size": args.batch,
+        "data": {"train": pair["train"]} | (
+            {"response_key": pair["response_key"]} if pair["response_key"] else {}),
         "optimizer": {"lr": args.offline_lr}, "checkpoint": checkpoints(args, args.offline_steps)})
     if not (args.reuse_offline and earlier == offline.read_text()
             and (ROOT / "offline" / "summary.json").is_file()):
@@ -252,30 +324,26 @@ def main() -> None:
     on_policy_distill = {"teacher": {"path": teacher}, "mode": args.on_policy_mode} | (
         {"divergence": args.divergence, "top_k": 8, "task_coef": args.task_coef} if dense
         else {"baseline": args.baseline})
-    on_policy = run_config("on_policy", {
-        "steps": args.on_policy_steps, "seed": args.seed, "model": {"path": student},
-        "data": {"train": pair["train"], "eval": held_out},
-        "rollout": {"prompts_per_step": args.prompts_per_step, "group_size": args.group_size,
-                    "max_new_tokens": budget},
-        "optimizer": {"lr": args.on_policy_lr, "warmup_steps": args.on_policy_warmup},
-        "eval": {"every_steps": 0, "max_prompts": 8},
-        "checkpoint": checkpoints(args, args.on_policy_steps),
-        "algorithm": {"distill": on_policy_distill, "epochs": args.on_policy_epochs}})
-    train(load_config(on_policy))
-    prompt = mean_prompt_tokens(student, pair["train"])
-    curves = {"offline": curve(ROOT / "offline", held_out, "distill/teacher_tokens", 32 * prompt,
-                               budget),
-              "on_policy": curve(ROOT / "on_policy", held_out, "distill/teacher_tokens",
-                                 args.prompts_per_step * args.group_size * prompt, budget)}
+    on_policy = load_config(run_config("on_policy", on_policy_run(args, pair, on_policy_distill,
+                                                                  budget)))
+    (train_agentic if on_policy.pipeline == "agentic" else train)(on_policy)
+    prompt = None if args.teacher == "agentic" else mean_prompt_tokens(student, pair["train"])
+    sequences = {"offline": args.batch, "on_policy": args.prompts_per_step * args.group_size}
+    curves = {mode: curve(ROOT / mode, held_out, "distill/teacher_tokens", sequences[mode],
+                          None if prompt is None else sequences[mode] * prompt, budget)
+              for mode in ("offline", "on_policy")}
     reach = {mode: tokens_to_reach(points, target) for mode, points in curves.items()}
     positions = {mode: tokens_to_reach(points, target, "teacher_positions")
-                 for mode, points in curves.items()}
+                 if prompt is not None else None for mode, points in curves.items()}
     print(json.dumps({"settings": vars(args), "teacher_reward": scores["teacher"],
                       "student_reward": scores["student"], "target": target,
                       "teacher_tokens_to_target": reach,
                       "teacher_tokens_ratio": offline_over_on_policy(reach),
                       "teacher_positions_to_target": positions,
                       "teacher_positions_ratio": offline_over_on_policy(positions),
+                      "teacher_sequences_to_target": {
+                          mode: tokens_to_reach(points, target, "teacher_sequences")
+                          for mode, points in curves.items()},
                       "curves": curves}))
 
 
