@@ -77,6 +77,11 @@ class AgentStats:
     context_limit: int = 0
     aborted: int = 0
     turns: int = 0
+    replies: int = 0
+    truncated_replies: int = 0
+    """Replies cut at the token budget (`rollout.max_new_tokens`, or the context's room) before
+    their stop token: the env got an unfinished reply. Episodes that end at the context limit
+    are `context_limit` (the trajectory's finish reason `length`, `train/truncated_frac`)."""
     env_seconds: float = 0.0
     errors: list[str] = field(default_factory=list)
 
@@ -84,6 +89,7 @@ class AgentStats:
         n = max(self.episodes, 1)
         return {"env/episodes": float(self.episodes), "env/errors": float(self.env_errors),
                 "env/context_limit_frac": self.context_limit / n,
+                "env/truncated_replies_frac": self.truncated_replies / max(self.replies, 1),
                 "env/aborted": float(self.aborted), "env/turns_mean": self.turns / n,
                 "env/step_s_mean": self.env_seconds / max(self.turns, 1)}
 
@@ -147,6 +153,8 @@ async def run_episode(job: AgentJob, env_seed: int, sample_seed: int, group_id: 
         if on_request is not None:
             on_request(request.request_id)
         completion = await job.engine.generate(request)
+        stats.replies += completion.finish_reason != "abort"
+        stats.truncated_replies += completion.finish_reason == "length"
         action = tok.decode(completion.token_ids, skip_special_tokens=True)
         episode.add(completion.token_ids, completion.logprobs, turn,
                     tok.decode(completion.token_ids))

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from reroll.data.batch import collate
-from reroll.engines.base import SamplingParams
+from reroll.engines.base import Completion, SamplingParams
 from reroll.engines.hf import HFEngine
 from reroll.envs import ChatFormat, make_env
 from reroll.models.loading import load_model
@@ -165,6 +165,38 @@ def test_context_limit_ends_the_episode_cleanly(hf_engine, tokenizer):
         assert t.finish_reason in ("length", "stop", "truncated")
         assert t.policy_mask[-1] == 1  # never ends on dangling env tokens
     assert stats.context_limit >= 1
+
+
+class EveryOtherReplyCutEngine:
+    """Guesses 9 (never right in 1..8, so every episode plays all its turns); the first reply,
+    and every other one after it, is cut at the token budget (finish `length`, no stop token)."""
+
+    def __init__(self, tokenizer):
+        self.tokenizer, self.finishes, self.version = tokenizer, [], 0
+
+    async def generate(self, request):
+        cut = len(self.finishes) % 2 == 0
+        ids = self.tokenizer.encode("9", add_special_tokens=False)
+        ids += [] if cut else [self.tokenizer.eos_token_id]
+        self.finishes.append("length" if cut else "stop")
+        return Completion(request.request_id, request.prompt_ids, ids, [-1.0] * len(ids),
+                          self.finishes[-1], self.version)
+
+    def abort(self, request_id):
+        pass
+
+
+def test_replies_cut_at_the_token_budget_are_counted(tokenizer):
+    """A reply that hits `max_new_tokens` reaches the env unfinished; the episode goes on, so the
+    episode's finish reason does not show it: `env/truncated_replies_frac` does (per reply)."""
+    engine = EveryOtherReplyCutEngine(tokenizer)
+    trajectories, stats = run_episodes(_job(engine, tokenizer, max_context_tokens=400), [0, 1],
+                                       1, run_seed=0, step=1)
+    assert len(engine.finishes) == 8  # 2 episodes x 4 turns
+    assert {t.finish_reason for t in trajectories} == {"truncated"}  # out of turns, not cut
+    metrics = stats.metrics()
+    assert metrics["env/truncated_replies_frac"] == 0.5
+    assert metrics["env/context_limit_frac"] == 0.0
 
 
 class SlowFirstEnv:
