@@ -46,7 +46,9 @@ GROUPS: tuple[GroupSpec, ...] = (
               ("train/response_len_mean", "train/response_len_max")),
     GroupSpec("clip", "Clip fraction", ("actor/clip_frac",)),
     GroupSpec("truncation", "Truncated responses / all-equal groups",
-              ("train/truncated_frac", "train/groups_all_equal")),
+              ("train/truncated_frac", "env/truncated_replies_frac", "train/groups_all_equal"),
+              note="agentic runs: truncated_frac is episodes ended at the context limit, "
+                   "truncated_replies_frac the turns whose reply hit its token budget"),
     GroupSpec("staleness", "Staleness (policy versions)", prefix=("async/staleness", "staleness/"),
               note="how many policy versions behind the trainer the trained samples were"),
     GroupSpec("time", "Time per step (s)", ("time/step_s", "time/rollout_s", "time/train_s",
