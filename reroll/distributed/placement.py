@@ -9,6 +9,9 @@ Across nodes, `resources` (custom node resources, reserved) and `labels` (node l
 nothing) pin a CPU role to the nodes that offer them (RollArt's hardware-affine placement:
 rollout on `rollout` nodes, rewards on CPU-only nodes),
 and a colocated role is pinned to the node of the policy's rank 0 (`colocate_on_node`).
+On-policy distillation's teachers are placed as `distributed.reference` says (`PLACED_AS`): each
+teacher is one more role of that placement, so its CPUs, resources and share of a device are
+counted like the reference's.
 A mapping the cluster cannot satisfy is a ConfigError naming the role, checked against the live
 nodes before any actor is started (an actor asking for what no node has would wait forever).
 """
@@ -24,9 +27,27 @@ from reroll.config.errors import ConfigError
 
 ROLES = ("policy", "rollout", "reference", "critic")
 
+PLACED_AS = {"teacher": "reference"}
+"""Roles without a section of their own, placed by another role's settings. A run with several
+teachers names the role once per teacher."""
+
+
+def placement_key(role: str) -> str:
+    """The `distributed.<key>` section that places `role`."""
+    return PLACED_AS.get(role, role)
+
+
+def placement_config(config: DistributedConfig, role: str) -> RolePlacement:
+    return getattr(config, placement_key(role))
+
+
+def _placed_as(role: str) -> str:
+    """` (distributed.<key>)` for a role placed by another's section, for messages."""
+    return "" if placement_key(role) == role else f" (distributed.{placement_key(role)})"
+
 
 def role_placement(config: DistributedConfig, role: str) -> RolePlacement:
-    placement = getattr(config, role)
+    placement = placement_config(config, role)
     return config.policy if placement.colocate_with == "policy" else placement
 
 
@@ -44,23 +65,24 @@ def check_nodes(config: DistributedConfig, roles: tuple[str, ...], nodes: list[N
     together, or more of a resource than all nodes offer."""
     wanted: dict[str, float] = {}
     for role in roles:
-        p = getattr(config, role)
+        p = placement_config(config, role)
         if not (p.resources or p.labels):
             continue
-        _check_offered(role, p, nodes)
+        _check_offered(placement_key(role), p, nodes)
         need = {"CPU": p.num_cpus} | p.resources
         if not any(_fits(need, p.labels, node) for node in nodes):
             raise ConfigError(
-                f"distributed.{role}: no single node has {_fmt(need)}"
+                f"distributed.{placement_key(role)}: no single node has {_fmt(need)}"
                 + (f" with labels {p.labels}" if p.labels else "") + " for one worker (nodes: "
-                + "; ".join(_describe(n) for n in nodes) + f"); lower distributed.{role}.num_cpus "
+                + "; ".join(_describe(n) for n in nodes) + f"); lower distributed.{placement_key(role)}.num_cpus "
                 f"or its resources, or label a node so")
         for k, v in p.resources.items():
             wanted[k] = wanted.get(k, 0.0) + v * p.reserved_workers
     for name, amount in wanted.items():
         total = sum(node.resources.get(name, 0) for node in nodes)
         if amount > total:
-            users = [r for r in roles if name in getattr(config, r).resources]
+            users = sorted({placement_key(r) for r in roles
+                            if name in placement_config(config, r).resources})
             raise ConfigError(
                 f"distributed.{'/'.join(users)}.resources: the workers reserve {amount:g} of "
                 f"{name!r} but the Ray cluster's nodes offer {total:g}; fewer workers, smaller "
@@ -126,7 +148,7 @@ def live_nodes() -> list[NodeInfo]:
 def colocated_with_policy(config: DistributedConfig, role: str) -> bool:
     """True when `role` shares devices (or, colocated on CPUs, the policy's processes' CPUs) with
     the policy, so the two must take turns rather than run at the same time."""
-    placement = getattr(config, role)
+    placement = placement_config(config, role)
     return placement.colocate_with == "policy" or bool(set(placement.devices)
                                                        & set(config.policy.devices))
 
@@ -137,21 +159,21 @@ def check_resources(config: DistributedConfig, roles: tuple[str, ...], available
     `ray.cluster_resources()` is `available`) does not have."""
     gpus = int(available.get("GPU", 0))
     for role in roles:
-        devices = getattr(config, role).devices
+        key, devices = placement_key(role), placement_config(config, role).devices
         if devices and not gpus:
             raise ConfigError(
-                f"distributed.{role}.devices {devices}: the Ray cluster has no GPUs; remove "
-                f"distributed.{role}.devices to run {role} on CPUs (num_cpus), or join a cluster "
+                f"distributed.{key}.devices {devices}: the Ray cluster has no GPUs; remove "
+                f"distributed.{key}.devices to run {role} on CPUs (num_cpus), or join a cluster "
                 f"with GPUs (distributed.ray_address)")
         missing = [d for d in devices if d >= gpus]
         if missing:
             raise ConfigError(
-                f"distributed.{role}.devices {devices}: device(s) {missing} do not exist (the "
+                f"distributed.{key}.devices {devices}: device(s) {missing} do not exist (the "
                 f"Ray cluster has {gpus} GPU(s), indices 0-{gpus - 1}); use indices below {gpus}")
     needs = _cpu_reservations(config, roles)
     total, cpus = sum(needs.values()), float(available.get("CPU", 0))
     if total > cpus:
-        parts = ", ".join(f"{role} {n:g}" for role, n in needs.items() if n)
+        parts = ", ".join(f"{role}{_placed_as(role)} {n:g}" for role, n in needs.items() if n)
         raise ConfigError(
             f"distributed: the roles reserve {total:g} CPUs ({parts}) but the Ray cluster has "
             f"{cpus:g}; lower distributed.<role>.num_cpus (fractions like 0.5 are fine), set "
@@ -160,18 +182,20 @@ def check_resources(config: DistributedConfig, roles: tuple[str, ...], available
 
 def _cpu_reservations(config: DistributedConfig, roles: tuple[str, ...]) -> dict[str, float]:
     """CPUs each role reserves: num_cpus per worker on CPUs, one per device bundle for GPU roles
-    (counted once per device however many roles share it), nothing when colocated."""
+    (counted once per device however many roles share it), nothing when colocated. A role named
+    more than once (a teacher each) reserves once for each."""
     needs: dict[str, float] = {}
     bundled: set[int] = set()
     for role in roles:
-        p = getattr(config, role)
+        p = placement_config(config, role)
         if p.colocate_with:
-            needs[role] = 0.0
+            need = 0.0
         elif p.devices:
-            needs[role] = float(len(set(p.devices) - bundled))
+            need = float(len(set(p.devices) - bundled))
             bundled |= set(p.devices)
         else:
-            needs[role] = p.num_cpus * p.reserved_workers
+            need = p.num_cpus * p.reserved_workers
+        needs[role] = needs.get(role, 0.0) + need
     return needs
 
 
@@ -190,7 +214,7 @@ def ray_options(config: DistributedConfig, roles: tuple[str, ...]) -> dict[str, 
         ray.get(group.ready())
     options: dict[str, list[dict[str, Any]]] = {}
     for role in roles:
-        p, own = role_placement(config, role), getattr(config, role)
+        p, own = role_placement(config, role), placement_config(config, role)
         cpus = 0.0 if own.colocate_with else p.num_cpus
         if not p.devices:
             extra = {} if own.colocate_with else node_options(p)
@@ -212,7 +236,7 @@ def colocate_on_node(options: dict[str, list[dict[str, Any]]], config: Distribut
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
     for role, worker_options in options.items():
-        placement = getattr(config, role)
+        placement = placement_config(config, role)
         if placement.colocate_with and not config.policy.devices:
             options[role] = [o | {"scheduling_strategy": NodeAffinitySchedulingStrategy(
                 policy_node, soft=False)} for o in worker_options]
@@ -228,7 +252,7 @@ def role_options(config: DistributedConfig, roles: tuple[str, ...], role: str
 
     check_resources(config, roles, ray.cluster_resources())
     check_nodes(config, roles, live_nodes())
-    p = getattr(config, role)
+    p = placement_config(config, role)
     return [{"num_cpus": p.num_cpus} | node_options(p)] * p.reserved_workers
 
 

@@ -31,6 +31,7 @@ from reroll.distributed.groups import CriticProxy, PolicyGroup, ReferenceGroup
 from reroll.distributed.placement import (
     colocate_on_node,
     colocated_with_policy,
+    placement_config,
     ray_options,
     role_options,
 )
@@ -133,12 +134,20 @@ def build_roles(c: RLConfig, total_steps: int, pad_token_id: int) -> Roles:
     else:
         roles = _local_roles(c, total_steps, pad_token_id, plan)
     distill = c.algorithm.distill
-    if distill is not None:
-        groups = {name: ReferenceGroup(Cluster(teacher_spec(
-                      c, plan, distill.teachers[name] if name else distill.teacher), 1,
-                      LocalExecutor())) for name in distill.names()}
-        roles.teacher = groups[None] if list(groups) == [None] else RoutedTeacher(groups)
+    if distill is not None and roles.teacher is None:  # local: in this process
+        roles.teacher = teachers(c, plan, lambda spec: Cluster(spec, 1, LocalExecutor()))
     return roles
+
+
+def teachers(c: RLConfig, plan: Plan, cluster: Callable[[WorkerSpec], Cluster]) -> Teacher:
+    """On-policy distillation's teacher: one reference worker group over each teacher's weights
+    (`cluster` builds it in this process or as Ray actors), routed by tag when there are
+    several."""
+    distill = c.algorithm.distill
+    groups = {name: ReferenceGroup(cluster(teacher_spec(
+                  c, plan, distill.teachers[name] if name else distill.teacher, name)))
+              for name in distill.names()}
+    return groups[None] if list(groups) == [None] else RoutedTeacher(groups)
 
 
 def check_teachers(c: RLConfig, tokenizer) -> None:
@@ -208,15 +217,16 @@ class RoutedTeacher:
         return scored[torch.cat(order).argsort().to(scored.device)]
 
 
-def teacher_spec(c: RLConfig, plan: Plan, teacher) -> WorkerSpec:
-    """A teacher of on-policy distillation: a reference worker over the teacher's weights, in
-    the driver's process, on the reference's device."""
+def teacher_spec(c: RLConfig, plan: Plan, teacher, tag: str | None = None) -> WorkerSpec:
+    """A teacher of on-policy distillation (the one of rows tagged `tag`, None: the default): a
+    reference worker over the teacher's weights, on the reference's device (`executor: ray`: in
+    Ray actors placed as `distributed.reference`, named `...-teacher-<tag>-<rank>`)."""
     return WorkerSpec(ReferenceWorker, dict(model_path=teacher.path, dtype=teacher.dtype,
                                             micro_batch_size=c.train.micro_batch_size,
                                             attn_implementation=c.model.attn_implementation,
                                             device=plan["reference"].device,
                                             autocast_bf16=plan["reference"].autocast_bf16),
-                      role="teacher")
+                      role="teacher" if tag is None else f"teacher-{tag}")
 
 
 def _local_roles(c: RLConfig, total_steps: int, pad_token_id: int, plan: Plan) -> Roles:
@@ -253,10 +263,13 @@ def _local_engine(c: RLConfig, pad_token_id: int, plan: Plan) -> Engine:
 
 def ray_role_names(c: RLConfig) -> tuple[str, ...]:
     """The roles a Ray run builds: the reference only for a KL term (not with LoRA: the policy's
-    own adapter-off model is its reference), the critic only for gae, the reward and env roles
-    only when `distributed.reward` / `distributed.env` place them."""
+    own adapter-off model is its reference), a teacher for each of on-policy distillation's
+    (placed as `distributed.reference`), the critic only for gae, the reward and env roles only
+    when `distributed.reward` / `distributed.env` place them."""
     own_reference = bool(c.algorithm.kl.coef) and c.model.lora is None
+    distill = c.algorithm.distill
     return ("policy", "rollout") + (("reference",) if own_reference else ()) \
+        + ("teacher",) * (len(distill.names()) if distill is not None else 0) \
         + (("critic",) if c.algorithm.critic else ()) \
         + (("reward",) if c.distributed.reward is not None else ()) \
         + (("env",) if c.distributed.env is not None else ())
@@ -303,8 +316,9 @@ def _ray_roles(c: RLConfig, total_steps: int, pad_token_id: int, plan: Plan) -> 
     prefix = f"reroll-{c.name}"
 
     def cluster(spec: WorkerSpec, role: str) -> Cluster:
-        executor = RayExecutor(options[role], getattr(d, role).num_threads
-                               if not getattr(d, role).colocate_with else d.policy.num_threads,
+        placement = placement_config(d, role)
+        executor = RayExecutor(options[role], placement.num_threads
+                               if not placement.colocate_with else d.policy.num_threads,
                                name_prefix=prefix)
         return Cluster(spec, len(options[role]), executor)
 
@@ -326,4 +340,10 @@ def _ray_roles(c: RLConfig, total_steps: int, pad_token_id: int, plan: Plan) -> 
                                   name=f"{prefix}-rollout-{rank}", ray_options=rollout)
                for rank, rollout in enumerate(options["rollout"])]
     engine = engines[0] if len(engines) == 1 else EnginePool(engines)
-    return Roles(policy, reference, critic, engine, clusters, actor_weight_sync(policy, engine, d))
+    teacher = None
+    if c.algorithm.distill is not None:
+        teacher = teachers(c, plan, lambda spec: cluster(spec, "teacher"))
+        groups = teacher.teachers.values() if isinstance(teacher, RoutedTeacher) else [teacher]
+        clusters += [group.cluster for group in groups]
+    return Roles(policy, reference, critic, engine, clusters, actor_weight_sync(policy, engine, d),
+                 teacher)

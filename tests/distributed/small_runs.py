@@ -14,7 +14,7 @@ from reroll.config.schema import RLConfig
 def small_run_config(tmp_path: Path, tiny_model: str, arithmetic: dict, name: str, *,
                      steps: int, micro_batch_size: int = 8, eval_every: int | None = None,
                      checkpoint_every: int | None = None, kl_coef: float | None = None,
-                     **distributed) -> RLConfig:
+                     algorithm: dict | None = None, **distributed) -> RLConfig:
     """The run ``name`` (written to ``tmp_path/name``), evaluated every ``eval_every`` steps
     (default: at its end); ``distributed`` is the config's `distributed` section."""
     data = {
@@ -30,8 +30,8 @@ def small_run_config(tmp_path: Path, tiny_model: str, arithmetic: dict, name: st
     }
     if checkpoint_every is not None:
         data["checkpoint"] = {"every_steps": checkpoint_every, "keep_last": 3}
-    if kl_coef is not None:
-        data["algorithm"] = {"kl": {"coef": kl_coef}}
+    data["algorithm"] = (algorithm or {}) | ({"kl": {"coef": kl_coef}} if kl_coef is not None
+                                             else {})
     path = tmp_path / f"{name}.yaml"
     path.write_text(yaml.safe_dump(data))
     return load_config(path)
