@@ -16,7 +16,9 @@ class OnPolicyDistillConfig(Section):
     """On-policy distillation: a teacher scores the student's own samples token by token
     (docs/distillation.md). `pure`/`mixed`: A_t = log pi_teacher(y_t) - log pi_student(y_t) (the
     per-token reverse KL of the sampled token, negated) is the advantage; `dense`: GKD's loss,
-    the divergence between the two models' next-token distributions at every position."""
+    the divergence between the two models' next-token distributions at every position. Each
+    teacher is placed like the reference: in this process, or (`executor: ray`) in Ray actors
+    placed as `distributed.reference` says."""
 
     teacher: TeacherConfig | None = None
     """The teacher of every sample (with `teachers`: of the rows without a `tag` column).
