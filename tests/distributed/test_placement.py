@@ -57,6 +57,25 @@ def test_more_cpus_than_the_cluster_has_names_each_role():
     assert "distributed.<role>.num_cpus" in message and "colocate_with: policy" in message
 
 
+def test_each_teacher_reserves_what_the_reference_placement_asks():
+    """On-policy distillation's teachers are placed as `distributed.reference` says, one more
+    role there per teacher; the messages name the section that places them."""
+    distributed = {"executor": "ray", "policy": {"num_cpus": 1}, "rollout": {"num_cpus": 1},
+                   "reference": {"num_cpus": 0.75}}
+    check_resources(DistributedConfig(**distributed), ("policy", "rollout", "teacher"),
+                    CPU_MACHINE)  # 2.75 of 4
+    message = resources_error(distributed, ("policy", "rollout", "teacher", "teacher", "teacher"))
+    assert "reserve 4.25 CPUs (policy 1, rollout 1, teacher (distributed.reference) 2.25)" \
+        in message
+    message = resources_error({"executor": "ray", "reference": {"devices": [0]}},
+                              ("policy", "rollout", "teacher"))
+    assert "distributed.reference.devices [0]: the Ray cluster has no GPUs" in message
+    nodes = [NodeInfo({"CPU": 4.0})]
+    with pytest.raises(ConfigError, match=r"distributed\.reference\.labels: no node .* pool=cpu"):
+        check_nodes(DistributedConfig(executor="ray", reference={"labels": {"pool": "cpu"}}),
+                    ("policy", "rollout", "teacher"), nodes)
+
+
 def test_colocated_and_gpu_roles_reserve_what_they_share_once():
     both_on_cpus = {"executor": "ray", "policy": {"num_workers": 4},
                     "rollout": {"colocate_with": "policy"}}
