@@ -65,16 +65,16 @@ def check_nodes(config: DistributedConfig, roles: tuple[str, ...], nodes: list[N
     together, or more of a resource than all nodes offer."""
     wanted: dict[str, float] = {}
     for role in roles:
-        p = placement_config(config, role)
+        key, p = placement_key(role), placement_config(config, role)
         if not (p.resources or p.labels):
             continue
-        _check_offered(placement_key(role), p, nodes)
+        _check_offered(key, p, nodes)
         need = {"CPU": p.num_cpus} | p.resources
         if not any(_fits(need, p.labels, node) for node in nodes):
             raise ConfigError(
-                f"distributed.{placement_key(role)}: no single node has {_fmt(need)}"
+                f"distributed.{key}: no single node has {_fmt(need)}"
                 + (f" with labels {p.labels}" if p.labels else "") + " for one worker (nodes: "
-                + "; ".join(_describe(n) for n in nodes) + f"); lower distributed.{placement_key(role)}.num_cpus "
+                + "; ".join(_describe(n) for n in nodes) + f"); lower distributed.{key}.num_cpus "
                 f"or its resources, or label a node so")
         for k, v in p.resources.items():
             wanted[k] = wanted.get(k, 0.0) + v * p.reserved_workers
