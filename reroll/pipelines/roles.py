@@ -130,20 +130,18 @@ def rollout_engine_factory(c: RLConfig, pad_token_id: int, plan: Plan):
 def build_roles(c: RLConfig, total_steps: int, pad_token_id: int) -> Roles:
     plan = plan_devices(c, *machine_devices())
     if c.distributed.executor == "ray":
-        roles = _ray_roles(c, total_steps, pad_token_id, plan)
-    else:
-        roles = _local_roles(c, total_steps, pad_token_id, plan)
-    distill = c.algorithm.distill
-    if distill is not None and roles.teacher is None:  # local: in this process
-        roles.teacher = teachers(c, plan, lambda spec: Cluster(spec, 1, LocalExecutor()))
-    return roles
+        return _ray_roles(c, total_steps, pad_token_id, plan)
+    return _local_roles(c, total_steps, pad_token_id, plan)
 
 
-def teachers(c: RLConfig, plan: Plan, cluster: Callable[[WorkerSpec], Cluster]) -> Teacher:
-    """On-policy distillation's teacher: one reference worker group over each teacher's weights
-    (`cluster` builds it in this process or as Ray actors), routed by tag when there are
-    several."""
+def teachers(c: RLConfig, plan: Plan, cluster: Callable[[WorkerSpec], Cluster]
+             ) -> Teacher | None:
+    """On-policy distillation's teacher (None without `algorithm.distill`): one reference worker
+    group over each teacher's weights (`cluster` builds it in this process or as Ray actors),
+    routed by tag when there are several."""
     distill = c.algorithm.distill
+    if distill is None:
+        return None
     groups = {name: ReferenceGroup(cluster(teacher_spec(
                   c, plan, distill.teachers[name] if name else distill.teacher, name)))
               for name in distill.names()}
@@ -247,8 +245,9 @@ def _local_roles(c: RLConfig, total_steps: int, pad_token_id: int, plan: Plan) -
                     total_steps, plan["critic"].device, plan["critic"].autocast_bf16) \
         if c.algorithm.critic else None
     engine = _local_engine(c, pad_token_id, plan)
+    teacher = teachers(c, plan, lambda spec: Cluster(spec, 1, LocalExecutor()))
     # An engine actor fed by an in-process policy packs the weights itself (ActorEngine).
-    return Roles(policy, reference, critic, engine, [], InProcessSync(policy, engine))
+    return Roles(policy, reference, critic, engine, [], InProcessSync(policy, engine), teacher)
 
 
 def _local_engine(c: RLConfig, pad_token_id: int, plan: Plan) -> Engine:
@@ -340,10 +339,11 @@ def _ray_roles(c: RLConfig, total_steps: int, pad_token_id: int, plan: Plan) -> 
                                   name=f"{prefix}-rollout-{rank}", ray_options=rollout)
                for rank, rollout in enumerate(options["rollout"])]
     engine = engines[0] if len(engines) == 1 else EnginePool(engines)
-    teacher = None
-    if c.algorithm.distill is not None:
-        teacher = teachers(c, plan, lambda spec: cluster(spec, "teacher"))
-        groups = teacher.teachers.values() if isinstance(teacher, RoutedTeacher) else [teacher]
-        clusters += [group.cluster for group in groups]
+
+    def teacher_cluster(spec: WorkerSpec) -> Cluster:
+        clusters.append(cluster(spec, "teacher"))  # shut down with the other roles
+        return clusters[-1]
+
+    teacher = teachers(c, plan, teacher_cluster)
     return Roles(policy, reference, critic, engine, clusters, actor_weight_sync(policy, engine, d),
                  teacher)
