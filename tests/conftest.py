@@ -148,3 +148,27 @@ def qwen_tokenizer():
 
     path = _build_once(MODELS / "qwen-tokenizer", lambda out: build_qwen_tokenizer(out))
     return build_qwen_tokenizer(path)
+
+
+@pytest.fixture(scope="session")
+def digit_judge(tmp_path_factory, tiny_model, tokenizer) -> str:
+    """The tiny model with an output layer that writes only digits, which ones depending on the
+    prompt: a judge whose every reply holds a score, and not the same score for every sample."""
+    import torch
+
+    from reroll.models.loading import load_model
+
+    model, generator = load_model(tiny_model), torch.Generator().manual_seed(0)
+    weight = model.get_output_embeddings().weight
+    head = torch.nn.Linear(weight.shape[1], weight.shape[0], bias=False)
+    with torch.no_grad():
+        head.weight.zero_()
+        for digit in range(10):
+            [token] = tokenizer.encode(str(digit), add_special_tokens=False)
+            head.weight[token] = 10 * torch.randn(weight.shape[1], generator=generator)
+    model.config.tie_word_embeddings = False
+    model.set_output_embeddings(head)
+    out = tmp_path_factory.mktemp("models") / "digit_judge"
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    return str(out)

@@ -101,7 +101,17 @@ class PythonReward(RewardSection):
         return self
 
 
-class ModelReward(RewardSection):
+class LearnedReward(RewardSection):
+    """A reward computed by a model of its own (a reward model, a judge)."""
+
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    """Where that model computes: `auto` is CUDA when the process building the reward sees a GPU
+    (the run's process with `executor: local`; a reward actor with `distributed.reward`, which
+    sees only the GPUs of its `devices`), in bf16 where the GPU has it (a judge; a reward
+    model's scores stay float32), else CPU. A judge's `vllm` engine places itself."""
+
+
+class ModelReward(LearnedReward):
     """A reward model's score of the response (`reroll rm` trains one): a causal LM with a scalar
     head, loaded as `AutoModelForSequenceClassification` in a thread of its own, scoring the
     calls that arrive together in batches."""
@@ -127,22 +137,25 @@ JUDGE_TEMPLATE = ("Question: {question}\nReference answer: {reference}\nResponse
                   "Is the response correct? Answer yes or no.")
 
 
-class JudgeReward(RewardSection):
+class JudgeReward(LearnedReward):
     """A generative judge (an LLM) scores the response: the judge prompt is `template` filled
     with the question, the response and the row's reference `answer`; its reply is parsed into
     a verdict, a score on [`score_min`, `score_max`] or one of `choices`, mapped to a reward in
     the run. The judge runs on a reroll engine of its own (`engine`: a local `hf` model on this
-    event loop, or `remote` endpoints)."""
+    event loop, a local model in vLLM's own worker process, or `remote` endpoints)."""
 
     type: Literal["judge"] = "judge"
     model: str
     """Folder of the judge model (Hugging Face format) with its tokenizer and chat template;
     with a `remote` engine, the folder of its tokenizer (the prompt is sent as token ids)."""
     engine: EngineConfig = Field(default_factory=HFEngineConfig)
-    """The judge's engine: `hf` (default; the model in this process) or `remote` endpoints
+    """The judge's engine: `hf` (default; the model in this process, decoding between the
+    policy engine's steps), `vllm` (the model in vLLM's engine-core process, decoding beside the
+    run) or `remote` endpoints
     serving it (`python -m reroll.engines.server`, vLLM's OpenAI server)."""
     max_batch_size: int = Field(64, ge=1)
-    """`hf` engine: most judge requests decoded together."""
+    """`hf` and `vllm` engines: most judge requests decoded together (vLLM: the smaller of this
+    and `engine.max_num_seqs`)."""
     template: str = JUDGE_TEMPLATE
     """The judge prompt (sent as the user message of the judge's chat template); fields
     `{question}`, `{response}` and `{reference}` (the row's `answer`, empty when it has none)."""

@@ -1,16 +1,41 @@
-"""The judge of `reward: {type: judge}` over a reroll engine: `rewards.judge` knows nothing of
-engines (rewards sit below them), so the pipeline builds the engine and hands the reward a
-`generate` function (judge prompt text -> reply text)."""
+"""The rewards that hold a model of their own, built where they run: the judge of `reward:
+{type: judge}` over a reroll engine (`rewards.judge` knows nothing of engines: rewards sit below
+them, so the pipeline builds the engine and hands the reward a `generate` function, judge
+prompt text -> reply text), and the reward model of `reward: {type: model}`, each on the device
+`reward.device` resolves to in the process that builds it."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from functools import partial
 
 from reroll.config.schema import JudgeReward
 from reroll.engines import build_engine
 from reroll.engines.base import Request, SamplingParams
+from reroll.models.devices import machine_devices, resolve_device
 from reroll.models.loading import load_tokenizer
+from reroll.rewards import RewardFn, build_reward
 from reroll.rewards.judge import JudgeRewardFn, parse_choice, parse_score
+
+
+def learned_reward_factory(config, seed: int = 0) -> Callable[[], RewardFn] | None:
+    """What builds a `reward:` section's reward when it holds a model (a judge, a reward model),
+    in this process or inside a reward actor; None for the others (`rewards.build_reward`)."""
+    if config.type == "judge":
+        return partial(build_judge, config, seed)
+    if config.type == "model":
+        return partial(build_model_reward, config)
+    return None
+
+
+def reward_device(config) -> str:
+    """`reward.device` in the process building the reward: `cpu` or `cuda:0`."""
+    return resolve_device(config.device, machine_devices()[0], "reward.device")
+
+
+def build_model_reward(config) -> RewardFn:
+    """`reward: {type: model}` on its device."""
+    return build_reward(config, device=reward_device(config))
 
 
 def judge_parser(config: JudgeReward):
@@ -25,7 +50,11 @@ def build_judge(config: JudgeReward, seed: int = 0) -> JudgeRewardFn:
     """The judge reward: its engine and tokenizer loaded now (a bad `model` folder is a
     ConfigError at start-up), prompts templated with the judge's chat template."""
     tokenizer = load_tokenizer(config.model)
-    engine = build_engine(config, config.model, pad_token_id=tokenizer.pad_token_id, seed=seed)
+    device = reward_device(config)
+    # bf16 where the GPU computes in it, as the rollout engine's default
+    dtype = "bfloat16" if device != "cpu" and machine_devices()[1] else "float32"
+    engine = build_engine(config, config.model, dtype, pad_token_id=tokenizer.pad_token_id,
+                          seed=seed, device=device)
     params = SamplingParams(config.max_new_tokens, config.temperature,
                             stop_token_ids=(tokenizer.eos_token_id,))
 

@@ -11,8 +11,9 @@ def _bytes(megabytes: int | None) -> int | None:
     return megabytes << 20 if megabytes else None
 
 
-def build_reward(config) -> RewardFn:
-    """The RewardFn for a `reward:` config section (chosen by its `type`)."""
+def build_reward(config, device: str = "cpu") -> RewardFn:
+    """The RewardFn for a `reward:` config section (chosen by its `type`); `device`: where a
+    reward model computes (`cpu` or `cuda:0`, resolved from `reward.device` above this layer)."""
     if config.type == "math":
         from reroll.rewards.math import MathRewardFn
 
@@ -36,7 +37,7 @@ def build_reward(config) -> RewardFn:
         from reroll.rewards.model import ModelRewardFn
 
         return ModelRewardFn(config.path, config.batch_size, config.max_wait_s,
-                             config.max_tokens, config.system_prompt)
+                             config.max_tokens, config.system_prompt, device)
     if config.type == "judge":
         raise ValueError("reward.type judge needs an engine: the pipeline builds it "
                          "(reroll.pipelines.judge.build_judge)")

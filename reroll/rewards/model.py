@@ -52,8 +52,10 @@ class ModelRewardFn:
     name = "model"
 
     def __init__(self, path: str, batch_size: int = 16, max_wait_s: float = 0.02,
-                 max_tokens: int = 1024, system_prompt: str | None = None):
+                 max_tokens: int = 1024, system_prompt: str | None = None, device: str = "cpu"):
         self.model, self.tokenizer = load_reward_model(path)
+        self.model.to(device)
+        self.device = device
         self.batch_size, self.max_wait_s, self.max_tokens = batch_size, max_wait_s, max_tokens
         self.system_prompt = system_prompt
         self.executor = ThreadPoolExecutor(1, thread_name_prefix="reward-model")
@@ -118,7 +120,7 @@ class ModelRewardFn:
         for i, row in enumerate(rows):
             ids[i, :len(row)], mask[i, :len(row)] = torch.tensor(row), 1
         with torch.no_grad():
-            return sequence_scores(self.model, ids, mask).tolist()
+            return sequence_scores(self.model, ids.to(self.device), mask.to(self.device)).tolist()
 
     def queue_metrics(self) -> dict[str, float]:
         return {"reward/model_batches": float(self.batches)}

@@ -14,9 +14,11 @@ from reroll.config.schema import RLConfig
 def small_run_config(tmp_path: Path, tiny_model: str, arithmetic: dict, name: str, *,
                      steps: int, micro_batch_size: int = 8, eval_every: int | None = None,
                      checkpoint_every: int | None = None, kl_coef: float | None = None,
-                     algorithm: dict | None = None, **distributed) -> RLConfig:
+                     algorithm: dict | None = None, task_reward: dict | None = None,
+                     **distributed) -> RLConfig:
     """The run ``name`` (written to ``tmp_path/name``), evaluated every ``eval_every`` steps
-    (default: at its end); ``distributed`` is the config's `distributed` section."""
+    (default: at its end); ``distributed`` is the config's `distributed` section, ``task_reward`` its
+    `reward` (default: math)."""
     data = {
         "name": name, "output_dir": str(tmp_path / name), "seed": 3, "steps": steps,
         "model": {"path": tiny_model},
@@ -28,6 +30,8 @@ def small_run_config(tmp_path: Path, tiny_model: str, arithmetic: dict, name: st
         "tracking": {"progress": False, "tensorboard": False, "record_rollouts": 0},
         "distributed": distributed,
     }
+    if task_reward is not None:
+        data["reward"] = task_reward
     if checkpoint_every is not None:
         data["checkpoint"] = {"every_steps": checkpoint_every, "keep_last": 3}
     data["algorithm"] = (algorithm or {}) | ({"kl": {"coef": kl_coef}} if kl_coef is not None

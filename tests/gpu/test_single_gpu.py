@@ -164,3 +164,35 @@ def test_the_trainer_steps_with_fused_adamw_and_resumes_from_its_checkpoint(tmp_
     assert resumed["resumed_from_step"] == 2
     again = load_file(f"{resumed['final_model']}/model.safetensors")
     assert all(torch.allclose(again[k], final[k], rtol=1e-3, atol=1e-5) for k in final)
+
+
+def test_a_judge_and_a_reward_model_compute_on_cuda(tmp_path, tiny_model):
+    """`reward.device: auto` puts a judge's hf engine and a reward model on the GPU this process
+    sees; the reward model scores as on CPU (float32 on both)."""
+    from reroll.models.loading import load_scalar_model, load_tokenizer
+    from reroll.pipelines.judge import learned_reward_factory
+    from reroll.rewards.base import RewardSample
+
+    tokenizer = load_tokenizer(tiny_model)
+    load_scalar_model(tiny_model, pad_token_id=tokenizer.pad_token_id).save_pretrained(
+        tmp_path / "rm")
+    tokenizer.save_pretrained(tmp_path / "rm")
+    section = {"steps": 1, "model": {"path": "m"}, "data": {"train": "t.jsonl"}}
+    judge = learned_reward_factory(RLConfig.model_validate(section | {"reward": {
+        "type": "judge", "model": tiny_model, "verdict": "score", "score_pattern": r"(\d)",
+        "score_min": 0, "score_max": 9, "max_new_tokens": 4, "retries": 0}}).reward)()
+    rm = {"type": "model", "path": str(tmp_path / "rm")}
+    on_gpu = learned_reward_factory(RLConfig.model_validate(section | {"reward": rm}).reward)()
+    on_cpu = learned_reward_factory(RLConfig.model_validate(
+        section | {"reward": rm | {"device": "cpu"}}).reward)()
+    samples = [RewardSample("What is 2 + 3?", f"It is {n}.") for n in range(4)]
+    try:
+        reply = asyncio.run(judge.generate(judge.judge_prompt(samples[0]), 0))
+        assert isinstance(reply, str)
+        assert next(on_gpu.model.parameters()).is_cuda
+        assert not next(on_cpu.model.parameters()).is_cuda
+        assert torch.allclose(torch.tensor(on_gpu.score(samples)),
+                              torch.tensor(on_cpu.score(samples)), atol=1e-3)
+    finally:
+        for fn in (judge, on_gpu, on_cpu):
+            fn.close()

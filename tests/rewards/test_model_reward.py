@@ -81,3 +81,23 @@ def test_the_config_builds_it_and_bad_paths_are_config_errors(reward_model, tiny
         ModelRewardFn(tiny_model)
     with pytest.raises(ValueError, match="path"):
         config({"type": "model"})
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks a machine without CUDA")
+def test_reward_device_is_resolved_where_the_reward_is_built(reward_model):
+    """`reward.device`: `auto` and `cpu` are this CPU here; `cuda` without a GPU is a config
+    error naming the field (in a reward actor, the actor's own GPUs decide)."""
+    from reroll.pipelines.judge import learned_reward_factory
+
+    for device in ("auto", "cpu"):
+        fn = learned_reward_factory(config({"type": "model", "path": reward_model,
+                                            "device": device}).reward)()
+        assert fn.device == "cpu" and not next(fn.model.parameters()).is_cuda
+        fn.close()
+    with pytest.raises(ConfigError, match="reward.device: cuda"):
+        learned_reward_factory(config({"type": "model", "path": reward_model,
+                                       "device": "cuda"}).reward)()
+    with pytest.raises(ConfigError, match="reward.device: cuda"):
+        learned_reward_factory(config({"type": "judge", "model": reward_model,
+                                       "device": "cuda"}).reward)()
+    assert learned_reward_factory(config({"type": "math"}).reward) is None
