@@ -174,6 +174,22 @@ def agentic_pairing(args: argparse.Namespace, tiny: str) -> dict:
             "response_key": None, "held_out": args.held_out}
 
 
+def teacher_samples(pair: dict, rows: int, budget: int, seed: int) -> str:
+    """One sample of the teacher (temperature 1, `budget` tokens) for each of the first `rows`
+    training prompts whose sample is not empty (an SFT row needs a target; a few in a thousand
+    are the end of turn alone), as rows of prompt, answer and response: offline's data for
+    `--offline-data teacher` (made once per rows, budget and seed)."""
+    out = ROOT / f"teacher_samples_{rows}_{budget}_{seed}.jsonl"
+    if not out.is_file():
+        _, samples = evaluate(EvalSpec(model=pair["teacher"], task=pair["train"], n=1,
+                                       temperature=1.0, max_new_tokens=budget,
+                                       max_prompts=rows + rows // 16, seed=seed))
+        kept = [s for s in samples if s["response"]][:rows]
+        out.write_text("".join(json.dumps({k: s[k] for k in ("prompt", "answer", "response")})
+                               + "\n" for s in kept))
+    return str(out)
+
+
 def on_policy_run(args: argparse.Namespace, pair: dict, distill: dict, budget: int) -> dict:
     """The on-policy run's config: the pair's RL run from the student with `distill` as its
     objective (agentic: the demo's config, its environment and turns)."""
@@ -279,6 +295,10 @@ def main() -> None:
     parser.add_argument("--on-policy-epochs", type=int, default=1,
                         help="on-policy: algorithm.epochs (optimizer passes over each step's "
                              "samples and teacher scores)")
+    parser.add_argument("--offline-data", choices=("demonstrations", "teacher"),
+                        default="demonstrations",
+                        help="offline's rows: the pair's SFT data (demonstrations), or the "
+                             "teacher's own samples of its prompts (not with --teacher agentic)")
     parser.add_argument("--reuse-offline", action="store_true",
                         help="keep the offline run of an earlier call with the same settings "
                              "(its curve is measured again)")
@@ -291,6 +311,9 @@ def main() -> None:
     parser.add_argument("--offline-steps", type=int, default=60)
     parser.add_argument("--on-policy-steps", type=int, default=40)
     args = parser.parse_args()
+    if args.offline_data == "teacher" and args.teacher == "agentic":
+        parser.error("--offline-data teacher: not with --teacher agentic (its rows are turns of "
+                     "the expert's episodes)")
     lr = {"rl": 1e-4, "sft": 1e-3, "agentic": 2e-4}[args.teacher]
     args.offline_lr = args.offline_lr or lr
     args.on_policy_lr = args.on_policy_lr or lr
@@ -310,13 +333,17 @@ def main() -> None:
     target = scores["student"] + 0.6 * (scores["teacher"] - scores["student"])
     console.log(scores, f"target {target:.3f}")
 
+    offline_rows = {"train": pair["train"]} | (
+        {"response_key": pair["response_key"]} if pair["response_key"] else {})
+    if args.offline_data == "teacher":
+        offline_rows = {"train": teacher_samples(pair, args.offline_steps * args.batch, budget,
+                                                 args.seed), "response_key": "response"}
     earlier = (ROOT / "offline.yaml").read_text() if (ROOT / "offline.yaml").is_file() else None
     offline = run_config("offline", {
         "pipeline": "distill", "seed": args.seed, "model": {"path": student},
         "teacher": {"path": teacher},
         "distill": {"top_k": 8}, "steps": args.offline_steps, "batch_size": args.batch,
-        "data": {"train": pair["train"]} | (
-            {"response_key": pair["response_key"]} if pair["response_key"] else {}),
+        "data": offline_rows,
         "optimizer": {"lr": args.offline_lr}, "checkpoint": checkpoints(args, args.offline_steps)})
     if not (args.reuse_offline and earlier == offline.read_text()
             and (ROOT / "offline" / "summary.json").is_file()):
@@ -335,10 +362,12 @@ def main() -> None:
     reach = {mode: tokens_to_reach(points, target) for mode, points in curves.items()}
     positions = {mode: tokens_to_reach(points, target, "teacher_positions")
                  if prompt is not None else None for mode, points in curves.items()}
+    generated = {"offline_generation_tokens": reach["offline"]} \
+        if args.offline_data == "teacher" else {}
     print(json.dumps({"settings": vars(args), "teacher_reward": scores["teacher"],
                       "student_reward": scores["student"], "target": target,
                       "teacher_tokens_to_target": reach,
-                      "teacher_tokens_ratio": offline_over_on_policy(reach),
+                      "teacher_tokens_ratio": offline_over_on_policy(reach), **generated,
                       "teacher_positions_to_target": positions,
                       "teacher_positions_ratio": offline_over_on_policy(positions),
                       "teacher_sequences_to_target": {
