@@ -108,7 +108,8 @@ class LearnedReward(RewardSection):
     """Where that model computes: `auto` is CUDA when the process building the reward sees a GPU
     (the run's process with `executor: local`; a reward actor with `distributed.reward`, which
     sees only the GPUs of its `devices`), in bf16 where the GPU has it (a judge; a reward
-    model's scores stay float32), else CPU. A judge's `vllm` engine places itself."""
+    model's scores stay float32), else CPU. For a judge, its `hf` engine's: `vllm` places
+    itself."""
 
 
 class ModelReward(LearnedReward):

@@ -50,7 +50,8 @@ def build_judge(config: JudgeReward, seed: int = 0) -> JudgeRewardFn:
     """The judge reward: its engine and tokenizer loaded now (a bad `model` folder is a
     ConfigError at start-up), prompts templated with the judge's chat template."""
     tokenizer = load_tokenizer(config.model)
-    device = reward_device(config)
+    # `reward.device` is the hf engine's; vLLM places itself, a remote judge is elsewhere
+    device = reward_device(config) if config.engine.type == "hf" else "cpu"
     # bf16 where the GPU computes in it, as the rollout engine's default
     dtype = "bfloat16" if device != "cpu" and machine_devices()[1] else "float32"
     engine = build_engine(config, config.model, dtype, pad_token_id=tokenizer.pad_token_id,
