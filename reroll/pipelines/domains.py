@@ -33,7 +33,7 @@ from reroll.data.mixing import DomainMixer
 from reroll.data.reasoning_gym import generate_rows
 from reroll.engines.base import Engine, SamplingParams
 from reroll.models.files import model_context
-from reroll.pipelines.judge import learned_reward_factory
+from reroll.pipelines.judge import reward_factory
 from reroll.pipelines.task import rollout_row
 from reroll.pipelines.validation import (
     check_answers,
@@ -86,8 +86,7 @@ def domain_reward(spec: DomainConfig, run_reward) -> RewardRunner:
                             bounds=FailureBounds(section.max_failure_rate_step,
                                                  section.max_failure_rate_run))
     reward = spec.reward or run_reward
-    learned = learned_reward_factory(reward)  # a judge or a reward model: built up here
-    return build_runner(reward, learned() if learned is not None else None)
+    return build_runner(reward, reward_factory(reward)())
 
 
 def read_rows(spec: DomainConfig, where: str, system_prompt: str | None

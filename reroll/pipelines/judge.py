@@ -18,14 +18,15 @@ from reroll.rewards import RewardFn, build_reward
 from reroll.rewards.judge import JudgeRewardFn, parse_choice, parse_score
 
 
-def learned_reward_factory(config, seed: int = 0) -> Callable[[], RewardFn] | None:
-    """What builds a `reward:` section's reward when it holds a model (a judge, a reward model),
-    in this process or inside a reward actor; None for the others (`rewards.build_reward`)."""
+def reward_factory(config, seed: int = 0) -> Callable[[], RewardFn]:
+    """What builds a `reward:` section's reward, in this process or inside a reward actor: a
+    judge (its engine sits above rewards) or a reward model here, on the device of the process
+    that calls it; the others by `rewards.build_reward`."""
     if config.type == "judge":
         return partial(build_judge, config, seed)
     if config.type == "model":
         return partial(build_model_reward, config)
-    return None
+    return partial(build_reward, config)
 
 
 def reward_device(config) -> str:
@@ -50,10 +51,12 @@ def build_judge(config: JudgeReward, seed: int = 0) -> JudgeRewardFn:
     """The judge reward: its engine and tokenizer loaded now (a bad `model` folder is a
     ConfigError at start-up), prompts templated with the judge's chat template."""
     tokenizer = load_tokenizer(config.model)
+    count, bf16 = machine_devices()
     # `reward.device` is the hf engine's; vLLM places itself, a remote judge is elsewhere
-    device = reward_device(config) if config.engine.type == "hf" else "cpu"
+    device = resolve_device(config.device, count, "reward.device") \
+        if config.engine.type == "hf" else "cpu"
     # bf16 where the GPU computes in it, as the rollout engine's default
-    dtype = "bfloat16" if device != "cpu" and machine_devices()[1] else "float32"
+    dtype = "bfloat16" if device != "cpu" and bf16 else "float32"
     engine = build_engine(config, config.model, dtype, pad_token_id=tokenizer.pad_token_id,
                           seed=seed, device=device)
     params = SamplingParams(config.max_new_tokens, config.temperature,

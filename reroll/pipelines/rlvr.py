@@ -17,11 +17,10 @@ from reroll.config.schema import RLConfig
 from reroll.data.batch import Trajectory
 from reroll.data.datasets import PromptSampler, load_prompts
 from reroll.engines.base import Engine, SamplingParams
-from reroll.models.loading import load_tokenizer
 from reroll.pipelines import rl
 from reroll.pipelines.domains import DomainTask
 from reroll.pipelines.inputs import TaskInputs
-from reroll.pipelines.judge import learned_reward_factory
+from reroll.pipelines.judge import reward_factory
 from reroll.pipelines.roles import remote_reward
 from reroll.pipelines.task import rollout_row
 from reroll.pipelines.validation import check_prompts
@@ -60,20 +59,15 @@ class PromptTask:
             if c.data.eval else []
         check_prompts(c, tokenizer, {"data.train": self.train_rows, "data.eval": self.eval_rows})
         inputs = inputs or TaskInputs()
-        # A judge or a reward model is built up here (a judge has an engine, above rewards),
-        # on the device its process sees.
-        factory = inputs.reward_factory or learned_reward_factory(c.reward, c.seed)
-        if c.reward.type == "judge":
-            load_tokenizer(c.reward.model)  # a bad folder: a ConfigError here, not in an actor
+        factory = inputs.reward_factory or reward_factory(c.reward, c.seed)
         # With `distributed.reward` placed, the reward is built in Ray actors on its nodes,
         # else here.
-        self.rewards = build_runner(c.reward, remote_reward(c, factory)
-                                    or (factory() if factory is not None else None))
+        remote = remote_reward(c, factory)
+        self.rewards = build_runner(c.reward, remote or factory())
         # `eval.reward`: the held-out prompts are scored by another reward (the true verifier
         # of a run trained on a learned reward), in this process.
-        eval_factory = c.eval.reward and learned_reward_factory(c.eval.reward, c.seed)
         self.eval_rewards = None if c.eval.reward is None or not self.eval_rows else \
-            build_runner(c.eval.reward, eval_factory() if eval_factory else None)
+            build_runner(c.eval.reward, reward_factory(c.eval.reward, c.seed)())
         self.stream = PromptStream(PromptSampler(self.train_rows, c.seed))
         self.source = None
         self.engine: Engine | None = None

@@ -12,7 +12,6 @@ engine     `engines.base.Engine`
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -48,8 +47,7 @@ from reroll.engines import engine_factory
 from reroll.engines.base import Engine
 from reroll.models.devices import RoleDevice, machine_devices, plan_devices
 from reroll.models.files import read_config
-from reroll.models.loading import load_model
-from reroll.rewards import build_reward
+from reroll.models.loading import load_model, load_tokenizer
 from reroll.rewards.base import RewardFn
 from reroll.training.critic import Critic
 from reroll.training.local import LocalStrategy
@@ -274,16 +272,17 @@ def ray_role_names(c: RLConfig) -> tuple[str, ...]:
         + (("env",) if c.distributed.env is not None else ())
 
 
-def remote_reward(c: RLConfig, factory: Callable[[], RewardFn] | None) -> RewardFn | None:
+def remote_reward(c: RLConfig, factory: Callable[[], RewardFn]) -> RewardFn | None:
     """With `distributed.reward` set (executor ray), the reward function in Ray actors placed
-    there, built from `factory` (objects passed to `reroll.train`) or from `c.reward`; else None
-    (the task builds the reward in this process). With `distributed.reward.serve`, a Ray Serve
-    deployment with autoscaling replicas instead of a fixed number of actors."""
+    there, each built by `factory`; else None (the task builds the reward in this process).
+    With `distributed.reward.serve`, a Ray Serve deployment with autoscaling replicas instead of
+    a fixed number of actors."""
     d = c.distributed
     if d.executor != "ray" or d.reward is None:
         return None
     ensure_ray(d.ray_address, d.num_cpus)
-    factory = factory or functools.partial(build_reward, c.reward)
+    if c.reward.type == "judge":
+        load_tokenizer(c.reward.model)  # a bad folder: a ConfigError here, not in an actor
     options = role_options(d, ray_role_names(c), "reward")
     if d.reward.serve is not None:
         return start_reward_service(factory, d.reward.serve, options[0],

@@ -170,7 +170,7 @@ def test_a_judge_and_a_reward_model_compute_on_cuda(tmp_path, tiny_model):
     """`reward.device: auto` puts a judge's hf engine and a reward model on the GPU this process
     sees; the reward model scores as on CPU (float32 on both)."""
     from reroll.models.loading import load_scalar_model, load_tokenizer
-    from reroll.pipelines.judge import learned_reward_factory
+    from reroll.pipelines.judge import reward_factory
     from reroll.rewards.base import RewardSample
 
     tokenizer = load_tokenizer(tiny_model)
@@ -178,12 +178,12 @@ def test_a_judge_and_a_reward_model_compute_on_cuda(tmp_path, tiny_model):
         tmp_path / "rm")
     tokenizer.save_pretrained(tmp_path / "rm")
     section = {"steps": 1, "model": {"path": "m"}, "data": {"train": "t.jsonl"}}
-    judge = learned_reward_factory(RLConfig.model_validate(section | {"reward": {
+    judge = reward_factory(RLConfig.model_validate(section | {"reward": {
         "type": "judge", "model": tiny_model, "verdict": "score", "score_pattern": r"(\d)",
         "score_min": 0, "score_max": 9, "max_new_tokens": 4, "retries": 0}}).reward)()
     rm = {"type": "model", "path": str(tmp_path / "rm")}
-    on_gpu = learned_reward_factory(RLConfig.model_validate(section | {"reward": rm}).reward)()
-    on_cpu = learned_reward_factory(RLConfig.model_validate(
+    on_gpu = reward_factory(RLConfig.model_validate(section | {"reward": rm}).reward)()
+    on_cpu = reward_factory(RLConfig.model_validate(
         section | {"reward": rm | {"device": "cpu"}}).reward)()
     samples = [RewardSample("What is 2 + 3?", f"It is {n}.") for n in range(4)]
     try:

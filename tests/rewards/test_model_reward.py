@@ -87,17 +87,19 @@ def test_the_config_builds_it_and_bad_paths_are_config_errors(reward_model, tiny
 def test_reward_device_is_resolved_where_the_reward_is_built(reward_model):
     """`reward.device`: `auto` and `cpu` are this CPU here; `cuda` without a GPU is a config
     error naming the field (in a reward actor, the actor's own GPUs decide)."""
-    from reroll.pipelines.judge import learned_reward_factory
+    from reroll.pipelines.judge import reward_factory
 
     for device in ("auto", "cpu"):
-        fn = learned_reward_factory(config({"type": "model", "path": reward_model,
+        fn = reward_factory(config({"type": "model", "path": reward_model,
                                             "device": device}).reward)()
         assert fn.device == "cpu" and not next(fn.model.parameters()).is_cuda
         fn.close()
     with pytest.raises(ConfigError, match="reward.device: cuda"):
-        learned_reward_factory(config({"type": "model", "path": reward_model,
+        reward_factory(config({"type": "model", "path": reward_model,
                                        "device": "cuda"}).reward)()
     with pytest.raises(ConfigError, match="reward.device: cuda"):
-        learned_reward_factory(config({"type": "judge", "model": reward_model,
+        reward_factory(config({"type": "judge", "model": reward_model,
                                        "device": "cuda"}).reward)()
-    assert learned_reward_factory(config({"type": "math"}).reward) is None
+    math = reward_factory(config({"type": "math"}).reward)()  # the others: rewards.build_reward
+    assert type(math).__name__ == "MathRewardFn"
+    math.close()
