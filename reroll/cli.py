@@ -290,7 +290,8 @@ def _add_data_commands(sub) -> None:
     p.add_argument("--preferences-from", metavar="SAMPLES",
                    help="write preference pairs from a model's verified samples instead (a "
                         "`reroll eval` .samples.jsonl: chosen a right response, rejected a wrong "
-                        "one of the same prompt); --eval-size counts held-out pairs")
+                        "one of the same prompt, or of the same env seed for `--env` episodes); "
+                        "--eval-size counts held-out pairs")
     p.add_argument("--judge-labels-from", metavar="SAMPLES",
                    help="write SFT rows that teach a judge the task instead: the judge prompt of "
                         "`reward: {type: judge}` (its default template) on each verified sample "

@@ -148,6 +148,17 @@ ALLOWLIST = {
                                                    "shrunk by test_domains_e2e.py",
     "reroll view runs/multidomain-grpo": "needs the example's run; `reroll view` is run on the "
                                          "arithmetic demo's in ARITHMETIC_CHAIN",
+    # docs/agentic.md's learned reward of episodes: run as written (the demo's SFT, shortened,
+    # and configs of the same keys) by tests/rollout/test_agentic_demo_e2e.py; a shrunk SFT
+    # wins too few episodes to pair.
+    "reroll eval --model runs/guess-number-sft/final --env guess_number --env-kwargs "
+    "'{\"high\": 8}' --max-turns 3 --episodes 150 --n 8 --temperature 1.0 --max-new-tokens 4 "
+    "--out runs/eval/warm.json": "needs the demo's full SFT; run by test_agentic_demo_e2e.py",
+    "reroll make-data --preferences-from runs/eval/warm.samples.jsonl --eval-size 40 "
+    "--out data/episode-pairs": "needs the full SFT's episodes; run by test_agentic_demo_e2e.py",
+    "reroll rm examples/agentic/rm.yaml": "needs those pairs; run by test_agentic_demo_e2e.py",
+    "reroll train examples/agentic/rm_rl.yaml": "needs that reward model; run by "
+                                                "test_agentic_demo_e2e.py",
     # docs/preferences.md's RLVR on a reward model: it needs the full SFT (a shrunk one gets no
     # sample right, so there are no pairs). Its pieces are tested apart: `make-data
     # --preferences-from` in tests/data/test_preferences.py, `eval.reward` in tests/config and

@@ -7,7 +7,8 @@ from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
-from reroll.config.base import Section
+from reroll.config.base import Section, choice
+from reroll.config.rewards import JudgeReward, ModelReward
 from reroll.config.schema import RLRunConfig
 
 
@@ -61,6 +62,33 @@ class EnvConfig(Section):
         return self
 
 
+class EpisodeScore(Section):
+    """How a learned reward of whole episodes enters their return."""
+
+    weight: float = Field(1.0, ge=0)
+    """The learned reward's score times this is added to the episode's last turn (so turn-level
+    credit, `rebn`, `gigpo` and `ipa_chunk`, sees it where the episode ended)."""
+    env_weight: float = Field(1.0, ge=0)
+    """The environment's own rewards are multiplied by this: 0 trains on the learned reward
+    alone (the env's return and success rate are still reported, `train/env_return_mean`,
+    `eval/env_return_mean`, `eval/success_rate`: the true measure of a learned reward)."""
+
+
+class EpisodeModelReward(ModelReward, EpisodeScore):
+    """A reward model (`reroll rm`) scores each finished episode: the first observation as the
+    prompt, the rest of the episode as the response (the policy's replies and the
+    environment's observations in the chat template's tokens, as the policy saw them, ending
+    with the environment's last observation, the outcome; the `response` of the episode's row
+    in `reroll eval --env`'s samples and the run's rollouts)."""
+
+
+class EpisodeJudgeReward(JudgeReward, EpisodeScore):
+    """An LLM judge scores each finished episode: `{question}` is the first observation,
+    `{response}` the rest of the episode (the policy's replies and the environment's
+    observations in the chat template's tokens, ending with the environment's last
+    observation, the outcome); `{reference}` is empty."""
+
+
 class AgenticConfig(RLRunConfig):
     """`reroll train CONFIG.yaml` with `pipeline: agentic`: RL on multi-turn environment episodes."""
 
@@ -69,13 +97,22 @@ class AgenticConfig(RLRunConfig):
     name: str = Field("agentic", min_length=1)
     """Run name; the run directory is `runs/<name>/` unless `output_dir` is set."""
     env: EnvConfig
+    reward: choice("type", "model", EpisodeModelReward, EpisodeJudgeReward) | None = None
+    """A learned reward of each finished episode besides the environment's own: `type: model`
+    (a reward model, e.g. trained by `reroll rm` on episodes paired by their outcome) or `type:
+    judge` (an LLM judge), with the keys of RLVR's `reward:` of that type, plus `weight` and
+    `env_weight`. It runs beside the episodes (a judge's or reward model's batches gather the
+    episodes that end together), or in reward actors with `distributed.reward`, under the
+    same time limit and failure counting as every reward (`reward/*`). None: the environment's
+    rewards alone."""
 
     @model_validator(mode="after")
     def _check_batch(self) -> AgenticConfig:
         problems = self.batch_errors()
-        if self.distributed.reward is not None:
-            problems.append("distributed.reward: agentic runs are scored by their environments "
-                            "(env workers), not by a reward role; remove it")
+        if self.distributed.reward is not None and self.reward is None:
+            problems.append("distributed.reward places a learned reward (`reward:`), which this "
+                            "agentic run has none of (its episodes are scored by their "
+                            "environments): remove it, or add a `reward:` section")
         distill = self.algorithm.distill
         if distill is not None and distill.teachers:
             problems.append("algorithm.distill.teachers routes dataset rows by their `tag`; "

@@ -81,6 +81,10 @@ def format_validation_error(error: ValidationError, source: str,
     lines, from_file = [], False
     for item in error.errors():
         loc = tuple(item["loc"])
+        if schema is not None:  # as the user writes the key: union tags left out
+            from reroll.config.reference import key_path
+
+            loc = key_path(schema, loc)
         path = ".".join(str(p) for p in loc) or "(top level)"
         msg = item["msg"]
         if item["type"] == "extra_forbidden":

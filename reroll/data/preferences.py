@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import random
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -137,47 +138,65 @@ def write_arithmetic_judge(out: str | Path, train_size: int = 2000, eval_size: i
     return paths
 
 
-def sample_preference_rows(samples: list[dict], threshold: float = 1.0, pairs_per_prompt: int = 2,
-                           seed: int = 0) -> list[dict]:
-    """Preference rows `{prompt, chosen, rejected}` from a model's verified samples (rows
-    of `reroll eval`'s `.samples.jsonl`: `prompt`, `response`, `reward`, `finish_reason`): per
-    prompt, up to `pairs_per_prompt` pairs of a distinct right response (reward >= `threshold`)
-    and a distinct wrong one, drawn without replacement (seeded). Prompts whose samples were all
-    right or all wrong give none; responses cut at the length limit are left out (a pair's
-    responses are trained closed with EOS). Pairs on the policy's own mistakes teach a reward
-    model the errors the policy makes, not only the ones a generator thought of."""
-    groups: dict[str, tuple[list[str], list[str]]] = {}
+def sample_group(sample: dict) -> str:
+    """The samples a pair is drawn from: the `n` samples of one eval row or one env seed
+    (`reroll eval`'s `source` and `prompt_index`), else those of one prompt. (An environment's
+    episodes may all begin with the same observation, guess-the-number's do; its seeds still
+    differ.)"""
+    if "prompt_index" in sample:
+        return f"{sample.get('source', '')}#{sample['prompt_index']}"
+    return str(sample["prompt"])
+
+
+def sample_preference_pairs(samples: list[dict], threshold: float = 1.0, pairs_per_prompt: int = 2,
+                            seed: int = 0) -> list[tuple[str, dict]]:
+    """(group, preference row `{prompt, chosen, rejected}`) from a model's verified samples
+    (rows of `reroll eval`'s `.samples.jsonl`: `prompt`, `response`, `reward`, `finish_reason`):
+    per group of samples (`sample_group`: one prompt, or one env seed's episodes), up to
+    `pairs_per_prompt` pairs of a distinct right response (reward >= `threshold`) and a distinct
+    wrong one, drawn without replacement (seeded). Groups whose samples were all right or all
+    wrong give none; responses cut at the length limit are left out (a pair's responses are
+    trained closed with EOS). Pairs on the policy's own mistakes teach a reward model the errors
+    the policy makes, not only the ones a generator thought of."""
+    groups: dict[str, tuple[str, list[str], list[str]]] = {}
     for sample in samples:
         if sample.get("finish_reason") == "length" or not str(sample["response"]).strip():
             continue
-        right, wrong = groups.setdefault(sample["prompt"], ([], []))
+        _, right, wrong = groups.setdefault(sample_group(sample), (sample["prompt"], [], []))
         bucket = right if float(sample["reward"]) >= threshold else wrong
         if sample["response"] not in bucket:
             bucket.append(sample["response"])
     rng = random.Random(seed + 13)
-    rows = []
-    for prompt, (right, wrong) in groups.items():
+    pairs = []
+    for group, (prompt, right, wrong) in groups.items():
         rng.shuffle(right)
         rng.shuffle(wrong)
         for chosen, rejected in list(zip(right, wrong, strict=False))[:pairs_per_prompt]:
-            rows.append({"prompt": prompt, "chosen": chosen, "rejected": rejected})
-    return rows
+            pairs.append((group, {"prompt": prompt, "chosen": chosen, "rejected": rejected}))
+    return pairs
+
+
+def sample_preference_rows(samples: list[dict], threshold: float = 1.0, pairs_per_prompt: int = 2,
+                           seed: int = 0) -> list[dict]:
+    """The preference rows of `sample_preference_pairs`."""
+    return [row for _, row in sample_preference_pairs(samples, threshold, pairs_per_prompt, seed)]
 
 
 def write_sample_preferences(samples_path: str | Path, out: str | Path, eval_size: int = 200,
                              threshold: float = 1.0, pairs_per_prompt: int = 2, seed: int = 0
                              ) -> dict[str, Path]:
-    """Write `train.jsonl` and `eval.jsonl` pairs from a `.samples.jsonl` file; whole prompts
-    (seeded) are held out until the eval split holds `eval_size` pairs."""
+    """Write `train.jsonl` and `eval.jsonl` pairs from a `.samples.jsonl` file; whole groups
+    (prompts, or env seeds; seeded) are held out until the eval split holds `eval_size`
+    pairs."""
     samples = read_samples(samples_path)
-    rows = sample_preference_rows(samples, threshold, pairs_per_prompt, seed)
-    splits = split_by_prompt(rows, "prompt", eval_size, seed)
+    pairs = sample_preference_pairs(samples, threshold, pairs_per_prompt, seed)
+    splits = split_by_prompt(pairs, lambda pair: pair[0], eval_size, seed)
     if not splits["train"] or (eval_size and not splits["eval"]):
-        raise ConfigError(f"--preferences-from {samples_path}: {len(rows)} pairs from "
+        raise ConfigError(f"--preferences-from {samples_path}: {len(pairs)} pairs from "
                           f"{len(samples)} samples (a pair needs a prompt with a right and a "
                           f"wrong sample): too few for a train split and {eval_size} eval pairs; "
                           f"sample more (reroll eval --n 8 --temperature 1.0) or lower --eval-size")
-    return write_splits(out, splits)
+    return write_splits(out, {name: [row for _, row in split] for name, split in splits.items()})
 
 
 def read_samples(samples_path: str | Path) -> list[dict]:
@@ -201,13 +220,14 @@ def read_samples(samples_path: str | Path) -> list[dict]:
     return samples
 
 
-def split_by_prompt(rows: list[dict], key: str, eval_size: int, seed: int
-                    ) -> dict[str, list[dict]]:
-    """{"train", "eval"} rows: whole prompts (`row[key]`, seeded order) go to the held-out split
-    until it holds `eval_size` rows, so no held-out prompt appears in train."""
+def split_by_prompt(rows: list, key: str | Callable[[Any], str], eval_size: int, seed: int
+                    ) -> dict[str, list]:
+    """{"train", "eval"} rows: whole prompts (`row[key]`, or `key(row)`; seeded order) go to the
+    held-out split until it holds `eval_size` rows, so no held-out prompt appears in train."""
+    prompt_of = key if callable(key) else (lambda row: row[key])
     counts: dict[str, int] = {}
     for row in rows:
-        counts[row[key]] = counts.get(row[key], 0) + 1
+        counts[prompt_of(row)] = counts.get(prompt_of(row), 0) + 1
     prompts = sorted(counts)
     random.Random(seed).shuffle(prompts)
     held_out: set[str] = set()
@@ -217,8 +237,8 @@ def split_by_prompt(rows: list[dict], key: str, eval_size: int, seed: int
             break
         held_out.add(prompt)
         count += counts[prompt]
-    return {"train": [r for r in rows if r[key] not in held_out],
-            "eval": [r for r in rows if r[key] in held_out]}
+    return {"train": [r for r in rows if prompt_of(r) not in held_out],
+            "eval": [r for r in rows if prompt_of(r) in held_out]}
 
 
 def judge_label_rows(samples: list[dict], template: str, threshold: float = 1.0,

@@ -9,6 +9,10 @@ as configured:
 batch-normalised), `gigpo` (episode + anchor-state step advantages) and `ipa_chunk` (discounted
 chunk-level returns with a per-chunk ratio). Evaluation reports the mean return and the success
 rate on held-out env seeds.
+
+A learned reward (`reward:`, a reward model or an LLM judge) may score each finished episode
+besides the environment: built like RLVR's (`judge.reward_factory`), here or in reward actors,
+behind a RewardRunner, and added to the return by the agent loop (`EpisodeReward`).
 """
 
 from __future__ import annotations
@@ -29,9 +33,11 @@ from reroll.envs import ChatFormat, make_env
 from reroll.envs.registry import env_arguments
 from reroll.pipelines import rl
 from reroll.pipelines.inputs import TaskInputs
-from reroll.pipelines.roles import remote_envs
+from reroll.pipelines.judge import reward_factory
+from reroll.pipelines.roles import remote_envs, remote_reward
 from reroll.pipelines.task import rollout_row
-from reroll.rollout.agent_loop import AgentJob, AgentStats, run_episodes
+from reroll.rewards import build_runner
+from reroll.rollout.agent_loop import AgentJob, AgentStats, EpisodeReward, run_episodes
 
 EVAL_SEED_BASE = 10**9
 
@@ -83,6 +89,14 @@ class EnvTask:
         self.sampler = PromptSampler(list(range(env.train_seeds)), config.seed)  # env seeds
         self.eval_seeds = [EVAL_SEED_BASE + i for i in range(env.eval_episodes)]
         self.counters = EpisodeCounters()
+        # `reward:`: a learned reward of each episode, in reward actors with
+        # `distributed.reward`, else here.
+        self.episode_reward = None
+        if config.reward is not None:
+            factory = reward_factory(config.reward, config.seed)
+            runner = build_runner(config.reward, remote_reward(config, factory) or factory())
+            self.episode_reward = EpisodeReward(runner, config.reward.weight,
+                                                config.reward.env_weight)
         self.engine: Engine | None = None
         self._metrics: dict[str, float] = {}
 
@@ -103,6 +117,10 @@ class EnvTask:
         self._metrics = stats.metrics() | {
             "train/success_rate": sum(success) / max(len(success), 1),
             "env/errors_total": float(self.counters.env_errors)}
+        if self.episode_reward is not None:
+            runner = self.episode_reward.runner
+            runner.check_failure_rate(step)  # a reward that keeps failing stops the run here
+            self._metrics |= runner.metrics() | learned_reward_means(trajectories, "train")
         return trajectories
 
     def evaluate(self, params: SamplingParams) -> dict[str, float]:
@@ -112,8 +130,12 @@ class EnvTask:
         self.eval_trajectories = trajectories
         returns = torch.tensor([t.reward for t in trajectories])
         success = torch.tensor([float(t.reward_info.get("success", False)) for t in trajectories])
-        return {"eval/reward_mean": float(returns.mean()), "eval/success_rate": float(success.mean()),
-                "eval/turns_mean": stats.metrics()["env/turns_mean"]}
+        metrics = {"eval/reward_mean": float(returns.mean()),
+                   "eval/success_rate": float(success.mean()),
+                   "eval/turns_mean": stats.metrics()["env/turns_mean"]}
+        if self.episode_reward is not None:
+            metrics |= learned_reward_means(trajectories, "eval")
+        return metrics
 
     def run(self, seeds: list[int], group_size: int, params: SamplingParams, step: int,
             redundancy: int = 0) -> tuple[list[Trajectory], AgentStats]:
@@ -129,7 +151,8 @@ class EnvTask:
                         params, max_turns=env.max_turns,
                         max_context_tokens=env.max_context_tokens,
                         step_timeout_s=env.step_timeout_s, system_prompt=env.system_prompt,
-                        history_thinking=env.history_thinking or "keep")
+                        history_thinking=env.history_thinking or "keep",
+                        episode_reward=self.episode_reward)
 
     def metrics(self) -> dict[str, float]:
         return dict(self._metrics)
@@ -141,15 +164,33 @@ class EnvTask:
         return [rollout_row(t) for t in picked]
 
     def state_dict(self) -> dict[str, Any]:
-        return {"sampler": self.sampler.state_dict(), "reward_counters": asdict(self.counters)}
+        state = {"sampler": self.sampler.state_dict(), "reward_counters": asdict(self.counters)}
+        if self.episode_reward is not None:
+            state["learned_reward_counters"] = dict(vars(self.episode_reward.runner.counters))
+        return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.sampler.load_state_dict(state["sampler"])
         self.counters = EpisodeCounters(**state["reward_counters"])
+        if self.episode_reward is not None and "learned_reward_counters" in state:
+            self.episode_reward.runner.load_counters(state["learned_reward_counters"])
 
     def close(self) -> None:
         if self.env_hosts is not None:
             self.env_hosts.close()
+        if self.episode_reward is not None:
+            self.episode_reward.runner.close()
+
+
+def learned_reward_means(trajectories: list[Trajectory], split: str) -> dict[str, float]:
+    """`<split>/env_return_mean` (the environment's own return, the true measure) and
+    `<split>/learned_reward_mean` (the learned reward's score) of episodes a learned reward
+    scored; episodes whose env failed have no score."""
+    scores = [t.reward_info["learned_reward"]["score"] for t in trajectories
+              if "score" in t.reward_info.get("learned_reward", {})]
+    returns = [t.reward_info["env_return"] for t in trajectories]
+    return {f"{split}/env_return_mean": sum(returns) / max(len(returns), 1),
+            f"{split}/learned_reward_mean": sum(scores) / max(len(scores), 1)}
 
 
 def agentic_pipeline(config: AgenticConfig, inputs: TaskInputs | None = None) -> rl.RLPipeline:

@@ -117,7 +117,7 @@ class RLPipeline:
         self.weight_sync = weight_sync_to(self.roles, self.engine)
         # Rollout colocated with the policy: they take turns on the devices at phase boundaries.
         self.turns = take_turns(c, self.policy, self.engine)
-        self.start_step, self.eval_reward_start = 0, None
+        self.start_step, self.eval_start = 0, None
         resume = self.run_dir.resolve_resume(c.resume)
         if resume:
             self.restore(*resume)
@@ -128,8 +128,8 @@ class RLPipeline:
 
     def run(self) -> dict:
         c, clock = self.config, Stopwatch()
-        if self.eval_reward_start is None:
-            self.eval_reward_start = self.evaluate(self.start_step).get("eval/reward_mean")
+        if self.eval_start is None:  # all of it in the summary: metrics.jsonl starts at step 1
+            self.eval_start = self.evaluate(self.start_step)
         bar = ProgressBar(c.steps, self.method_name(), self.start_step, c.tracking.progress)
         last_eval = None
         for n in range(self.start_step + 1, c.steps + 1):
@@ -223,7 +223,7 @@ class RLPipeline:
         if self.critic is not None:
             self.critic.save(directory)
         self.policy.save(directory, {"step": n, **self.task.state_dict(),
-                                     "eval_reward_start": self.eval_reward_start,
+                                     "eval_start": self.eval_start,
                                      "kl_coef": self.learner.kl.value,
                                      "teacher_tokens": self.learner.teacher_tokens})
         self.tokenizer.save_pretrained(directory)
@@ -237,7 +237,9 @@ class RLPipeline:
         self.learner.kl.value = extra.get("kl_coef", self.learner.kl.value)
         self.learner.teacher_tokens = extra.get("teacher_tokens", 0)
         self.task.load_state_dict(extra)
-        self.start_step, self.eval_reward_start = n, extra["eval_reward_start"]
+        self.start_step = n
+        self.eval_start = extra.get("eval_start", {"eval/reward_mean": extra.get(
+            "eval_reward_start")})  # checkpoints of earlier versions kept only the reward
         self.weight_sync(n)
 
     def finish(self, eval_reward_end: float | None, wall_time_s: float) -> dict:
@@ -248,8 +250,9 @@ class RLPipeline:
             "steps": self.config.steps,
             "resumed_from_step": self.start_step or None,
             "restarts": self.restarts,
-            "eval_reward_start": self.eval_reward_start,
+            "eval_reward_start": self.eval_start.get("eval/reward_mean"),
             "eval_reward_end": eval_reward_end,
+            "eval_start": self.eval_start,
             "wall_time_s": round(wall_time_s, 2),
             "final_checkpoint": str(self.run_dir.checkpoint_dir(self.config.steps)),
         }

@@ -13,6 +13,10 @@ steps run in worker threads (or the env's own async `astep`), so a slow env over
 `redundancy` extra episodes per group start with the group; the first `group_size` to finish are
 kept and the rest aborted, so a slow env instance does not hold up the step.
 
+A learned reward of whole episodes (`EpisodeReward`: a reward model or a judge) scores each
+episode as soon as it ends, on the same event loop, so the episodes that end together fill one
+batch of the reward model while the others still generate.
+
 History and thinking (`AgentJob.history_thinking`). A chat template may rewrite history: Qwen3's
 drops the `<think>` block of every assistant turn before the last user message, so a
 template-based server shows the model contexts without its earlier reasoning. `keep` (above)
@@ -39,7 +43,38 @@ from reroll.data.batch import Trajectory
 from reroll.engines.base import Engine, Request, SamplingParams
 from reroll.envs.base import EnvError, reset_async, step_async
 from reroll.envs.wrappers import ChatFormat
+from reroll.rewards.base import RewardSample
+from reroll.rewards.runner import RewardRunner
 from reroll.rollout.groups import request_seed
+
+
+@dataclass
+class EpisodeReward:
+    """A learned reward of whole episodes besides the environment's own (agentic `reward:`):
+    the return becomes `env_weight * env rewards + weight * score`, the score added to the last
+    turn's reward (where the episode ended, for turn-level credit)."""
+
+    runner: RewardRunner
+    """The reward behind its runner: time limit, failures counted (a failed call scores 0)."""
+    weight: float = 1.0
+    env_weight: float = 1.0
+
+    async def score(self, t: Trajectory) -> None:
+        """Score episode `t` in place: the first observation as the prompt, the rest of the
+        episode (`response_text`: the turns as the policy saw them, then the environment's
+        last observation, the outcome) as the response. An episode whose env failed is not
+        scored (it trains nothing)."""
+        env_return = t.reward
+        turn_rewards = [self.env_weight * r for r in t.turn_rewards or [t.reward]]
+        learned: dict[str, Any] = {}
+        if t.finish_reason != "env_error":
+            result = await self.runner.reward(RewardSample(
+                prompt=t.prompt_text, response=t.response_text, finish_reason=t.finish_reason,
+                metadata={"env_seed": t.reward_info.get("env_seed")}))
+            turn_rewards[-1] += self.weight * result.score
+            learned = {"score": result.score} | result.info
+        t.turn_rewards, t.reward = turn_rewards, float(sum(turn_rewards))
+        t.reward_info |= {"env_return": env_return, "learned_reward": learned}
 
 
 @dataclass
@@ -60,6 +95,8 @@ class AgentJob:
     history_thinking: str = "keep"
     """`keep`: one sample per episode, the tokens as generated; `strip`: every turn's context
     rendered by the chat template (which may drop earlier reasoning), one sample per turn."""
+    episode_reward: EpisodeReward | None = None
+    """A learned reward of each finished episode, added to the environment's (None: none)."""
 
     def __post_init__(self) -> None:
         if self.format is None:
@@ -104,6 +141,7 @@ class _Episode:
 
     def __init__(self, prompt_ids: list[int], first_obs: str):
         self.prompt_ids = prompt_ids
+        self.first_obs = first_obs
         self.ids: list[int] = []
         self.logprobs: list[float] = []
         self.policy: list[int] = []
@@ -112,6 +150,9 @@ class _Episode:
         self.states: list[int] = [state_id(first_obs)]
         self.segments: list[dict[str, Any]] = []
         self.messages: list[dict[str, str]] = []  # the conversation (for `strip`)
+        self.outcome = ""
+        """The environment's last observation, which no turn acted on ("Correct!"), as the
+        template presents it: in the episode's text, not in its tokens."""
         self.turns: list[tuple[list[int], Any]] = []  # (request tokens, completion) per turn
 
     def add(self, ids: list[int], logprobs: list[float] | None, turn: int, text: str) -> None:
@@ -176,22 +217,26 @@ async def run_episode(job: AgentJob, env_seed: int, sample_seed: int, group_id: 
             error = f"env.step returned a non-finite reward ({reward!r})"
             break
         episode.rewards.append(reward)
-        if terminated or truncated:
-            finish = "stop" if terminated else "truncated"
-            break
         last = completion.token_ids[-1] if completion.token_ids else None
         stopped = tok.decode([last]) if completion.finish_reason == "stop" else None
         obs_ids = fmt.observation_ids(obs, stopped)
+        if terminated or truncated:
+            finish = "stop" if terminated else "truncated"
+            episode.outcome = tok.decode(obs_ids)
+            break
         content = completion.token_ids[:-1] if stopped else completion.token_ids
         episode.messages += [{"role": "assistant", "content": tok.decode(content)},
                              {"role": "user", "content": obs}]
         grown = fmt.messages_ids(episode.messages) if strip else episode.context() + obs_ids
         if len(grown) >= job.max_context_tokens:
             finish = "length"
+            episode.outcome = tok.decode(obs_ids)
             break
         episode.add(obs_ids, None, turn, tok.decode(obs_ids))
         episode.states.append(state_id(obs))
     trajectory = _trajectory(job, episode, env_seed, group_id, finish, info, error, stats)
+    if job.episode_reward is not None:
+        await job.episode_reward.score(trajectory)
     return _turn_samples(job, episode, trajectory) if strip else [trajectory]
 
 
@@ -224,6 +269,11 @@ def finite_number(value) -> bool:
 
 def _trajectory(job: AgentJob, episode: _Episode, env_seed: int, group_id: int, finish: str,
                 info: dict, error: str | None, stats: AgentStats) -> Trajectory:
+    """The episode as one trajectory. Its `prompt_text` is the first observation, as an RLVR
+    sample's is its prompt (the templated prompt is `prompt_ids`); its `response_text` (and
+    `segments`) the rest of the episode as the policy saw it, the chat template's tokens
+    included, and then the environment's last observation, the outcome no turn acted on (so
+    not in the tokens): what a learned reward of the episode reads."""
     stats.episodes += 1
     if error is not None:
         finish = "env_error"
@@ -235,6 +285,8 @@ def _trajectory(job: AgentJob, episode: _Episode, env_seed: int, group_id: int, 
     stats.aborted += finish == "abort"
     turns = max(len(episode.rewards), 1 if episode.ids else 0)
     rewards = episode.rewards + [0.0] * (turns - len(episode.rewards))
+    segments = episode.segments + ([{"text": episode.outcome, "policy": False,
+                                     "turn": turns - 1}] if episode.outcome else [])
     summary = info.get("episode", {})
     reward_info = {"success": bool(info.get("success", summary.get("success", False))),
                    "turns": turns, "env_seed": env_seed}
@@ -243,11 +295,11 @@ def _trajectory(job: AgentJob, episode: _Episode, env_seed: int, group_id: int, 
     return Trajectory(
         prompt_ids=episode.prompt_ids, response_ids=episode.ids,
         behaviour_logprobs=episode.logprobs, finish_reason=finish, group_id=group_id,
-        prompt_text=job.tokenizer.decode(episode.prompt_ids),
-        response_text="".join(s["text"] for s in episode.segments), reward=float(sum(rewards)),
+        prompt_text=episode.first_obs, response_text="".join(s["text"] for s in segments),
+        reward=float(sum(rewards)),
         reward_info=reward_info, policy_version=getattr(job.engine, "version", 0),
         policy_mask=episode.policy, turn_ids=episode.turn_ids, turn_rewards=rewards or [0.0],
-        turn_states=episode.states[: max(turns, 1)], segments=episode.segments)
+        turn_states=episode.states[: max(turns, 1)], segments=segments)
 
 
 async def run_group(job: AgentJob, env_seed: int, group_size: int, group_id: int, seed_base: int,

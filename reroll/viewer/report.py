@@ -135,8 +135,9 @@ def payload(run: RunData) -> dict[str, Any]:
         series[key] = [[row["step"], row[key] if row.get(key) is not None else None]
                        for row in run.metrics if key in row]
     summary = run.summary or {}
-    for key, start_key in START_POINTS.items():  # measured before step 1: drawn at step 0
-        start = summary.get(start_key)
+    starts = {key: summary.get(start_key) for key, start_key in START_POINTS.items()}
+    starts |= summary.get("eval_start") or {}  # an RL run's whole start evaluation
+    for key, start in starts.items():  # measured before step 1: drawn at step 0
         if key in series and _finite(start) and not any(s == 0 for s, _ in series[key]):
             series[key].insert(0, [0, float(start)])
     rollouts = [{"step": step, "split": split, **row}

@@ -192,3 +192,24 @@ def test_eval_reward_is_a_reward_section_of_rlvr_runs_only(tmp_path):
     agentic = {"pipeline": "agentic", "steps": 2, "model": {"path": "m"},
                "env": {"id": "guess_number"}, "eval": {"reward": {"type": "math"}}}
     assert "eval.reward" in error_of(tmp_path, agentic)
+
+
+def test_an_agentic_run_takes_a_learned_reward_of_its_episodes(tmp_path):
+    agentic = {"pipeline": "agentic", "steps": 2, "model": {"path": "m"},
+               "env": {"id": "guess_number"}}
+    assert load_config(write(tmp_path, agentic)).reward is None
+    config = load_config(write(tmp_path, {**agentic, "reward": {
+        "type": "model", "path": "rm", "env_weight": 0.0}}))
+    assert (config.reward.type, config.reward.weight, config.reward.env_weight) == \
+        ("model", 1.0, 0.0)
+    judge = load_config(write(tmp_path, {**agentic, "reward": {"type": "judge", "model": "j"}}))
+    assert judge.reward.type == "judge" and judge.reward.template  # RLVR's judge keys
+    # verifiers read a dataset's answers, which episodes have none of
+    assert "reward" in error_of(tmp_path, {**agentic, "reward": {"type": "math"}})
+    assert "reward.weight" in error_of(tmp_path, {**agentic, "reward": {
+        "type": "model", "path": "rm", "weight": -1}})
+    ray = ["distributed.executor=ray", "distributed.reward.num_cpus=0.5"]
+    assert "add a `reward:` section" in error_of(tmp_path, agentic, ray)
+    placed = load_config(write(tmp_path, {**agentic, "reward": {"type": "model", "path": "rm"}}),
+                         ray)
+    assert placed.distributed.reward.num_cpus == 0.5

@@ -16,6 +16,7 @@ from reroll.distributed.placement import (
     colocated_with_policy,
 )
 from reroll.distributed.weight_sync import sync_method
+from reroll.pipelines.roles import ray_role_names
 
 pytestmark = pytest.mark.unit
 CPU_MACHINE = {"CPU": 4.0}
@@ -222,13 +223,16 @@ def test_inconsistent_node_placement(distributed, expected):
     assert expected in rl_error(distributed)
 
 
-def test_agentic_runs_have_no_reward_role_to_place():
+def test_an_agentic_run_places_a_reward_role_only_for_its_learned_reward():
     from reroll.config.agentic import AgenticConfig
 
     data = {"pipeline": "agentic", "steps": 2, "model": {"path": "m"},
             "env": {"id": "guess_number"}, "distributed": {"executor": "ray", "reward": {}}}
-    with pytest.raises(ConfigError, match="distributed.reward: agentic runs are scored by their"):
+    with pytest.raises(ConfigError, match="which this agentic run has none of"):
         validate(AgenticConfig, data, "config.yaml")
+    config = validate(AgenticConfig, data | {"reward": {"type": "model", "path": "rm"}},
+                      "config.yaml")
+    assert "reward" in ray_role_names(config)
 
 
 def test_ray_joins_the_cluster_named_by_the_config_or_ray_address(monkeypatch):

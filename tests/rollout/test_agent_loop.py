@@ -15,7 +15,9 @@ from reroll.engines.base import Completion, SamplingParams
 from reroll.engines.hf import HFEngine
 from reroll.envs import ChatFormat, make_env
 from reroll.models.loading import load_model
-from reroll.rollout.agent_loop import AgentJob, run_episodes
+from reroll.rewards.base import RewardResult
+from reroll.rewards.runner import RewardRunner
+from reroll.rollout.agent_loop import AgentJob, EpisodeReward, run_episodes
 
 LLAMA3_STYLE = (
     "{{ '<|endoftext|>' }}{% for m in messages %}"
@@ -131,7 +133,7 @@ class BrokenEnv:
             time.sleep(5)
         if self.mode == "nan":
             return "again", float("nan"), False, False, {}
-        return "again", 0.0, False, False, {}
+        return "again", float(self.mode == "paid"), False, False, {}
 
 
 def test_env_that_raises_or_hangs_fails_only_its_episode(hf_engine, tokenizer):
@@ -147,6 +149,43 @@ def test_env_that_raises_or_hangs_fails_only_its_episode(hf_engine, tokenizer):
     healthy = [t for t in trajectories if t.finish_reason != "env_error"]
     assert all(t.reward_info["turns"] == 2 and sum(t.policy_mask) > 0 for t in healthy)
 
+
+class WordCount:
+    """A reward of the episode's text: its words, counted; fails on every third call."""
+
+    name = "words"
+
+    def __init__(self):
+        self.samples = []
+
+    async def __call__(self, sample):
+        self.samples.append(sample)
+        if len(self.samples) % 3 == 0:
+            raise RuntimeError("reward bug")
+        return RewardResult(float(len(sample.response.split())), {"words": True})
+
+
+def test_a_learned_reward_scores_each_episode_into_its_return(hf_engine, tokenizer):
+    words = WordCount()
+    runner = RewardRunner(words, timeout_s=5.0)
+    modes = iter(["raise"] + ["paid"] * 7)  # paid: 1.0 a turn
+    job = _job(hf_engine, tokenizer, make=lambda: BrokenEnv(next(modes)), max_turns=2,
+               episode_reward=EpisodeReward(runner, weight=0.5, env_weight=2.0))
+    trajectories, _ = run_episodes(job, [0, 1], 4, run_seed=0, step=1)
+    assert len(trajectories) == 8 and runner.counters.calls == 7  # the env's failure: no call
+    by_response = {s.response: s for s in words.samples}
+    for t in trajectories:
+        learned, env_return = t.reward_info["learned_reward"], t.reward_info["env_return"]
+        if t.finish_reason == "env_error":
+            assert learned == {} and t.reward == 0.0
+            continue
+        sample = by_response[t.response_text]  # the whole episode after its first observation
+        assert sample.prompt == t.prompt_text == "go"
+        score = learned["score"]
+        assert score == (0.0 if "error" in learned else len(t.response_text.split()))
+        assert env_return == 2.0 and t.turn_rewards == pytest.approx([2.0, 2.0 + 0.5 * score])
+        assert t.reward == pytest.approx(2.0 * env_return + 0.5 * score)
+    assert runner.counters.errors == 2  # calls 3 and 6 failed, scored 0, counted
 
 
 def test_env_with_a_non_finite_reward_fails_only_its_episode(hf_engine, tokenizer):

@@ -129,3 +129,66 @@ def test_the_rl_model_teaches_its_warm_start_on_the_students_own_episodes(demo_r
     # every turn of the 32 episodes a step is scored: more than the one guess an episode
     tokens = [r["distill/teacher_tokens"] for r in metrics]
     assert tokens == sorted(tokens) and tokens[0] > 32 * 2, tokens
+
+
+def grpo_on_reward_model(tmp_path, warm_start: str, reward_model, name: str) -> dict:
+    """The summary of 10 GRPO steps from `warm_start` on `reward_model`'s score of each
+    episode alone (`env_weight: 0`)."""
+    assert main(["train", agentic_config(
+        tmp_path, name, warm_start, 10,
+        rollout={"prompts_per_step": 8, "group_size": 8, "max_new_tokens": 4,
+                 "temperature": 1.0},
+        algorithm={"advantage": {"name": "grpo"}, "policy_loss": {"name": "ppo"}},
+        reward={"type": "model", "path": str(reward_model), "env_weight": 0.0},
+        optimizer={"lr": 5e-4}, train={"micro_batch_size": 64, "num_threads": 1})]) == 0
+    return json.loads((tmp_path / name / "summary.json").read_text())
+
+
+@pytest.mark.e2e
+def test_rl_on_a_reward_model_of_episodes_lifts_the_true_success_rate(demo_runs):
+    """A learned reward in an agentic run (`reward: {type: model}`, docs/agentic.md): the warm
+    start's own episodes (`reroll eval --env`), paired by outcome within each env seed
+    (`make-data --preferences-from`), train a reward model (`reroll rm`); GRPO on its score
+    alone lifts the success rate the environment measures, and far more than GRPO on the same
+    reward model untrained (its head as drawn: the backbone already tells "Correct!" apart, so
+    beating the start alone would not show what the training adds)."""
+    tmp_path, warm_start, _ = demo_runs
+    samples = tmp_path / "eval" / "warm.json"
+    assert main(["eval", "--model", warm_start, "--env", "guess_number",
+                 "--env-kwargs", json.dumps({"high": 8}), "--max-turns", "3",
+                 "--episodes", "150", "--n", "8", "--temperature", "1.0",
+                 "--max-new-tokens", "4", "--max-prompt-tokens", "128", "--out", str(samples)]) == 0
+    episodes = [json.loads(line) for line in
+                samples.with_name("warm.samples.jsonl").read_text().splitlines()]
+    # what the reward model reads: the first observation, then the episode with its outcome
+    # ("Correct!" ends an episode: no turn acts on it, it is in the text only)
+    assert episodes[0]["prompt"].startswith("Guess my number between 1 and 8")
+    assert all(("Correct!" in e["response"]) == (e["reward"] == 1.0) for e in episodes)
+    pairs = tmp_path / "episode-pairs"
+    assert main(["make-data", "--preferences-from", str(samples.with_name("warm.samples.jsonl")),
+                 "--eval-size", "40", "--out", str(pairs)]) == 0
+    rm = {"pipeline": "rm", "seed": 0, "model": {"path": warm_start},
+          "data": {"train": str(pairs / "train.jsonl"), "eval": str(pairs / "eval.jsonl")},
+          "steps": 60, "batch_size": 16, "eval_every_steps": 30,
+          "optimizer": {"lr": 1e-3, "warmup_steps": 2}, "train": {"micro_batch_size": 16},
+          "tracking": QUIET}
+    for name, changes in (("rm", {}), ("rm-untrained", {"steps": 1, "optimizer": {"lr": 1e-12}})):
+        config = rm | changes | {"name": name, "output_dir": str(tmp_path / name)}
+        assert main(["rm", write_yaml(tmp_path / f"{name}.yaml", config)]) == 0
+    rm_summary = json.loads((tmp_path / "rm" / "summary.json").read_text())
+    assert rm_summary["eval_accuracy_end"] >= 0.9, rm_summary  # measured: 1.0
+
+    trained = grpo_on_reward_model(tmp_path, warm_start, tmp_path / "rm" / "final", "rm-rl")
+    untrained = grpo_on_reward_model(tmp_path, warm_start, tmp_path / "rm-untrained" / "final",
+                                     "rm-rl-untrained")
+    rows = read_metrics(tmp_path / "rm-rl")
+    assert all(r["reward/errors"] == r["reward/timeouts"] == 0 for r in rows)
+    assert all(r["train/learned_reward_mean"] == pytest.approx(r["train/reward_mean"], abs=1e-5)
+               for r in rows)  # env_weight 0: the return is the reward model's score alone
+    start = trained["eval_start"]["eval/success_rate"]
+    assert start == untrained["eval_start"]["eval/success_rate"] <= 0.5
+    end, control = rows[-1]["eval/success_rate"], \
+        read_metrics(tmp_path / "rm-rl-untrained")[-1]["eval/success_rate"]
+    # measured: 0.375 -> 0.906 on the trained reward model, 0.125 on the untrained one
+    assert end >= start + 0.3, (start, end)
+    assert end >= control + 0.3, (end, control)

@@ -176,3 +176,17 @@ def test_constant_charts_fold_and_the_reward_band_is_clipped_to_the_rewards_rang
     reward = plan_charts(keys)[0].as_json()
     assert reward["keys"] == ["train/reward_mean"]  # min/max only bound the band
     assert reward["bandRange"] == ["train/reward_min", "train/reward_max"]
+
+
+def test_every_metric_of_the_start_evaluation_is_drawn_at_step_0(tmp_path):
+    """An RL run evaluates before step 1; metrics.jsonl starts at step 1, so the summary's
+    `eval_start` holds that evaluation (an agentic run's true success rate beside the learned
+    reward's score)."""
+    (tmp_path / "metrics.jsonl").write_text(json.dumps(
+        {"step": 5, "eval/reward_mean": 4.7, "eval/success_rate": 0.6}) + "\n")
+    (tmp_path / "summary.json").write_text(json.dumps(
+        {"eval_reward_start": -1.3, "eval_start": {"eval/reward_mean": -1.3,
+                                                   "eval/success_rate": 0.3}}))
+    series = payload(load_run(tmp_path))["series"]
+    assert series["eval/success_rate"] == [[0, 0.3], [5, 0.6]]
+    assert series["eval/reward_mean"] == [[0, -1.3], [5, 4.7]]
