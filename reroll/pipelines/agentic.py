@@ -166,7 +166,7 @@ class EnvTask:
     def state_dict(self) -> dict[str, Any]:
         state = {"sampler": self.sampler.state_dict(), "reward_counters": asdict(self.counters)}
         if self.episode_reward is not None:
-            state["learned_reward_counters"] = dict(vars(self.episode_reward.runner.counters))
+            state["learned_reward_counters"] = self.episode_reward.runner.counter_state()
         return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:

@@ -332,7 +332,7 @@ class DomainTask:
     def state_dict(self) -> dict[str, Any]:
         return {"mixer": self.mixer.state_dict(),
                 "domains": {d.name: {"sampler": d.stream.state_dict(),
-                                     "reward_counters": dict(vars(d.rewards.counters)),
+                                     "reward_counters": d.rewards.counter_state(),
                                      "failed_steps": d.failed_steps} for d in self.domains}}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:

@@ -111,9 +111,9 @@ class PromptTask:
 
     def state_dict(self) -> dict[str, Any]:
         state = {"sampler": self.stream.state_dict(),
-                 "reward_counters": dict(vars(self.rewards.counters))}
+                 "reward_counters": self.rewards.counter_state()}
         if self.eval_rewards is not None:
-            state["eval_reward_counters"] = dict(vars(self.eval_rewards.counters))
+            state["eval_reward_counters"] = self.eval_rewards.counter_state()
         return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:

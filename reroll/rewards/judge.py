@@ -146,6 +146,12 @@ class JudgeRewardFn:
                 error = e
         raise VerdictError(f"{error} (after {self.retries} retries)")
 
+    def counter_state(self) -> dict[str, int]:
+        return dict(vars(self.counters))
+
+    def load_counter_state(self, state: dict[str, int]) -> None:
+        vars(self.counters).update(state)
+
     def queue_metrics(self) -> dict[str, float]:
         c = self.counters
         return {"reward/judge_requests": float(c.requests),

@@ -125,6 +125,12 @@ class ModelRewardFn:
     def queue_metrics(self) -> dict[str, float]:
         return {"reward/model_batches": float(self.batches)}
 
+    def counter_state(self) -> dict[str, int]:
+        return {"batches": self.batches}
+
+    def load_counter_state(self, state: dict[str, int]) -> None:
+        self.batches = state["batches"]
+
     def close(self) -> None:
         self.executor.shutdown(wait=False, cancel_futures=True)
 

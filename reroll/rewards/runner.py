@@ -125,8 +125,19 @@ class RewardRunner:
                     f"the bound of {bound:.0%} (reward.max_failure_rate_"
                     f"{'step' if name == 'step' else 'run'}); see the run's log for the errors")
 
-    def load_counters(self, state: dict[str, int]) -> None:
+    def counter_state(self) -> dict:
+        """The counts a checkpoint keeps: the runner's, and the reward's own (a judge's
+        requests, a reward model's batches) where it offers `counter_state()`."""
+        own = getattr(self.reward_fn, "counter_state", None)
+        return dict(vars(self.counters)) | ({"reward_fn": own()} if own is not None else {})
+
+    def load_counters(self, state: dict) -> None:
         """Continue the counts of a resumed run (the next step's window starts here)."""
+        state = dict(state)
+        own, load = state.pop("reward_fn", None), getattr(self.reward_fn, "load_counter_state",
+                                                           None)
+        if own is not None and load is not None:
+            load(own)
         vars(self.counters).update(state)
         self._checked = RewardCounters(**vars(self.counters))
 

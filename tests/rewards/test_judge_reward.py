@@ -168,3 +168,21 @@ def test_reroll_eval_scores_a_judge_on_verdict_rows(tmp_path, tiny_model):
     for s in scored:
         assert s["reward"] == verdict_agreement(RewardSample(s["prompt"], s["response"],
                                                              answer=s["answer"]))
+
+
+def test_a_checkpoint_keeps_the_judges_own_counts():
+    """A resumed run continues `reward/judge_*` as it continues `reward/errors`: the runner's
+    counter state holds the judge's counts (before, a resumed judge run restarted them at 0)."""
+    def judged(*replies):
+        fn = JudgeRewardFn(Scripted(*replies), "{response}",
+                           lambda text: parse_choice(text, {"yes": 1.0, "no": 0.0}), retries=1)
+        return build_runner(reward_config(model="m").reward, fn)
+
+    first = judged("?", "yes")
+    asyncio.run(first.reward(SAMPLE))
+    state = first.counter_state()
+    assert state["reward_fn"] == {"requests": 2, "cache_hits": 0, "parse_failures": 1}
+    resumed = judged()
+    resumed.load_counters(state)
+    assert resumed.metrics() == first.metrics()
+    assert resumed.counters.calls == 1 and resumed.metrics()["reward/judge_requests"] == 2.0
