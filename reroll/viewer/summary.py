@@ -40,6 +40,8 @@ def headline(run: RunData) -> list[Figure]:
         figures += [_first_last(run, "train reward", "train/reward_mean"),
                     _start_end(run, "eval reward", "eval/reward_mean", "eval_reward_start",
                                "eval_reward_end")]
+        if run.series("eval/success_rate"):  # agentic: the environment's own measure
+            figures.append(_eval_start_end(run, "eval success rate", "eval/success_rate"))
     figures.append(_wall_time(run))
     status = "finished" if run.summary is not None else f"no summary.json (last step {last_step})"
     figures.append(Figure("status", status))
@@ -97,6 +99,17 @@ def _start_end(run: RunData, label: str, key: str, start_key: str, end_key: str)
         return Figure(label, "—")
     hint = "summary.json" if start_key in summary else "eval steps in metrics.jsonl"
     return Figure(label, f"{fmt(start)} → {fmt(end)}", hint)
+
+
+def _eval_start_end(run: RunData, label: str, key: str) -> Figure:
+    """An evaluation metric from before step 1 (summary.json's `eval_start`; a run that has not
+    finished: the first eval step) to the last eval step."""
+    points = run.series(key)
+    start = ((run.summary or {}).get("eval_start") or {}).get(key)
+    hint = "summary.json, metrics.jsonl" if start is not None else \
+        "eval steps in metrics.jsonl"
+    return Figure(label, f"{fmt(points[0][1] if start is None else start)} → "
+                         f"{fmt(points[-1][1])}", hint)
 
 
 def _wall_time(run: RunData) -> Figure:

@@ -148,6 +148,25 @@ def test_headline_of_a_finished_rl_run(run_dir):
     assert figures["status"].value == "finished"
 
 
+def test_an_agentic_headline_shows_the_environments_success_rate(tmp_path):
+    """On a learned reward the eval reward is its score; the success rate is the true measure,
+    from before step 1 (summary.json's `eval_start`) to the last evaluation."""
+    (tmp_path / "config.yaml").write_text("pipeline: agentic\n")
+    (tmp_path / "metrics.jsonl").write_text(
+        '{"step": 5, "train/reward_mean": 2.0, "eval/reward_mean": 3.4, "eval/success_rate": 0.9}\n')
+    (tmp_path / "summary.json").write_text(json.dumps(
+        {"steps": 5, "eval_reward_start": -1.3, "eval_reward_end": 3.4,
+         "eval_start": {"eval/reward_mean": -1.3, "eval/success_rate": 0.375}}))
+    figures = {f.label: f for f in headline(load_run(tmp_path))}
+    assert figures["eval reward"].value == "-1.3 → 3.4"
+    assert figures["eval success rate"].value == "0.375 → 0.9"
+    (tmp_path / "summary.json").unlink()  # a run still going: its eval steps alone
+    (tmp_path / "metrics.jsonl").write_text(
+        '{"step": 2, "eval/success_rate": 0.5}\n{"step": 4, "eval/success_rate": 0.75}\n')
+    figures = {f.label: f for f in headline(load_run(tmp_path))}
+    assert figures["eval success rate"].value == "0.5 → 0.75"
+
+
 def test_held_out_samples_and_turn_rewards_are_read(run_dir, held_out):
     run = load_run(run_dir)
     assert list(run.eval_rollouts) == list(held_out["eval_steps"])  # eval_step_0 is before training
