@@ -125,7 +125,9 @@ test: $(STAMP)
 	@# the gpu tier first: on a machine without CUDA it only skips, and the run should end on tiers that ran
 	$(TIER) "gpu" ; rc=$$?; [ $$rc -eq 0 -o $$rc -eq 5 ] || exit $$rc
 	$(TIER) "unit or not (e2e or ray or vllm or gpu)" ; rc=$$?; [ $$rc -eq 0 -o $$rc -eq 5 ] || exit $$rc
-	$(TIER) "e2e and not (ray or vllm or gpu)" ; rc=$$?; [ $$rc -eq 0 -o $$rc -eq 5 ] || exit $$rc
+	@# two workers of one torch thread each, a test file per worker at a time (its module fixtures
+	@# built once): 19 min where one process of two threads took 29-31 on the 2-core machine
+	OMP_NUM_THREADS=1 $(TIER) "e2e and not (ray or vllm or gpu)" -n 2 --dist loadfile ; rc=$$?; [ $$rc -eq 0 -o $$rc -eq 5 ] || exit $$rc
 	$(TIER) "ray and not (gpu or multinode)" ; rc=$$?; [ $$rc -eq 0 -o $$rc -eq 5 ] || exit $$rc
 	$(TIER) "multinode and not gpu" ; rc=$$?; [ $$rc -eq 0 -o $$rc -eq 5 ] || exit $$rc
 	$(TIER) "vllm and not gpu" ; rc=$$?; [ $$rc -eq 0 -o $$rc -eq 5 ] || exit $$rc
