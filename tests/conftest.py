@@ -172,3 +172,18 @@ def digit_judge(tmp_path_factory, tiny_model, tokenizer) -> str:
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
     return str(out)
+
+
+@pytest.fixture(scope="session")
+def reward_model(tmp_path_factory, tiny_model, tokenizer) -> str:
+    """A reward model as `reroll rm` saves one: the tiny model with a scalar head, freshly
+    initialised (seeded)."""
+    import torch
+
+    from reroll.models.loading import load_scalar_model
+
+    torch.manual_seed(0)
+    out = tmp_path_factory.mktemp("models") / "reward_model"
+    load_scalar_model(tiny_model, pad_token_id=tokenizer.pad_token_id).save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    return str(out)

@@ -39,3 +39,21 @@ def small_run_config(tmp_path: Path, tiny_model: str, arithmetic: dict, name: st
     path = tmp_path / f"{name}.yaml"
     path.write_text(yaml.safe_dump(data))
     return load_config(path)
+
+
+def watch_reward_actors(monkeypatch) -> dict:
+    """`seen["actors"]`, once a run has started its reward actors: the names of the live Ray
+    actors then (a placed reward's actors are named `reroll-<run>-reward-<i>`)."""
+    import ray
+
+    from reroll.pipelines import roles
+
+    seen, start = {}, roles.start_reward_actors
+
+    def start_and_look(*args, **kwargs):
+        actors = start(*args, **kwargs)
+        seen["actors"] = set(ray.util.list_named_actors())
+        return actors
+
+    monkeypatch.setattr(roles, "start_reward_actors", start_and_look)
+    return seen

@@ -5,26 +5,14 @@ there, and the run scores as the one-process run does."""
 from __future__ import annotations
 
 import pytest
-import torch
 import yaml
+from small_runs import watch_reward_actors
 
 from reroll.config.loading import load_config
-from reroll.models.loading import load_scalar_model, load_tokenizer
 from reroll.pipelines.agentic import train_agentic
 from reroll.tracking import read_metrics
 
 pytestmark = [pytest.mark.ray, pytest.mark.e2e]
-
-
-@pytest.fixture(scope="module")
-def reward_model(tmp_path_factory, tiny_model) -> str:
-    """A reward model as `reroll rm` saves one (its head freshly initialised)."""
-    torch.manual_seed(0)
-    out = tmp_path_factory.mktemp("rm")
-    tokenizer = load_tokenizer(tiny_model)
-    load_scalar_model(tiny_model, pad_token_id=tokenizer.pad_token_id).save_pretrained(out)
-    tokenizer.save_pretrained(out)
-    return str(out)
 
 
 def agentic_run(tmp_path, tiny_model, reward_model, name, **distributed):
@@ -47,19 +35,8 @@ def agentic_run(tmp_path, tiny_model, reward_model, name, **distributed):
 
 def test_a_reward_model_of_episodes_placed_by_distributed_reward_runs_in_its_actors(
         ray_session, tmp_path, tiny_model, reward_model, monkeypatch):
-    import ray
-
-    from reroll.pipelines import roles
-
     train_agentic(agentic_run(tmp_path, tiny_model, reward_model, "local"))
-    seen, start = {}, roles.start_reward_actors
-
-    def start_and_look(*args, **kwargs):
-        actors = start(*args, **kwargs)
-        seen["actors"] = set(ray.util.list_named_actors())
-        return actors
-
-    monkeypatch.setattr(roles, "start_reward_actors", start_and_look)
+    seen = watch_reward_actors(monkeypatch)
     train_agentic(agentic_run(tmp_path, tiny_model, reward_model, "placed", executor="ray",
                               reward={"num_workers": 1, "num_cpus": 1}))
     assert "reroll-placed-reward-0" in seen["actors"]

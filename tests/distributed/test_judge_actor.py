@@ -4,7 +4,7 @@ are built inside the reward's Ray actors, and the run scores as the one-process 
 from __future__ import annotations
 
 import pytest
-from small_runs import small_run_config
+from small_runs import small_run_config, watch_reward_actors
 
 from reroll.pipelines.rlvr import train
 from reroll.tracking import read_metrics
@@ -21,20 +21,9 @@ def judge_run(tmp_path, tiny_model, arithmetic, judge_model, name, **distributed
 
 def test_a_judge_placed_by_distributed_reward_runs_in_its_actors(
         ray_session, tmp_path, tiny_model, arithmetic, digit_judge, monkeypatch):
-    import ray
-
-    from reroll.pipelines import roles
-
     local = judge_run(tmp_path, tiny_model, arithmetic, digit_judge, "local")
     train(local)
-    seen, start = {}, roles.start_reward_actors
-
-    def start_and_look(*args, **kwargs):
-        actors = start(*args, **kwargs)
-        seen["actors"] = set(ray.util.list_named_actors())
-        return actors
-
-    monkeypatch.setattr(roles, "start_reward_actors", start_and_look)
+    seen = watch_reward_actors(monkeypatch)
     train(judge_run(tmp_path, tiny_model, arithmetic, digit_judge, "placed", executor="ray",
                     reward={"num_workers": 1, "num_cpus": 1}))
     assert "reroll-placed-reward-0" in seen["actors"]

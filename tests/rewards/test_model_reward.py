@@ -8,7 +8,6 @@ import torch
 
 from reroll.config.errors import ConfigError
 from reroll.config.schema import RLConfig
-from reroll.models.loading import load_scalar_model, load_tokenizer
 from reroll.rewards import build_reward, build_runner
 from reroll.rewards.base import RewardSample
 from reroll.rewards.model import ModelRewardFn
@@ -17,17 +16,6 @@ pytestmark = pytest.mark.unit
 
 SAMPLES = [RewardSample("Sam has 2 apples. How many?", f"The answer is \\boxed{{{n}}}.")
            for n in range(5)]
-
-
-@pytest.fixture(scope="module")
-def reward_model(tmp_path_factory, tiny_model) -> str:
-    """A reward model as `reroll rm` saves one (here with its head freshly initialised)."""
-    torch.manual_seed(0)
-    out = tmp_path_factory.mktemp("rm")
-    tokenizer = load_tokenizer(tiny_model)
-    load_scalar_model(tiny_model, pad_token_id=tokenizer.pad_token_id).save_pretrained(out)
-    tokenizer.save_pretrained(out)
-    return str(out)
 
 
 def config(reward: dict) -> RLConfig:
