@@ -13,6 +13,7 @@ from reroll.config.agentic import AgenticConfig
 from reroll.config.distill import DistillConfig
 from reroll.config.errors import ConfigError
 from reroll.config.preference import DPOConfig, RMConfig
+from reroll.config.reference import doc_anchor, key_path, section_of
 from reroll.config.schema import RLConfig, SFTConfig
 
 PIPELINES: dict[str, type[BaseModel]] = {"rlvr": RLConfig, "sft": SFTConfig,
@@ -80,18 +81,13 @@ def format_validation_error(error: ValidationError, source: str,
     them."""
     lines, from_file = [], False
     for item in error.errors():
-        loc = tuple(item["loc"])
-        if schema is not None:  # as the user writes the key: union tags left out
-            from reroll.config.reference import key_path
-
-            loc = key_path(schema, loc)
-        path = ".".join(str(p) for p in loc) or "(top level)"
+        loc = tuple(item["loc"])  # union sections' tags included, as the schema is walked
+        shown = key_path(schema, loc) if schema is not None else loc  # as the user writes it
+        path = ".".join(str(p) for p in shown) or "(top level)"
         msg = item["msg"]
         if item["type"] == "extra_forbidden":
             msg = "unknown key (check the spelling)"
             if schema is not None:
-                from reroll.config.reference import doc_anchor, section_of
-
                 section, model = section_of(schema, loc)
                 msg += (f"; the keys of `{section or 'the top level'}` are "
                         f"{', '.join(model.model_fields)} ({doc_anchor(schema, section, model)})")
@@ -118,7 +114,6 @@ def _override_of(schema: type[BaseModel] | None, loc: tuple, overrides: list[str
     """The command-line override that set the key at `loc` (or a section above or below it)."""
     if schema is None or not loc:
         return None
-    from reroll.config.reference import key_path
 
     key = key_path(schema, loc)
     for item in reversed(overrides):  # the last one given wins, as in the merge

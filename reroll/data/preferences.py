@@ -220,14 +220,14 @@ def read_samples(samples_path: str | Path) -> list[dict]:
     return samples
 
 
-def split_by_prompt(rows: list, key: str | Callable[[Any], str], eval_size: int, seed: int
+def split_by_prompt(rows: list, prompt_of: Callable[[Any], str], eval_size: int, seed: int
                     ) -> dict[str, list]:
-    """{"train", "eval"} rows: whole prompts (`row[key]`, or `key(row)`; seeded order) go to the
-    held-out split until it holds `eval_size` rows, so no held-out prompt appears in train."""
-    prompt_of = key if callable(key) else (lambda row: row[key])
+    """{"train", "eval"} rows: whole prompts (`prompt_of(row)`, seeded order) go to the held-out
+    split until it holds `eval_size` rows, so no held-out prompt appears in train."""
+    prompts_of = [prompt_of(row) for row in rows]
     counts: dict[str, int] = {}
-    for row in rows:
-        counts[prompt_of(row)] = counts.get(prompt_of(row), 0) + 1
+    for prompt in prompts_of:
+        counts[prompt] = counts.get(prompt, 0) + 1
     prompts = sorted(counts)
     random.Random(seed).shuffle(prompts)
     held_out: set[str] = set()
@@ -237,8 +237,8 @@ def split_by_prompt(rows: list, key: str | Callable[[Any], str], eval_size: int,
             break
         held_out.add(prompt)
         count += counts[prompt]
-    return {"train": [r for r in rows if prompt_of(r) not in held_out],
-            "eval": [r for r in rows if prompt_of(r) in held_out]}
+    return {"train": [r for r, p in zip(rows, prompts_of, strict=True) if p not in held_out],
+            "eval": [r for r, p in zip(rows, prompts_of, strict=True) if p in held_out]}
 
 
 def judge_label_rows(samples: list[dict], template: str, threshold: float = 1.0,
@@ -274,7 +274,7 @@ def write_judge_labels(samples_path: str | Path, out: str | Path, template: str,
     """Write `train.jsonl` and `eval.jsonl` judge SFT rows (`judge_label_rows`) from a
     `.samples.jsonl` file; held-out rows' questions never appear in train."""
     rows = judge_label_rows(read_samples(samples_path), template, threshold, seed)
-    splits = split_by_prompt(rows, "question", eval_size, seed)
+    splits = split_by_prompt(rows, lambda row: row["question"], eval_size, seed)
     if not splits["train"]:
         raise ConfigError(f"--judge-labels-from {samples_path}: no right and wrong samples to "
                           f"label (a judge needs both); sample more (reroll eval --n 8 "

@@ -134,10 +134,9 @@ class RewardRunner:
     def load_counters(self, state: dict) -> None:
         """Continue the counts of a resumed run (the next step's window starts here)."""
         state = dict(state)
-        own, load = state.pop("reward_fn", None), getattr(self.reward_fn, "load_counter_state",
-                                                           None)
-        if own is not None and load is not None:
-            load(own)
+        own = state.pop("reward_fn", None)
+        if own is not None and hasattr(self.reward_fn, "load_counter_state"):
+            self.reward_fn.load_counter_state(own)
         vars(self.counters).update(state)
         self._checked = RewardCounters(**vars(self.counters))
 

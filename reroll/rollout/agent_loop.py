@@ -65,12 +65,11 @@ class EpisodeReward:
         last observation, the outcome) as the response. An episode whose env failed is not
         scored (it trains nothing)."""
         env_return = t.reward
-        turn_rewards = [self.env_weight * r for r in t.turn_rewards or [t.reward]]
+        turn_rewards = [self.env_weight * r for r in t.turn_rewards]
         learned: dict[str, Any] = {}
         if t.finish_reason != "env_error":
             result = await self.runner.reward(RewardSample(
-                prompt=t.prompt_text, response=t.response_text, finish_reason=t.finish_reason,
-                metadata={"env_seed": t.reward_info.get("env_seed")}))
+                prompt=t.prompt_text, response=t.response_text, finish_reason=t.finish_reason))
             turn_rewards[-1] += self.weight * result.score
             learned = {"score": result.score} | result.info
         t.turn_rewards, t.reward = turn_rewards, float(sum(turn_rewards))

@@ -99,6 +99,7 @@ def test_a_knob_of_another_method_is_an_unknown_key(tmp_path):
     message = error_of(tmp_path, {"advantage": {"name": "rloo", "lam": 0.9}})
     # named as the user writes it (the chosen method is the `name` beside it)
     assert "algorithm.advantage.lam: unknown key" in message
+    assert "are name (docs/config.md#algorithmadvantage-rlooadvantage)" in message  # rloo's
 
 
 @pytest.mark.parametrize(("algorithm", "fields"), [
