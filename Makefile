@@ -124,9 +124,10 @@ TIER = $(PY) -m pytest -q --durations=25 -m
 test: $(STAMP)
 	@# the gpu tier first: on a machine without CUDA it only skips, and the run should end on tiers that ran
 	$(TIER) "gpu" ; rc=$$?; [ $$rc -eq 0 -o $$rc -eq 5 ] || exit $$rc
-	$(TIER) "unit or not (e2e or ray or vllm or gpu)" ; rc=$$?; [ $$rc -eq 0 -o $$rc -eq 5 ] || exit $$rc
-	@# two workers of one torch thread each, a test file per worker at a time (its module fixtures
-	@# built once): 19 min where one process of two threads took 29-31 on the 2-core machine
+	@# unit and e2e: two workers of one torch thread each, a test file per worker at a time (its
+	@# module fixtures built once). On the 2-core machine: unit 105 s where one process of two
+	@# threads took 195; e2e 19 min where it took 29-31
+	OMP_NUM_THREADS=1 $(TIER) "unit or not (e2e or ray or vllm or gpu)" -n 2 --dist loadfile ; rc=$$?; [ $$rc -eq 0 -o $$rc -eq 5 ] || exit $$rc
 	OMP_NUM_THREADS=1 $(TIER) "e2e and not (ray or vllm or gpu)" -n 2 --dist loadfile ; rc=$$?; [ $$rc -eq 0 -o $$rc -eq 5 ] || exit $$rc
 	$(TIER) "ray and not (gpu or multinode)" ; rc=$$?; [ $$rc -eq 0 -o $$rc -eq 5 ] || exit $$rc
 	$(TIER) "multinode and not gpu" ; rc=$$?; [ $$rc -eq 0 -o $$rc -eq 5 ] || exit $$rc
