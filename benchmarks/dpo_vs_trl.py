@@ -2,6 +2,7 @@
 
     .venv/bin/python benchmarks/dpo_vs_trl.py [--steps 60] [--rounds 2] [--threads 2]
                                               [--micro-batch 16] [--device cpu|cuda]
+                                              [--model DIR --pairs N --eval-pairs N --lr LR]
 
 Both sides start from the same warm-started model (a short reroll SFT of a freshly built tiny
 model on worked arithmetic solutions) and train on the same preference pairs (`reroll make-data
@@ -34,6 +35,12 @@ Throughput: pairs trained per second. After training, every final model is evalu
 way: held-out preference accuracy of DPO's implicit reward beta * log(pi / pi_ref) against the
 starting model, with reroll's tokenisation.
 
+`--model DIR` starts both sides from that model instead of the tiny warm start, e.g. the real
+SmolLM2-135M-Instruct (`make models/smollm2/config.json`; its 49,152-token vocabulary and 30
+layers make the work the model's, where the tiny one's is mostly overhead). On a 2-core CPU a
+step of it takes seconds, so `--pairs` (the training pairs; `--steps` x 16 is one pass),
+`--eval-pairs` and `--lr` (1e-3 suits the tiny model, about 1e-5 a pretrained one) size it.
+
 The last line printed is one JSON object; `throughput_ratio` is reroll's pairs/s over TRL's.
 """
 
@@ -53,7 +60,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-BATCH_PAIRS, BETA, LR = 16, 0.1, 1e-3
+BATCH_PAIRS, BETA = 16, 0.1
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -67,6 +74,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "on a CPU, 32 (one forward a step) on a GPU")
     p.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
                    help="where both sides train (cuda: bf16 autocast on both)")
+    p.add_argument("--model", help="start both sides from this model directory (default: the "
+                                   "tiny model, warm-started here)")
+    p.add_argument("--pairs", type=int, default=1000, help="training pairs")
+    p.add_argument("--eval-pairs", type=int, default=200, help="held-out pairs")
+    p.add_argument("--lr", type=float, default=1e-3, help="peak learning rate of both sides")
     p.add_argument("--side", choices=["trl", "reroll"], help=argparse.SUPPRESS)
     p.add_argument("--work", help=argparse.SUPPRESS)
     p.add_argument("--out", help=argparse.SUPPRESS)
@@ -77,8 +89,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def prepare(work: Path, threads: int) -> dict[str, str]:
-    """The warm-started model and the pairs, built once."""
+def prepare(work: Path, threads: int, model: str | None, pairs: int, eval_pairs: int
+            ) -> dict[str, str]:
+    """The starting model (`model`, or the tiny one warm-started here) and the pairs, built
+    once."""
     import torch
 
     from reroll.config.schema import SFTConfig
@@ -88,6 +102,10 @@ def prepare(work: Path, threads: int) -> dict[str, str]:
     from reroll.pipelines.sft import train_sft
 
     torch.set_num_threads(threads)
+    written = write_arithmetic_preferences(work / "pairs", pairs, eval_pairs, seed=0)
+    pair_files = {"train": str(written["train"]), "eval": str(written["eval"])}
+    if model is not None:
+        return {"model": str(Path(model).resolve()), **pair_files}
     tiny = make_model(work / "tiny", "tiny", seed=0)
     data = write_arithmetic(work / "arithmetic", 4000, 20, seed=0)
     sft = train_sft(SFTConfig.model_validate({
@@ -96,13 +114,11 @@ def prepare(work: Path, threads: int) -> dict[str, str]:
         "batch_size": 32, "optimizer": {"lr": 3e-3, "warmup_steps": 10, "schedule": "cosine"},
         "train": {"micro_batch_size": 32, "num_threads": threads},
         "tracking": {"progress": False, "tensorboard": False}}))
-    pairs = write_arithmetic_preferences(work / "pairs", 1000, 200, seed=0)
-    return {"model": sft["final_model"], "train": str(pairs["train"]),
-            "eval": str(pairs["eval"])}
+    return {"model": sft["final_model"], **pair_files}
 
 
 def run_reroll(paths: dict, steps: int, threads: int, out: Path, micro: int,
-               device: str, seed: int) -> dict[str, float]:
+               device: str, seed: int, lr: float) -> dict[str, float]:
     from reroll.config.preference import DPOConfig
     from reroll.models.loading import load_tokenizer
     from reroll.pipelines.dpo import DPOObjective
@@ -122,7 +138,7 @@ def run_reroll(paths: dict, steps: int, threads: int, out: Path, micro: int,
         "seed": seed,
         "data": {"train": paths["train"]}, "steps": steps, "batch_size": BATCH_PAIRS,
         "loss": {"name": "sigmoid", "beta": BETA},
-        "optimizer": {"lr": LR, "warmup_steps": 2, "grad_clip": 1.0},
+        "optimizer": {"lr": lr, "warmup_steps": 2, "grad_clip": 1.0},
         "train": {"micro_batch_size": micro, "num_threads": threads},
         "tracking": {"progress": False, "tensorboard": False}})
     tokenizer = load_tokenizer(paths["model"])
@@ -144,7 +160,7 @@ def synchronize(device: str) -> None:
 
 
 def run_trl(paths: dict, steps: int, threads: int, out: Path, device: str,
-            seed: int) -> dict[str, float]:
+            seed: int, lr: float) -> dict[str, float]:
     import torch
     from datasets import Dataset
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -159,7 +175,7 @@ def run_trl(paths: dict, steps: int, threads: int, out: Path, device: str,
         "chosen": [{"role": "assistant", "content": r["chosen"]}],
         "rejected": [{"role": "assistant", "content": r["rejected"]}]} for r in rows])
     args = DPOConfig(output_dir=str(out / "trainer"), per_device_train_batch_size=BATCH_PAIRS,
-                     max_steps=steps, learning_rate=LR, lr_scheduler_type="constant_with_warmup",
+                     max_steps=steps, learning_rate=lr, lr_scheduler_type="constant_with_warmup",
                      warmup_steps=2, max_grad_norm=1.0, beta=BETA, loss_type="sigmoid",
                      report_to="none", save_strategy="no", logging_steps=steps,
                      use_cpu=device == "cpu",
@@ -202,10 +218,10 @@ def child(args: argparse.Namespace) -> None:
     paths = json.loads(Path(args.work, "paths.json").read_text())
     out = Path(args.out)
     if args.side == "trl":
-        times = run_trl(paths, args.steps, args.threads, out, args.device, args.seed)
+        times = run_trl(paths, args.steps, args.threads, out, args.device, args.seed, args.lr)
     else:
         times = run_reroll(paths, args.steps, args.threads, out, args.micro_batch, args.device,
-                           args.seed)
+                           args.seed, args.lr)
     accuracy = held_out_accuracy(paths, str(out / "final"), args.threads)
     print(json.dumps({**times, "accuracy": accuracy}))
 
@@ -216,7 +232,7 @@ def main() -> None:
         child(args)
         return
     work = Path(tempfile.mkdtemp(prefix="dpo-vs-trl-"))
-    paths = prepare(work, args.threads)
+    paths = prepare(work, args.threads, args.model, args.pairs, args.eval_pairs)
     (work / "paths.json").write_text(json.dumps(paths))
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(
                [str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]),
@@ -229,7 +245,7 @@ def main() -> None:
                 [sys.executable, __file__, "--side", side, "--work", str(work), "--out",
                  str(work / f"{side}-{i}"), "--steps", str(args.steps), "--threads",
                  str(args.threads), "--micro-batch", str(args.micro_batch),
-                 "--device", args.device, "--seed", str(i)],
+                 "--device", args.device, "--seed", str(i), "--lr", str(args.lr)],
                 env=env, capture_output=True, text=True, check=False)
             if done.returncode != 0:
                 sys.exit(f"{side} run failed:\n{done.stderr[-3000:]}")
@@ -258,6 +274,8 @@ def main() -> None:
         "accuracy_per_seed": {s: [round(r["accuracy"], 3) for r in results[s]] for s in results},
         "steps": args.steps, "batch_pairs": BATCH_PAIRS, "reroll_micro_batch": args.micro_batch,
         "rounds": args.rounds, "threads": args.threads, "device": args.device,
+        "model": args.model or "tiny (warm-started)", "pairs": args.pairs,
+        "eval_pairs": args.eval_pairs, "lr": args.lr,
         "trl_version": importlib.metadata.version("trl")}))
 
 
