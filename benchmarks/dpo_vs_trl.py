@@ -31,6 +31,10 @@ Two times of each run:
   model and tokenising the pairs included (TRL: the dataset, `from_pretrained` and the
   trainer's construction; reroll: the pipeline's construction). Until 2026-11-26 the benchmark
   set reroll's end to end against TRL's training alone.
+Writing the trained model is outside both times, on both sides: TRL saves nothing in `train()`
+(`save_strategy="no"`) and its final model after the clock stops; reroll's `run()` writes its
+last checkpoint (weights, AdamW's moments: resumable) and its final model, which the clock
+leaves out (`reroll_save_seconds`, reported apart; counted in every time until 2026-11-27).
 Throughput: pairs trained per second. After training, every final model is evaluated the same
 way: held-out preference accuracy of DPO's implicit reward beta * log(pi / pi_ref) against the
 starting model, with reroll's tokenisation.
@@ -121,17 +125,27 @@ def run_reroll(paths: dict, steps: int, threads: int, out: Path, micro: int,
                device: str, seed: int, lr: float) -> dict[str, float]:
     from reroll.config.preference import DPOConfig
     from reroll.models.loading import load_tokenizer
+    from reroll.pipelines.checkpoints import checkpoint_due
     from reroll.pipelines.dpo import DPOObjective
     from reroll.pipelines.preference import PreferencePipeline
 
-    scoring = []
+    scoring, saving = [], []
+
+    def timed(into: list, fn):
+        def call(*args, **kwargs):
+            synchronize(device)
+            start = time.perf_counter()
+            fn(*args, **kwargs)
+            synchronize(device)
+            into.append(time.perf_counter() - start)
+        return call
 
     class TimedDPO(DPOObjective):
         def prepare(self, name, pairs):  # the reference's scoring of every pair
-            start = time.perf_counter()
-            super().prepare(name, pairs)
-            synchronize(device)
-            scoring.append(time.perf_counter() - start)
+            timed(scoring, super().prepare)(name, pairs)
+
+        def save_final(self, directory):
+            timed(saving, super().save_final)(directory)
 
     config = DPOConfig.model_validate({
         "output_dir": str(out), "model": {"path": paths["model"]}, "device": device,
@@ -144,11 +158,19 @@ def run_reroll(paths: dict, steps: int, threads: int, out: Path, micro: int,
     tokenizer = load_tokenizer(paths["model"])
     start = time.perf_counter()
     pipeline = PreferencePipeline(config, tokenizer, TimedDPO)
+    checkpoint = pipeline.checkpoint
+
+    def timed_checkpoint(step: int) -> None:  # timed only where due: no GPU wait every step
+        due = checkpoint_due(config.checkpoint, step, pipeline.steps)
+        (timed(saving, checkpoint) if due else checkpoint)(step)
+
+    pipeline.checkpoint = timed_checkpoint
     loop_start = time.perf_counter()
     pipeline.run()
     synchronize(device)
     end = time.perf_counter()
-    return {"seconds": sum(scoring) + end - loop_start, "end_to_end_seconds": end - start}
+    return {"seconds": sum(scoring) + end - loop_start - sum(saving),
+            "end_to_end_seconds": end - start - sum(saving), "save_seconds": sum(saving)}
 
 
 def synchronize(device: str) -> None:
@@ -267,6 +289,7 @@ def main() -> None:
         "reroll_pairs_per_s": round(speed("reroll", "seconds"), 1),
         "trl_pairs_per_s": round(speed("trl", "seconds"), 1),
         "seconds": {s: [round(r["seconds"], 2) for r in results[s]] for s in results},
+        "reroll_save_seconds": [round(r["save_seconds"], 2) for r in results["reroll"]],
         "end_to_end_seconds": {s: [round(r["end_to_end_seconds"], 2) for r in results[s]]
                                for s in results},
         "reroll_accuracy": round(accuracy["reroll"], 3),

@@ -30,5 +30,7 @@ def test_the_benchmark_compares_both_sides_on_a_given_model(tiny_model):
     # the ratio is of the two sides' medians, each over the same 2 x 16 pairs
     speed = {s: 2 * 16 / result["seconds"][s][0] for s in ("trl", "reroll")}
     assert result["throughput_ratio"] == pytest.approx(speed["reroll"] / speed["trl"], rel=0.05)  # times rounded to 0.01 s
+    # reroll's checkpoint and final model are written, and left out of its times as TRL's are
+    assert len(result["reroll_save_seconds"]) == 1 and result["reroll_save_seconds"][0] > 0
     for side in ("trl", "reroll"):
         assert 0.0 <= result[f"{side}_accuracy"] <= 1.0
