@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import json
 import random
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from reroll.config.errors import ConfigError
 
@@ -35,19 +36,19 @@ class PromptRow:
         return None if value is None else str(value)
 
 
-def _read_records(path: Path) -> list[tuple[int, Any]]:
+def _read_records(path: Path) -> Iterator[tuple[int, Any]]:
+    """(line or row number, record), read one at a time: a caller checking each row as it comes
+    names the file's first bad line, whether its JSON or its fields are what is wrong."""
+    if path.suffix not in (".jsonl", ".parquet"):
+        raise ConfigError(f"{path}: unsupported dataset format {path.suffix!r} (use .jsonl or "
+                          f".parquet)")
     try:
-        if path.suffix == ".jsonl":
-            return _read_jsonl(path)
-        if path.suffix == ".parquet":
-            return _read_parquet(path)
+        yield from _read_jsonl(path) if path.suffix == ".jsonl" else _read_parquet(path)
     except OSError as e:
         raise ConfigError(f"dataset {path}: cannot be read ({e.strerror or e})") from None
-    raise ConfigError(f"{path}: unsupported dataset format {path.suffix!r} (use .jsonl or .parquet)")
 
 
-def _read_jsonl(path: Path) -> list[tuple[int, Any]]:
-    records = []
+def _read_jsonl(path: Path) -> Iterator[tuple[int, Any]]:
     with path.open("rb") as f:
         for lineno, raw in enumerate(f, start=1):
             try:
@@ -58,10 +59,10 @@ def _read_jsonl(path: Path) -> list[tuple[int, Any]]:
             if not line.strip():
                 continue
             try:
-                records.append((lineno, json.loads(line)))
+                record = json.loads(line)
             except json.JSONDecodeError as e:
                 raise ConfigError(f"{path}:{lineno}: not valid JSON ({e.msg})") from None
-    return records
+            yield lineno, record
 
 
 def _read_parquet(path: Path) -> list[tuple[int, Any]]:
@@ -99,12 +100,20 @@ def _parse_row(raw: Any, where: str, system_prompt: str | None) -> PromptRow:
     return PromptRow(messages=messages, answer=answer, metadata=metadata, source=where)
 
 
-def load_prompts(path: str | Path, system_prompt: str | None = None) -> list[PromptRow]:
-    """Read every row; the first malformed one raises a ConfigError naming file and line."""
+Row = TypeVar("Row")
+
+
+def load_prompts(path: str | Path, system_prompt: str | None = None,
+                 then: Callable[[PromptRow], Row] | None = None) -> list[Row]:
+    """Read every row, in file order, each parsed and checked before the next is read, `then`
+    too (a pipeline's own check and form of a row: a preference pair, a tokenised example):
+    the first malformed line of the file raises a ConfigError naming file and line."""
     path = Path(path)
     if not path.is_file():
         raise ConfigError(f"dataset {path} does not exist")
-    rows = [_parse_row(raw, f"{path}:{n}", system_prompt) for n, raw in _read_records(path)]
+    finish = then or (lambda row: row)
+    rows = [finish(_parse_row(raw, f"{path}:{n}", system_prompt))
+            for n, raw in _read_records(path)]
     if not rows:
         raise ConfigError(f"dataset {path} is empty")
     return rows

@@ -54,9 +54,12 @@ def preference_row(row: PromptRow) -> PreferenceRow:
     return PreferenceRow(row, chosen, rejected)
 
 
-def load_preferences(path: str | Path, system_prompt: str | None = None) -> list[PreferenceRow]:
-    """Every pair of the file; the first malformed row raises a ConfigError naming file and line."""
-    return [preference_row(row) for row in load_prompts(path, system_prompt)]
+def load_preferences(path: str | Path, system_prompt: str | None = None,
+                     then: Callable[[PreferenceRow], Any] | None = None) -> list:
+    """Every pair of the file, each checked as it is read (`then`: the caller's form of a pair,
+    e.g. tokenised): the first malformed line raises a ConfigError naming file and line."""
+    finish = then or (lambda pair: pair)
+    return load_prompts(path, system_prompt, lambda row: finish(preference_row(row)))
 
 
 def wrong_answers(answer: int, rng: random.Random, question: str) -> list[int]:

@@ -132,8 +132,8 @@ class PreferencePipeline:
 
     def load(self, path: str) -> list[Pair]:
         d = self.config.data
-        return [tokenize_pair(self.tokenizer, row, d.max_tokens)
-                for row in load_preferences(path, d.system_prompt)]
+        return load_preferences(path, d.system_prompt,
+                                lambda row: tokenize_pair(self.tokenizer, row, d.max_tokens))
 
     def run(self) -> dict:
         c, clock = self.config, Stopwatch()

@@ -87,9 +87,9 @@ class SFTPipeline:
                                run_config=c.model_dump(mode="json"))
 
     def load(self, path: str) -> list[Trajectory]:
-        rows = load_prompts(path, self.config.data.system_prompt)
-        return [sft_example(self.tokenizer, row, self.config.data.response_key,
-                            self.config.data.max_tokens) for row in rows]
+        d = self.config.data
+        return load_prompts(path, d.system_prompt, lambda row: sft_example(
+            self.tokenizer, row, d.response_key, d.max_tokens))
 
     def run(self) -> dict:
         c, clock = self.config, Stopwatch()

@@ -39,6 +39,16 @@ def test_malformed_row_names_file_and_line(tmp_path, line, problem):
     assert f"{path}:2" in str(info.value) and problem in str(info.value)
 
 
+def test_the_first_bad_line_is_named_whatever_is_wrong_with_it(tmp_path):
+    """A row without a prompt on line 2 comes before broken JSON on line 3: reading the whole
+    file's JSON first used to name line 3."""
+    path = tmp_path / "bad.jsonl"
+    path.write_text("\n".join([json.dumps({"prompt": "ok"}), json.dumps({"question": "x"}),
+                               "{not json"]) + "\n")
+    with pytest.raises(ConfigError, match=f"{path}:2: needs a non-empty string `prompt`"):
+        load_prompts(path)
+
+
 def test_parquet_rows(tmp_path):
     path = tmp_path / "d.parquet"
     pq.write_table(pa.table({"prompt": ["a", "b"], "answer": ["1", "2"]}), path)

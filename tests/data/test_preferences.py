@@ -54,6 +54,14 @@ def test_malformed_pairs_name_file_and_line(tmp_path, bad, problem):
     assert f"{path}:2" in str(error.value) and problem in str(error.value)
 
 
+def test_the_first_malformed_pair_is_named_before_a_later_broken_line(tmp_path):
+    path = write(tmp_path, GOOD, {"prompt": "q", "chosen": "a", "rejected": "a"})
+    with open(path, "a") as f:
+        f.write("{not json\n")
+    with pytest.raises(ConfigError, match=f"{path}:2: `chosen` and `rejected` are the same"):
+        load_preferences(path)
+
+
 def test_a_malformed_pair_exits_2_from_the_cli(tmp_path, capsys, tiny_model):
     data = write(tmp_path, GOOD, {"prompt": "q", "chosen": "same", "rejected": "same"})
     config = tmp_path / "dpo.yaml"
