@@ -89,8 +89,9 @@ def format_validation_error(error: ValidationError, source: str,
             msg = "unknown key (check the spelling)"
             if schema is not None:
                 section, model = section_of(schema, loc)
-                msg += (f"; the keys of `{section or 'the top level'}` are "
-                        f"{', '.join(model.model_fields)} ({doc_anchor(schema, section, model)})")
+                where = f"the keys of `{section}` are" if section else "the top-level keys are"
+                msg += (f"; {where} {', '.join(model.model_fields)} "
+                        f"({doc_anchor(schema, section, model)})")
         elif item["type"] == "union_tag_invalid":
             ctx = item.get("ctx", {})
             path += "." + str(ctx.get("discriminator", "name")).removesuffix("()")

@@ -51,6 +51,11 @@ def test_unknown_key_names_its_path(tmp_path):
     assert "optimizer.lrr" in message and "unknown key" in message
 
 
+def test_an_unknown_top_level_key_lists_the_top_level_keys(tmp_path):
+    message = error_of(tmp_path, {**MINIMAL, "teacher": {"path": "m"}})
+    assert "teacher: unknown key (check the spelling); the top-level keys are pipeline, " in message
+
+
 def test_wrong_type_names_field_and_value(tmp_path):
     message = error_of(tmp_path, MINIMAL, ["rollout.group_size=many"])
     assert "rollout.group_size" in message and "'many'" in message
