@@ -35,21 +35,27 @@ FEATURE_IMPLEMENTATIONS = {
 
 def _clear_load_errors(what: str):
     """A load from a broken folder (bad config.json, torn weights, weights of another shape, a
-    corrupt tokenizer) becomes one ConfigError naming the folder or the file, not a traceback."""
+    corrupt tokenizer) becomes one ConfigError naming the folder or the file, not a traceback.
+
+    The loaders take `field=`: the config key the folder was given as (`model.path` unless
+    said, e.g. `reward.model` for a judge), which the error names."""
     def wrap(load):
         @functools.wraps(load)
-        def checked(path: str, *args, **kwargs):
-            _check_path(path)
-            problem = model_dir_problem(Path(path).expanduser()) \
-                if Path(path).is_dir() and not is_adapter_dir(path) else None
-            if problem:
-                raise ConfigError(f"model.path {path}: {problem}")
+        def checked(path: str, *args, field: str = "model.path", **kwargs):
             try:
+                _check_path(path)
+                problem = model_dir_problem(Path(path).expanduser()) \
+                    if Path(path).is_dir() and not is_adapter_dir(path) else None
+                if problem:
+                    raise ConfigError(f"model.path {path}: {problem}")
                 return load(path, *args, **kwargs)
-            except ConfigError:
-                raise
+            except ConfigError as e:
+                message = str(e)
+                if field != "model.path" and message.startswith("model.path "):
+                    message = field + message.removeprefix("model.path")
+                raise ConfigError(message) from None
             except Exception as e:  # noqa: BLE001 - anything from reading the user's files
-                raise ConfigError(f"model.path {path}: {_load_failure(path, what, e)}") from None
+                raise ConfigError(f"{field} {path}: {_load_failure(path, what, e)}") from None
         return checked
     return wrap
 

@@ -30,7 +30,7 @@ def check_same_tokenizer(teacher_path: str, student_tokenizer, teacher_width: in
                          student_width: int, where: str = "teacher.path") -> None:
     """Teacher and student must give every token the same id, and their logits the same width:
     the divergence compares their probabilities token id by token id."""
-    teacher_tokenizer = load_tokenizer(teacher_path)
+    teacher_tokenizer = load_tokenizer(teacher_path, field=where)
     if teacher_tokenizer.get_vocab() != student_tokenizer.get_vocab():
         ours, theirs = len(student_tokenizer), len(teacher_tokenizer)
         raise ConfigError(f"{where}: the teacher's tokenizer ({teacher_path}, {theirs} tokens) is "
@@ -56,7 +56,8 @@ class Teacher:
                  micro_batch_size: int, device: torch.device | str = "cpu"):
         """`device`: the student's (the teacher scores where the student trains)."""
         self.device = torch.device(device)
-        self.model = load_model(config.path, config.dtype).eval().to(self.device)
+        self.model = load_model(config.path, config.dtype, field="teacher.path").eval().to(
+            self.device)
         for p in self.model.parameters():
             p.requires_grad_(False)
         check_same_tokenizer(config.path, student_tokenizer,

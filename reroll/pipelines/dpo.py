@@ -113,7 +113,8 @@ class DPOObjective:
             return
         c = self.config
         model = self.strategy.model if c.reference is None else load_model(
-            c.reference, c.model.dtype, c.model.attn_implementation).to(self.strategy.device)
+            c.reference, c.model.dtype, c.model.attn_implementation, field="reference").to(
+            self.strategy.device)
         self.reference[name] = score_pairs(model, pairs, self.pad_id,
                                            SCORE_MICRO_FACTOR * c.train.micro_batch_size)
         self.cache[name] = self.reference[name]

@@ -50,7 +50,7 @@ def judge_parser(config: JudgeReward):
 def build_judge(config: JudgeReward, seed: int = 0) -> JudgeRewardFn:
     """The judge reward: its engine and tokenizer loaded now (a bad `model` folder is a
     ConfigError at start-up), prompts templated with the judge's chat template."""
-    tokenizer = load_tokenizer(config.model)
+    tokenizer = load_tokenizer(config.model, field="reward.model")
     count, bf16 = machine_devices()
     # `reward.device` is the hf engine's; vLLM places itself, a remote judge is elsewhere
     device = resolve_device(config.device, count, "reward.device") \

@@ -205,6 +205,42 @@ def dense_distillation_top_k_past_the_vocabulary(tmp, tiny, data):
     return ["train", config], "algorithm.distill.top_k: 4096 is more than the vocabulary"
 
 
+def judge_model_missing(tmp, tiny, data):
+    config = rl_config(tmp, tiny, data["train"], reward={
+        "type": "judge", "model": str(tmp / "no-judge"), "template": "{question} {response}",
+        "verdict": "choice", "choices": {"yes": 1.0, "no": 0.0}})
+    return ["train", config], f"reward.model {tmp / 'no-judge'}: no Hugging Face model there"
+
+
+def on_policy_teacher_missing(tmp, tiny, data):
+    config = rl_config(tmp, tiny, data["train"], algorithm={"distill": {
+        "teacher": {"path": str(tmp / "no-teacher")}}})
+    return ["train", config], \
+        f"algorithm.distill.teacher.path {tmp / 'no-teacher'}: no Hugging Face model there"
+
+
+def offline_teacher_missing(tmp, tiny, data):
+    config = tmp / "distill.yaml"
+    config.write_text(yaml.safe_dump({
+        "pipeline": "distill", "output_dir": str(tmp / "distill"), "model": {"path": tiny},
+        "teacher": {"path": str(tmp / "no-teacher")},
+        "data": {"train": data["train"], "response_key": "solution"},
+        "tracking": {"progress": False, "tensorboard": False}}))
+    return ["distill", str(config)], f"teacher.path {tmp / 'no-teacher'}: no Hugging Face model"
+
+
+def dpo_reference_missing(tmp, tiny, data):
+    pairs = rows(tmp, [json.dumps({"prompt": "2 + 2?", "chosen": "4", "rejected": "5"})],
+                 "pairs.jsonl")
+    config = tmp / "dpo.yaml"
+    config.write_text(yaml.safe_dump({
+        "pipeline": "dpo", "output_dir": str(tmp / "dpo"), "model": {"path": tiny},
+        "reference": str(tmp / "no-reference"), "data": {"train": str(pairs)},
+        "batch_size": 1, "train": {"micro_batch_size": 2},
+        "tracking": {"progress": False, "tensorboard": False}}))
+    return ["dpo", str(config)], f"reference {tmp / 'no-reference'}: no Hugging Face model"
+
+
 CASES: list[Callable] = [
     corrupt_config_json, truncated_safetensors, weights_do_not_match_the_config,
     corrupt_tokenizer_json, output_dir_is_a_file, output_dir_not_writable,
@@ -215,7 +251,8 @@ CASES: list[Callable] = [
     missing_model_path_shaped_like_a_hub_id, sft_dataset_with_non_utf8_bytes,
     eval_with_a_corrupt_model_config, eval_dataset_with_non_utf8_bytes, replay_truncated_batch,
     replay_truncated_metrics, config_yaml_that_does_not_parse,
-    dense_distillation_top_k_past_the_vocabulary,
+    dense_distillation_top_k_past_the_vocabulary, judge_model_missing, on_policy_teacher_missing,
+    offline_teacher_missing, dpo_reference_missing,
 ]
 
 
