@@ -282,7 +282,8 @@ def remote_reward(c: RLConfig, factory: Callable[[], RewardFn]) -> RewardFn | No
         return None
     ensure_ray(d.ray_address, d.num_cpus)
     if c.reward.type == "judge":
-        load_tokenizer(c.reward.model, field="reward.model")  # a bad folder: a ConfigError here, not in an actor
+        # a bad folder: a ConfigError here, not in an actor
+        load_tokenizer(c.reward.model, field="reward.model")
     options = role_options(d, ray_role_names(c), "reward")
     if d.reward.serve is not None:
         return start_reward_service(factory, d.reward.serve, options[0],
