@@ -66,8 +66,10 @@ class SlowReward:
 
 
 def test_killed_replica_costs_only_its_calls_in_flight(ray_session, tmp_path, tiny_model,
-                                                       arithmetic):
+                                                       arithmetic, monkeypatch):
     import ray
+
+    from reroll.tracking import Tracker
 
     ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # replicas rebuild SlowReward
     marks = tmp_path / "marks"
@@ -76,7 +78,7 @@ def test_killed_replica_costs_only_its_calls_in_flight(ray_session, tmp_path, ti
         "min_replicas": 2, "max_replicas": 2, "max_ongoing_requests": 16}}}
     config = make_config(tmp_path, tiny_model, arithmetic, "kill", steps=3, **two)
     killed: dict[str, str] = {}
-    run_over = threading.Event()
+    run_over, replaced = threading.Event(), threading.Event()
 
     def kill_a_busy_replica():
         deadline = time.monotonic() + 300
@@ -98,8 +100,20 @@ def test_killed_replica_costs_only_its_calls_in_flight(ray_session, tmp_path, ti
                       if a["name"].startswith(prefix) and a["name"] != killed["replica"]]
             if len(others) >= 2:
                 killed["replaced"] = f"after {time.monotonic() - killed_at:.1f} s"
+                replaced.set()
                 return
             time.sleep(0.1)
+
+    log = Tracker.log
+
+    def log_then_wait_for_the_replacement(self, step, metrics):
+        log(self, step, metrics)
+        # The kill falls in step 2; step 3 starts once Serve has a replacement, or after a minute:
+        # under load the 3-step run could otherwise end (and its application be deleted) first.
+        if step == 2 and "replica" in killed:
+            replaced.wait(timeout=60)
+
+    monkeypatch.setattr(Tracker, "log", log_then_wait_for_the_replacement)
 
     killer = threading.Thread(target=kill_a_busy_replica, daemon=True)
     killer.start()
