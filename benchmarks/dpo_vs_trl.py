@@ -125,7 +125,6 @@ def run_reroll(paths: dict, steps: int, threads: int, out: Path, micro: int,
                device: str, seed: int, lr: float) -> dict[str, float]:
     from reroll.config.preference import DPOConfig
     from reroll.models.loading import load_tokenizer
-    from reroll.pipelines.checkpoints import checkpoint_due
     from reroll.pipelines.dpo import DPOObjective
     from reroll.pipelines.preference import PreferencePipeline
 
@@ -158,13 +157,8 @@ def run_reroll(paths: dict, steps: int, threads: int, out: Path, micro: int,
     tokenizer = load_tokenizer(paths["model"])
     start = time.perf_counter()
     pipeline = PreferencePipeline(config, tokenizer, TimedDPO)
-    checkpoint = pipeline.checkpoint
-
-    def timed_checkpoint(step: int) -> None:  # timed only where due: no GPU wait every step
-        due = checkpoint_due(config.checkpoint, step, pipeline.steps)
-        (timed(saving, checkpoint) if due else checkpoint)(step)
-
-    pipeline.checkpoint = timed_checkpoint
+    strategy = pipeline.objective.strategy
+    strategy.save = timed(saving, strategy.save)  # the checkpoints' writing
     loop_start = time.perf_counter()
     pipeline.run()
     synchronize(device)

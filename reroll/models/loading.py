@@ -33,6 +33,15 @@ FEATURE_IMPLEMENTATIONS = {
 }
 
 
+class ModelDirError(ConfigError):
+    """What is wrong with a model folder; the loaders name the folder by the config key it was
+    given as (`field=`), so the message is made there."""
+
+    def __init__(self, path: str, problem: str):
+        super().__init__(f"model.path {path}: {problem}")
+        self.path, self.problem = path, problem
+
+
 def _clear_load_errors(what: str):
     """A load from a broken folder (bad config.json, torn weights, weights of another shape, a
     corrupt tokenizer) becomes one ConfigError naming the folder or the file, not a traceback.
@@ -47,13 +56,12 @@ def _clear_load_errors(what: str):
                 problem = model_dir_problem(Path(path).expanduser()) \
                     if Path(path).is_dir() and not is_adapter_dir(path) else None
                 if problem:
-                    raise ConfigError(f"model.path {path}: {problem}")
+                    raise ModelDirError(path, problem)
                 return load(path, *args, **kwargs)
-            except ConfigError as e:
-                message = str(e)
-                if field != "model.path" and message.startswith("model.path "):
-                    message = field + message.removeprefix("model.path")
-                raise ConfigError(message) from None
+            except ModelDirError as e:
+                raise ConfigError(f"{field} {e.path}: {e.problem}") from None
+            except ConfigError:
+                raise
             except Exception as e:  # noqa: BLE001 - anything from reading the user's files
                 raise ConfigError(f"{field} {path}: {_load_failure(path, what, e)}") from None
         return checked
@@ -72,12 +80,11 @@ def _load_failure(path: str, what: str, error: Exception) -> str:
 def load_tokenizer(path: str):
     from transformers import AutoTokenizer
 
-    _check_path(path)
     tokenizer = AutoTokenizer.from_pretrained(path)
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
     if tokenizer.chat_template is None:
-        raise ConfigError(f"model.path {path}: the tokenizer has no chat template")
+        raise ModelDirError(path, "the tokenizer has no chat template")
     return tokenizer
 
 
@@ -133,12 +140,13 @@ def refuse_unservable(config, path: str) -> None:
     from transformers import MODEL_FOR_CAUSAL_LM_MAPPING
 
     if getattr(config, "is_encoder_decoder", False):
-        raise ConfigError(f"model.path {path}: {config.model_type} is an encoder-decoder model; "
-                          "reroll trains decoder-only causal LMs (the policy generates its "
-                          "response after the prompt in one sequence)")
+        raise ModelDirError(path, f"{config.model_type} is an encoder-decoder model; reroll "
+                                  "trains decoder-only causal LMs (the policy generates its "
+                                  "response after the prompt in one sequence)")
     if type(config) not in MODEL_FOR_CAUSAL_LM_MAPPING:
-        raise ConfigError(f"model.path {path}: transformers has no causal LM for model_type "
-                          f"{config.model_type!r}, so reroll cannot generate from or train it")
+        raise ModelDirError(path, f"transformers has no causal LM for model_type "
+                                  f"{config.model_type!r}, so reroll cannot generate from or "
+                                  "train it")
 
 
 @_clear_load_errors("model")
@@ -149,7 +157,6 @@ def load_model(path: str, dtype: str = "float32", attn_implementation: str = "au
     folder (a LoRA run's checkpoint) loads as its base model with the adapter merged."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    _check_path(path)
     if is_adapter_dir(path):
         base = load_model(adapter_base_path(path), dtype, attn_implementation, dropout)
         return merge_adapter_dir(base, path)
@@ -175,7 +182,6 @@ def load_scalar_model(path: str, dtype: str = "float32", attn_implementation: st
     transformers' own forward needs to find a sequence's last token."""
     from transformers import AutoConfig, AutoModelForSequenceClassification
 
-    _check_path(path)
     config = AutoConfig.from_pretrained(path, num_labels=1)
     refuse_unservable(config, path)
     without_dropout(config)
@@ -198,5 +204,5 @@ def _check_path(path: str) -> None:
         hub = (f"; if {path!r} is a hub id, set {settings.ALLOW_HUB}=1 to download it"
                if path.count("/") == 1 and not local.parent.exists() and not is_run_output(path)
                else "")
-        raise ConfigError(f"model.path {path}: no Hugging Face model there (config.json missing); "
-                          f"{missing_model_hint(path)}{hub}")
+        raise ModelDirError(path, f"no Hugging Face model there (config.json missing); "
+                                  f"{missing_model_hint(path)}{hub}")
