@@ -12,7 +12,9 @@ the attention implementation of `model.attn_implementation`):
 - logprobs_padded / logprobs_packed: the engine's behaviour logprobs of sampled responses equal
   the trainer's, on the padded path and on shared-prefix packing;
 - weight_sync: new weights change the engine's fingerprint to the trainer's, and its logprobs;
-- vllm: the same engine checks on vLLM when it is installed (skipped otherwise).
+- vllm: the same engine checks on vLLM when it is installed (skipped otherwise);
+- cpu_bf16: whether this CPU computes bf16 natively (pass: `train.bf16_autocast: true` speeds CPU
+  training up) or not (skip: bf16 would be slower here, keep float32), from its flags and oneDNN.
 
 A table and one JSON line; exit 0 when every check passes, 1 naming the failing ones.
 Layer: beside `evaluation` (it uses models and engines).
@@ -32,6 +34,7 @@ import torch
 
 from reroll.config.errors import ConfigError
 from reroll.engines.base import Request, SamplingParams, fingerprint
+from reroll.models.devices import cpu_bf16
 from reroll.models.loading import attention_problems, choose_attention, load_model, load_tokenizer
 from reroll.models.logprobs import forward_logprobs
 from reroll.models.packing import sliding_window, supports_packing
@@ -74,7 +77,8 @@ class ModelChecks:
                             ("logprobs_padded", lambda: self.check_logprobs(packed=False)),
                             ("logprobs_packed", lambda: self.check_logprobs(packed=True)),
                             ("weight_sync", self.check_weight_sync),
-                            ("vllm", self.check_vllm)):
+                            ("vllm", self.check_vllm),
+                            ("cpu_bf16", self.check_cpu_bf16)):
             progress(name)
             try:
                 status, detail = check()
@@ -84,6 +88,10 @@ class ModelChecks:
         return results
 
     # -- the checks ------------------------------------------------------------------------------
+
+    def check_cpu_bf16(self) -> tuple[str, str]:
+        fast, detail = cpu_bf16()
+        return ("pass" if fast else "skip"), detail
 
     def check_tokenizer(self) -> tuple[str, str]:
         bad = [t for t in TEXTS

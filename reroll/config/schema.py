@@ -143,8 +143,11 @@ class TrainConfig(Section):
     """Sequences per forward/backward pass. Gradients are accumulated so that the update equals
     the full-batch update whatever this is (it trades memory for speed only). Left unset, it
     becomes the largest size up to 16 that splits each worker's mini-batch (SFT: batch) evenly."""
-    bf16_autocast: bool = False
-    """Run forward passes under bfloat16 autocast (weights and optimizer stay float32)."""
+    bf16_autocast: bool | Literal["auto"] = "auto"
+    """Run forward and backward passes under bfloat16 autocast (weights and optimizer stay
+    float32). auto: on a GPU that computes bf16, float32 on a CPU. true on a CPU is several times
+    faster where it has native bf16 (AMX or AVX512-BF16; `reroll check-model` says) and many
+    times slower where it has not (a warning says so once)."""
 
     gradient_checkpointing: bool = False
     """Activation checkpointing of the policy's decoder layers in its training forward

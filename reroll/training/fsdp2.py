@@ -96,7 +96,7 @@ class FSDP2Strategy:
         self.optimizer_offload = OptimizerOffload(self.optimizer)
 
     def autocast(self) -> contextlib.AbstractContextManager:
-        if self.train_config.bf16_autocast:
+        if self.train_config.bf16_autocast is True:  # `auto` stays float32 here (no device plan)
             return torch.autocast(device_type=self.device, dtype=torch.bfloat16)
         return contextlib.nullcontext()
 

@@ -154,13 +154,13 @@ class LocalStrategy:
                  total_steps: int, device: str = "cpu", autocast_bf16: bool | None = None,
                  lora: LoRAConfig | None = None):
         """`device`: where the model and its micro-batches go (batches come and results return
-        on the CPU); `autocast_bf16`: None follows `train.bf16_autocast` (models.devices plans
+        on the CPU); `autocast_bf16`: None is `train.bf16_autocast is True` (models.devices plans
         both); `lora`: train a LoRA adapter on the frozen model (`model.lora`)."""
         self.device = torch.device(device)
         # The adapter is injected into `model` itself: the trainer calls the same module.
         self.adapter = LoRAAdapter(model, lora) if lora is not None else None
         self.model = model.to(self.device).train() if self.device.type != "cpu" else model.train()
-        self.autocast_bf16 = train.bf16_autocast if autocast_bf16 is None else autocast_bf16
+        self.autocast_bf16 = train.bf16_autocast is True if autocast_bf16 is None else autocast_bf16
         enable_gradient_checkpointing(model, train)
         limit_heap_fragmentation()
         self.train_config = train
