@@ -8,7 +8,7 @@ CORE := $(VENV)/.core
 STAMP := $(VENV)/.installed
 REAL := $(VENV)/.real
 
-.PHONY: demo demo-figures demo-agentic demo-real test test-unit test-e2e lint setup setup-demo clean vllm gem \
+.PHONY: demo demo-figures demo-agentic demo-real gpu-check test test-unit test-e2e lint setup setup-demo clean vllm gem \
 	system-packages
 
 setup: $(STAMP)
@@ -107,12 +107,15 @@ data/real/train.jsonl: | $(CORE)
 	$(REROLL) make-data --out data/real --levels 1,2 --train-size 1000 --eval-size 64 \
 	  --direct-frac 0.6 --direct-accuracy 0.25 --seed 1
 
+# BF16=true: bf16 autocast, several times faster on a CPU with native bf16 (AMX or AVX512-BF16;
+# `reroll check-model` says), many times slower on one without; the examples' `auto` is float32.
+REAL_BF16 = $(if $(BF16),train.bf16_autocast=$(BF16))
 REAL_EVAL = $(REROLL) eval --task data/real/eval.jsonl --max-new-tokens 48 --threads 2
 demo-real: $(REAL) models/smollm2/config.json data/real/train.jsonl
 	$(REAL_EVAL) --model models/smollm2 --out runs/real-eval/base.json
-	$(REROLL) sft examples/real/sft.yaml overwrite=true
+	$(REROLL) sft examples/real/sft.yaml overwrite=true $(REAL_BF16)
 	$(REAL_EVAL) --model runs/real-sft/final --out runs/real-eval/sft.json
-	$(REROLL) train examples/real/grpo.yaml overwrite=true
+	$(REROLL) train examples/real/grpo.yaml overwrite=true $(REAL_BF16)
 	$(REAL_EVAL) --model runs/real-grpo/checkpoints/step_30 --out runs/real-eval/grpo.json
 	$(PY) examples/real/score.py runs/real-eval/base.samples.jsonl runs/real-eval/sft.samples.jsonl \
 	  runs/real-eval/grpo.samples.jsonl
@@ -132,6 +135,14 @@ test: $(STAMP)
 	$(TIER) "ray and not (gpu or multinode)" ; rc=$$?; [ $$rc -eq 0 -o $$rc -eq 5 ] || exit $$rc
 	$(TIER) "multinode and not gpu" ; rc=$$?; [ $$rc -eq 0 -o $$rc -eq 5 ] || exit $$rc
 	$(TIER) "vllm and not gpu" ; rc=$$?; [ $$rc -eq 0 -o $$rc -eq 5 ] || exit $$rc
+
+# The GPU figures in at most 8 minutes, written to runs/gpu-check.json (docs/gpus.md): the gpu tier,
+# SmolLM2 GRPO on CUDA, benchmarks/real_model.py on CUDA, vLLM where it imports. No setup (a lent
+# GPU machine has no registry): the venv's python if there is one, else python3. Without CUDA it
+# says what it would run. GGUF=FILE imports SmolLM2 from that file when models/smollm2 is missing.
+GPU_PY = $(if $(wildcard $(PY)),$(PY),$(PYTHON))
+gpu-check:
+	$(GPU_PY) tools/gpu_check.py $(if $(GGUF),--gguf $(GGUF))
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check reroll tests benchmarks

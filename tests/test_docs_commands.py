@@ -107,6 +107,8 @@ ALLOWLIST = {
     "make demo": "the full demo (~3.5 min: SFT 1000 steps, GRPO 40); its commands run in "
                  "ARITHMETIC_CHAIN",
     "make test": "the test suite itself (CI runs it)",
+    "make gpu-check": "needs CUDA for its runs; its dry run without CUDA is tested in "
+                      "tests/test_gpu_check.py",
     "make demo-agentic": "the full agentic demo (~5 min); its commands run in AGENTIC_CHAIN",
     "make demo-real": "SmolLM2-135M: import, SFT and GRPO (~15 min); tests/models/test_real_model.py"
                       " covers the model",
