@@ -12,8 +12,8 @@ repeating; each USER_PROMPT tokens in, USER_NEW tokens out) from t = 0 of every 
    output token; the objective is SLO_FACTOR x those (the endpoint's users accept that much).
    The trace is replayed CALIBRATIONS times and each p99 is the median of theirs: one replay's
    p99 (about 60 requests, so nearly their slowest) moved 0.130-0.163 s (TTFT) and 0.034-0.055
-   s (TPOT) between sessions on this shared machine, and an objective set in a quiet moment was
-   missed by the users with nothing lent (docs/benchmarks.md, ROSE fifth session).
+   s (TPOT) between runs on this shared machine, and an objective set in a quiet moment was
+   missed by the users with nothing lent (2026-11-26).
 2. Each run: ROLLOUTS requests of ROLLOUT_NEW tokens. `fixed`: the dedicated engine alone.
    `elastic` (`rollout.serving_endpoint`): the ElasticEngine lends the endpoint up to MAX_LENT
    of them while its users' p99s stay under `headroom` x the objective; when a user request
