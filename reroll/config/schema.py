@@ -55,7 +55,8 @@ class ModelConfig(Section):
     or a hub id when the machine has network access and `REROLL_ALLOW_HUB=1` is set (otherwise a
     path that is not a local folder is an error at once)."""
     dtype: Literal["float32", "bfloat16"] = "float32"
-    """Dtype of the trained weights. Keep float32 on CPU and use `train.bf16_autocast` for speed."""
+    """Dtype of the trained weights. Keep float32 and use `train.bf16_autocast` for speed (on a
+    GPU, or a CPU with native bf16)."""
     attn_implementation: Literal["auto", "sdpa", "eager", "flex_attention", "flash_attention_2",
                                  "flash_attention_3"] = "auto"
     """transformers' attention implementation for every role. `auto`: sdpa, unless the model
