@@ -15,6 +15,17 @@ timed ones, the fastest kept), so its peak RSS (VmHWM: weights, gradients, AdamW
   the batch with the reference policy, a second model in memory for `full`, the same model with
   the adapter switched off for `lora`.
 
+Each configuration's peak RSS is broken down (GiB, adding up to the update's peak):
+- `runtime`: the process before the model (interpreter, torch, transformers, PEFT);
+- `weights`: parameters and buffers of every model in memory (a full reference's copy too);
+- `gradients`: the trained parameters' gradients (they all exist at the end of a backward);
+- `optimizer`: AdamW's moments (created by the first update);
+- `activations`: the rest of the update's peak: saved activations, the LM head's chunks, the
+  backward's temporaries and whatever freed memory the allocator holds on to.
+The update's peak is measured from just before the first update (VmHWM reset through
+/proc/self/clear_refs), so the model's loading does not count in it; `peak_rss_gb` is the
+process's peak, loading included, as before.
+
 Last line: JSON with `rss_ratio` and `step_time_ratio` (lora over full, without KL; the goal is
 `rss_ratio` <= 0.6) and `rss_ratio_kl` / `step_time_ratio_kl` (with the KL term's reference).
 
@@ -35,13 +46,43 @@ from rich.console import Console
 from rich.table import Table
 
 sys.path.insert(0, str(Path(__file__).parent))
-from real_model import LENGTH, MICRO, ROWS, TRAIN_PROMPT, grpo_batch, model_path, rss_gb  # noqa: E402
+from real_model import LENGTH, MICRO, ROWS, TRAIN_PROMPT, grpo_batch, model_path  # noqa: E402
 
 THREADS, REPEATS = 2, 2
 LORA = {"rank": 16, "alpha": 32.0}
 CONFIGS = {"full": {"lora": False, "kl": False}, "lora": {"lora": True, "kl": False},
            "full+kl": {"lora": False, "kl": True}, "lora+kl": {"lora": True, "kl": True}}
+PARTS = ("runtime", "weights", "gradients", "optimizer", "activations")
 console = Console(stderr=True)
+
+
+def status_gb(key: str) -> float:
+    """This process's `VmRSS` (now) or `VmHWM` (peak) in GiB."""
+    with open("/proc/self/status") as status:
+        return next(int(line.split()[1]) for line in status if line.startswith(key)) / 2**20
+
+
+def reset_peak() -> bool:
+    """Restart VmHWM from the current RSS (Linux >= 4.0); False where that is refused."""
+    try:
+        Path("/proc/self/clear_refs").write_text("5")
+        return True
+    except OSError:
+        return False
+
+
+def tensor_gb(tensors) -> float:
+    unique = {t.data_ptr(): t for t in tensors if isinstance(t, torch.Tensor)}
+    return sum(t.numel() * t.element_size() for t in unique.values()) / 2**30
+
+
+def breakdown(models: list, trained: list, optimizer, base_gb: float, peak_gb: float) -> dict:
+    """`PARTS` of the update's peak RSS (see the module's docstring)."""
+    weights = tensor_gb(t for m in models for t in (*m.parameters(), *m.buffers()))
+    gradients = tensor_gb(trained)
+    state = tensor_gb(v for s in optimizer.state.values() for v in s.values())
+    return {"runtime": base_gb - weights, "weights": weights, "gradients": gradients,
+            "optimizer": state, "activations": peak_gb - base_gb - gradients - state}
 
 
 def train_worker(spec: dict) -> dict:
@@ -66,23 +107,31 @@ def train_worker(spec: dict) -> dict:
             rank=0, world_size=1, model_path=spec["model"], dtype="float32",
             micro_batch_size=MICRO)
     algorithm = AlgorithmConfig(kl={"coef": 0.01 if spec["kl"] else 0.0})
-    trained = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    trained = [p for p in model.parameters() if p.requires_grad]
     vocab = model.config.vocab_size
+    load_peak, base = status_gb("VmHWM"), status_gb("VmRSS")
+    reset = reset_peak()
     timings = []
     for batch in (grpo_batch(vocab, rows=2, length=32, prompt=8, group=2, seed=1),
-                  *[grpo_batch(vocab, seed=s) for s in range(REPEATS)]):
+                  *[grpo_batch(vocab, seed=s) for s in range(spec.get("repeats", REPEATS))]):
         start = time.perf_counter()
         if reference is not None:
             batch["ref_logprobs"] = reference.logprobs(batch)
         loss_fn = objective.make_rl_loss(algorithm, batch, 1.0, LENGTH - TRAIN_PROMPT)
         strategy.train_step(batch, loss_fn)
         timings.append(time.perf_counter() - start)
+    update_peak = status_gb("VmHWM")
+    models = [model] + ([reference.model] if isinstance(reference, ReferenceWorker) else [])
+    parts = breakdown(models, trained, strategy.optimizer, base,
+                      update_peak if reset else max(update_peak, load_peak))
     # The fastest timed update: other work on a shared machine only ever slows one down.
-    return {"seconds": min(timings[1:]), "peak_rss_gb": rss_gb(), "trained_params": trained}
+    return {"seconds": min(timings[1:]), "peak_rss_gb": max(load_peak, update_peak),
+            "update_peak_gb": update_peak, "trained_params": sum(p.numel() for p in trained),
+            **{f"{part}_gb": parts[part] for part in PARTS}}
 
 
-def run_config(name: str, path: str) -> dict:
-    spec = {**CONFIGS[name], "model": path, "threads": THREADS}
+def run_config(name: str, path: str, repeats: int = REPEATS) -> dict:
+    spec = {**CONFIGS[name], "model": path, "threads": THREADS, "repeats": repeats}
     console.log(f"update: {name} (fresh process)")
     out = subprocess.run([sys.executable, __file__, "--train-worker", json.dumps(spec)],
                          capture_output=True, text=True, check=False)
@@ -95,6 +144,9 @@ def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--model", default="models/smollm2")
     parser.add_argument("--no-kl", action="store_true", help="skip the two runs with a KL term")
+    parser.add_argument("--repeats", type=int, default=REPEATS,
+                        help="timed updates per configuration (the fastest is kept); the peak "
+                             "RSS is reached in the first")
     parser.add_argument("--train-worker", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.train_worker:
@@ -103,7 +155,7 @@ def main(argv: list[str] | None = None) -> dict:
     started = time.perf_counter()
     path, is_real = model_path(args.model)
     names = ["full", "lora"] + ([] if args.no_kl else ["full+kl", "lora+kl"])
-    runs = {name: run_config(name, path) for name in names}
+    runs = {name: run_config(name, path, args.repeats) for name in names}
     result = {"model": "SmolLM2-135M" if is_real else "random-init SmolLM2-135M shape",
               "threads": THREADS, "rows": ROWS, "length": LENGTH, "lora": LORA,
               **{name: {k: round(v, 3) for k, v in run.items()} for name, run in runs.items()}}
@@ -122,11 +174,13 @@ def main(argv: list[str] | None = None) -> dict:
 def report(runs: dict) -> None:
     table = Table(title=f"one RL update: {ROWS} x {LENGTH} tokens, micro-batch {MICRO}, "
                         f"{THREADS} threads")
-    for column in ("configuration", "trained params", "seconds", "peak RSS GB"):
+    for column in ("configuration", "trained params", "seconds", "peak RSS GB",
+                   "update peak", *PARTS):
         table.add_column(column, justify="right")
     for name, run in runs.items():
         table.add_row(name, f"{run['trained_params'] / 1e6:.1f}M", f"{run['seconds']:.1f}",
-                      f"{run['peak_rss_gb']:.2f}")
+                      f"{run['peak_rss_gb']:.2f}", f"{run['update_peak_gb']:.2f}",
+                      *(f"{run[f'{part}_gb']:.2f}" for part in PARTS))
     console.print(table)
 
 
