@@ -7,6 +7,7 @@ import yaml
 
 from reroll.check_model import run_checks
 from reroll.config import load_config
+from reroll.models.devices import cpu_bf16
 from reroll.models.factory import make_model
 from reroll.pipelines.rlvr import train
 from reroll.tracking import read_metrics
@@ -31,6 +32,10 @@ def test_check_model_passes(models, architecture):
     # every engine check ran (none skipped): packing is on for every one of these
     for name in ("engine_greedy", "logprobs_padded", "logprobs_packed", "weight_sync"):
         assert statuses[name] == "pass", (name, summary["checks"])
+    # the CPU's bf16 is reported, never failed: pass where native, skip (keep float32) where not
+    fast, detail = cpu_bf16()
+    bf16 = next(c for c in summary["checks"] if c["name"] == "cpu_bf16")
+    assert bf16 == {"name": "cpu_bf16", "status": "pass" if fast else "skip", "detail": detail}
     expected = "eager" if architecture == "gemma2" else "sdpa"  # soft-capping needs eager
     assert summary["attn_implementation"] == expected
 
