@@ -109,6 +109,11 @@ def train_worker(spec: dict) -> dict:
     algorithm = AlgorithmConfig(kl={"coef": 0.01 if spec["kl"] else 0.0})
     trained = [p for p in model.parameters() if p.requires_grad]
     vocab = model.config.vocab_size
+    # Read every weight once: loading may leave them mapped from the file and not yet resident,
+    # and their pages would then count as the update's.
+    for m in [model] + ([reference.model] if isinstance(reference, ReferenceWorker) else []):
+        for t in (*m.parameters(), *m.buffers()):
+            t.detach().sum()
     load_peak, base = status_gb("VmHWM"), status_gb("VmRSS")
     reset = reset_peak()
     timings = []

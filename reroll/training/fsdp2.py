@@ -83,7 +83,7 @@ class FSDP2Strategy:
         self.device = init_process_group()
         self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
         enable_gradient_checkpointing(model, train)
-        limit_heap_fragmentation()
+        limit_heap_fragmentation(sum(p.numel() for p in model.parameters()))
         self.model = shard_model(model.to(self.device).train(), param_dtype)
         self.train_config = train
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=optimizer.lr,

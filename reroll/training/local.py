@@ -162,7 +162,7 @@ class LocalStrategy:
         self.model = model.to(self.device).train() if self.device.type != "cpu" else model.train()
         self.autocast_bf16 = train.bf16_autocast is True if autocast_bf16 is None else autocast_bf16
         enable_gradient_checkpointing(model, train)
-        limit_heap_fragmentation()
+        limit_heap_fragmentation(sum(p.numel() for p in model.parameters()))
         self.train_config = train
         # Only trained parameters get AdamW state (with LoRA: the adapter's, a few MB).
         trained = [p for p in model.parameters() if p.requires_grad]
