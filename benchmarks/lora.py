@@ -186,7 +186,7 @@ def report(runs: dict) -> None:
         table.add_row(name, f"{run['trained_params'] / 1e6:.1f}M", f"{run['seconds']:.1f}",
                       f"{run['peak_rss_gb']:.2f}", f"{run['update_peak_gb']:.2f}",
                       *(f"{run[f'{part}_gb']:.2f}" for part in PARTS))
-    console.print(table)
+    Console(stderr=True, width=max(console.width, 130)).print(table)  # every column readable
 
 
 if __name__ == "__main__":
