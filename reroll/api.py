@@ -28,7 +28,14 @@ from pydantic import BaseModel
 
 from reroll.config.agentic import AgenticConfig
 from reroll.config.errors import ConfigError
-from reroll.config.loading import PIPELINES, parse_overrides, pipeline_of, read_yaml, validate
+from reroll.config.loading import (
+    PIPELINES,
+    Replace,
+    parse_overrides,
+    pipeline_of,
+    read_yaml,
+    validate,
+)
 from reroll.config.loading import load_config as load_yaml_config
 from reroll.config.schema import RLConfig, SFTConfig
 from reroll.pipelines.inputs import INPUTS, InputFile, TaskInputs
@@ -162,7 +169,8 @@ def _override_tree(overrides: Overrides) -> dict[str, Any]:
 def _merge(base: dict[str, Any], patch: dict[str, Any]) -> dict[str, Any]:
     out = dict(base)
     for key, value in patch.items():
-        both = isinstance(value, dict) and isinstance(out.get(key), dict)
+        both = isinstance(value, dict) and isinstance(out.get(key), dict) \
+            and not isinstance(value, Replace)  # `env.kwargs={}` replaces, as on the CLI
         out[key] = _merge(out[key], value) if both else value
     return out
 
