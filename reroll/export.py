@@ -15,6 +15,7 @@ import shutil
 from pathlib import Path
 
 from reroll.config.errors import ConfigError
+from reroll.models.files import share_like_siblings
 from reroll.models.lora import is_adapter_dir
 from reroll.pipelines.common import RunDir, checkpoint_problem
 
@@ -54,6 +55,7 @@ def export(source: str, out: str, merge: bool, dtype: str = "float32") -> Path:
         model.config.use_cache = True  # as a released model has it (training turns it off)
         model.save_pretrained(str(target))
         load_tokenizer(str(checkpoint)).save_pretrained(str(target))
+        share_like_siblings(target)
     else:
         for pattern in MODEL_FILES:
             for file in checkpoint.glob(pattern):

@@ -5,10 +5,22 @@ config.json are tracebacks that do not say which file, or which folder)."""
 from __future__ import annotations
 
 import json
+import os
 import struct
 from pathlib import Path
 
 CONTEXT_KEYS = ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length")
+
+
+def share_like_siblings(folder: Path) -> None:
+    """Give the files of a model folder just written the mode new files get (0666 less the
+    umask): transformers writes `model.safetensors` through a private temporary file, 0600,
+    while its siblings (config, tokenizer) are 0644."""
+    mask = os.umask(0)
+    os.umask(mask)
+    for file in Path(folder).iterdir():
+        if file.is_file():
+            file.chmod(0o666 & ~mask)
 
 
 def safetensors_problem(path: Path) -> str | None:
