@@ -337,6 +337,10 @@ def quiet_libraries() -> None:
     from reroll import settings
 
     settings.defaults({"TRANSFORMERS_VERBOSITY": "error", "HF_HUB_DISABLE_PROGRESS_BARS": "1"})
+    if "transformers" in sys.modules:  # loaded already (`main` called in a process using it)
+        transformers = sys.modules["transformers"]
+        transformers.utils.logging.disable_progress_bar()
+        transformers.utils.logging.set_verbosity_error()
 
 
 def main(argv: list[str] | None = None) -> int:
