@@ -190,3 +190,31 @@ def test_every_metric_of_the_start_evaluation_is_drawn_at_step_0(tmp_path):
     series = payload(load_run(tmp_path))["series"]
     assert series["eval/success_rate"] == [[0, 0.3], [5, 0.6]]
     assert series["eval/reward_mean"] == [[0, -1.3], [5, 4.7]]
+
+
+def test_each_reward_functions_score_is_a_metric_drawn_in_one_chart(tmp_path):
+    """Several summed reward functions (`reroll.train(reward_funcs=[...])`) kept each one's score
+    in the rollouts' `reward_info["rewards"]` only: no curve showed which of them moved."""
+    from reroll.data.batch import Trajectory
+    from reroll.rollout.metrics import rollout_metrics
+
+    def sample(correct: float, short: float, bonus: float | None) -> Trajectory:
+        scores = {"task:correct": correct, "task:<lambda>": short}
+        if bonus is not None:
+            scores["other:<lambda>"] = bonus
+        return Trajectory([1], [2], [0.0], "stop", 0, reward=correct + short,
+                          reward_info={"rewards": scores})
+
+    rows = []
+    for step in (1, 2):
+        trajectories = [sample(step - 1.0, 0.5, 1.0), sample(1.0, 0.25 * step, None),
+                        Trajectory([1], [2], [0.0], "stop", 0, reward_info={"error": "x"})]
+        metrics = rollout_metrics(trajectories, group_size=3)
+        rows.append({"step": step} | metrics)
+    assert rows[0]["train/rewards/correct"] == 0.5 and rows[1]["train/rewards/correct"] == 1.0
+    assert rows[0]["train/rewards/lambda_1"] == 0.375 and rows[0]["train/rewards/lambda_2"] == 1.0
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    charts = {c["id"]: c for c in payload(load_run(tmp_path))["charts"]}
+    assert charts["reward-functions"]["keys"] == [
+        "train/rewards/correct", "train/rewards/lambda_1", "train/rewards/lambda_2"]
+    assert charts["reward-functions"]["title"] == "Reward by function"
