@@ -218,3 +218,57 @@ def test_each_reward_functions_score_is_a_metric_drawn_in_one_chart(tmp_path):
     assert charts["reward-functions"]["keys"] == [
         "train/rewards/correct", "train/rewards/lambda_1", "train/rewards/lambda_2"]
     assert charts["reward-functions"]["title"] == "Reward by function"
+
+
+def shown_steps(report) -> tuple[int, bool]:
+    """(steps in the report's reward series, whether the page reloads itself); (0, False) while
+    there is no report."""
+    try:
+        text = report.read_text()
+    except OSError:
+        return 0, False
+    data = re.search(r'<script id="run-data" type="application/json">(.*?)</script>', text, re.S)
+    series = json.loads(data.group(1))["series"].get("train/reward_mean", [])
+    return len(series), 'http-equiv="refresh" content="1"' in text
+
+
+def test_watch_rewrites_the_report_while_the_run_grows_until_it_finishes(tmp_path, capsys):
+    """The report was written once; a running run's page went stale. A writer thread plays the
+    run: each step is appended only after the report has shown the one before."""
+    import threading
+    import time
+
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.yaml").write_text("pipeline: rlvr\nname: live\nsteps: 3\nmodel: {path: m}\n")
+
+    def append(step):
+        with (run / "metrics.jsonl").open("a") as f:
+            f.write(json.dumps({"step": step, "train/reward_mean": step / 10}) + "\n")
+
+    seen, report = [], run / "report.html"
+
+    def play():
+        deadline = time.monotonic() + 60
+        for step in (1, 2, 3):
+            append(step)
+            while shown_steps(report)[0] < step and time.monotonic() < deadline:
+                time.sleep(0.02)
+            seen.append(shown_steps(report))
+        (run / "summary.json").write_text(json.dumps({"steps": 3}))
+
+    writer = threading.Thread(target=play)
+    writer.start()
+    cmd_view(cli(["view", str(run), "--watch", "0.05"]))
+    writer.join()
+    assert seen == [(1, True), (2, True), (3, True)]  # each step shown while it ran
+    assert shown_steps(report) == (3, False)  # finished: the last page stays put
+    out = capsys.readouterr().out
+    assert "rewritten every 0.05 s until the run finishes" in out and "live" in out
+
+
+def test_watch_needs_one_run_and_a_positive_interval(tmp_path, run_dir):
+    for argv in (["view", str(run_dir), "--watch", "0"],
+                 ["view", str(run_dir), str(run_dir), "--watch", "5"]):
+        with pytest.raises(ConfigError, match="--watch"):
+            cmd_view(cli(argv))
