@@ -28,9 +28,17 @@ from pydantic import BaseModel
 
 from reroll.config.agentic import AgenticConfig
 from reroll.config.errors import ConfigError
-from reroll.config.loading import PIPELINES, parse_overrides, pipeline_of, read_yaml, validate
+from reroll.config.loading import (
+    PIPELINES,
+    Replace,
+    parse_overrides,
+    pipeline_of,
+    read_yaml,
+    validate,
+)
 from reroll.config.loading import load_config as load_yaml_config
 from reroll.config.schema import RLConfig, SFTConfig
+from reroll.models.files import check_model_path
 from reroll.pipelines.inputs import INPUTS, InputFile, TaskInputs
 
 Config = RLConfig | AgenticConfig | SFTConfig
@@ -162,7 +170,8 @@ def _override_tree(overrides: Overrides) -> dict[str, Any]:
 def _merge(base: dict[str, Any], patch: dict[str, Any]) -> dict[str, Any]:
     out = dict(base)
     for key, value in patch.items():
-        both = isinstance(value, dict) and isinstance(out.get(key), dict)
+        both = isinstance(value, dict) and isinstance(out.get(key), dict) \
+            and not isinstance(value, Replace)  # `env.kwargs={}` replaces, as on the CLI
         out[key] = _merge(out[key], value) if both else value
     return out
 
@@ -398,6 +407,7 @@ def train(config: ConfigLike, *, reward_funcs: Any = None,
     """
     objects = _Objects(reward_funcs, reward_weights, train_dataset, eval_dataset, env)
     config, inputs = _prepare(config, overrides, objects, ("rlvr", "agentic"))
+    check_model_path(config.model.path)  # before the pipeline imports torch (many seconds)
     if config.pipeline == "agentic":
         from reroll.pipelines.agentic import train_agentic
 
@@ -413,6 +423,7 @@ def sft(config: ConfigLike, *, train_dataset: Any = None, eval_dataset: Any = No
     in `response` (`data.response_key`) or `messages` ending with the assistant's message."""
     objects = _Objects(train_dataset=train_dataset, eval_dataset=eval_dataset)
     config, inputs = _prepare(config, overrides, objects, ("sft",))
+    check_model_path(config.model.path)
     from reroll.pipelines.sft import train_sft
 
     return RunSummary.of("sft", train_sft(config, inputs))

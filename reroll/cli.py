@@ -119,9 +119,11 @@ def cmd_config(args: argparse.Namespace) -> None:
     import importlib
 
     from reroll.config import load_config
+    from reroll.models.files import check_model_path
 
     module, function, title, _ = CONFIG_COMMANDS[args.command]
     config = load_config(args.config, args.overrides, expect=args.command)
+    check_model_path(config.model.path)  # before the pipeline imports torch (many seconds)
     show_summary(title, getattr(importlib.import_module(module), function)(config))
 
 
@@ -329,11 +331,16 @@ def _add_data_commands(sub) -> None:
 
 
 def quiet_libraries() -> None:
-    """Our own progress bars say what is happening; transformers' per-load bars are noise."""
-    import transformers
+    """Our own progress bars say what is happening; transformers' per-load bars are noise. Set
+    through the variables transformers reads when it loads, not by importing it here (seconds
+    before a wrong path or config could be refused)."""
+    from reroll import settings
 
-    transformers.utils.logging.disable_progress_bar()
-    transformers.utils.logging.set_verbosity_error()
+    settings.defaults({"TRANSFORMERS_VERBOSITY": "error", "HF_HUB_DISABLE_PROGRESS_BARS": "1"})
+    if "transformers" in sys.modules:  # loaded already (`main` called in a process using it)
+        transformers = sys.modules["transformers"]
+        transformers.utils.logging.disable_progress_bar()
+        transformers.utils.logging.set_verbosity_error()
 
 
 def main(argv: list[str] | None = None) -> int:

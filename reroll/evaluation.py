@@ -371,6 +371,7 @@ def spec_from_args(args: argparse.Namespace) -> EvalSpec:
              "max_new_tokens": args.max_new_tokens, "max_prompt_tokens": args.max_prompt_tokens,
              "system_prompt": args.system_prompt, "max_prompts": args.max_prompts}
     given = {k: v for k, v in given.items() if v is not None}
+    check_generates(args.model)
     run, taken = (None, {}) if args.ignore_run_config else run_settings(args.model, given, args.n)
     if not {"task", "env"} & set(given) and not {"task", "env", "domains"} & set(taken):
         raise ConfigError("--task or --env: say what to evaluate on (only a model inside a run "
@@ -456,7 +457,7 @@ def run_settings(model: str, given: dict[str, Any], n: int = 1
         taken = domain_settings(config, run, given)
     else:
         taken = _prompt_settings(config, run)
-    if config.pipeline != "sft":
+    if getattr(config, "rollout", None) is not None:  # SFT, DPO, RM, distillation: no sampling
         taken |= {"max_new_tokens": (config.rollout.max_new_tokens, "rollout.max_new_tokens"),
                   "top_p": (config.rollout.top_p, "rollout.top_p"),
                   "temperature": (config.eval.temperature, "eval.temperature") if n == 1 else
@@ -473,13 +474,18 @@ def _env_settings(env) -> dict[str, tuple[Any, str]]:
 
 
 def _prompt_settings(config, run: Path) -> dict[str, tuple[Any, str]]:
+    """The held-out prompts of a run trained on a dataset (RL's prompts, SFT's or distillation's
+    examples, a DPO run's pairs), with the run's reward when it has one."""
     data = config.data
     if data.eval is not None and not Path(data.eval).is_file():
         raise ConfigError(f"data.eval of {run / 'config.yaml'}: {data.eval} does not exist from "
                           f"here; pass --task (or run from where the run was started)")
     taken = {"task": (data.eval, "data.eval"), "system_prompt": (data.system_prompt,
                                                                  "data.system_prompt")}
-    if config.pipeline == "sft":
+    if getattr(config, "reward", None) is None:
+        # Trained without a reward (SFT, distillation, DPO): the rows' `answer` is scored by the
+        # default math reward, and the whole-sequence limit bounds the prompt.
+        _check_answers(data.eval, run)
         return taken | {"max_prompt_tokens": (data.max_tokens, "data.max_tokens")}
     taken["max_prompt_tokens"] = (data.max_prompt_tokens, "data.max_prompt_tokens")
     # The run's held-out reward: `eval.reward` when set (a run trained on a learned reward is
@@ -490,6 +496,33 @@ def _prompt_settings(config, run: Path) -> dict[str, tuple[Any, str]]:
         return taken
     return taken | {"reward": (reward.type, f"{key}.type"),
                     "reward_function": (getattr(reward, "function", None), f"{key}.function")}
+
+
+def _check_answers(path: str | None, run: Path) -> None:
+    """The held-out rows of a run without a reward can be scored: each has an `answer`."""
+    from reroll.data.datasets import load_prompts
+
+    if path is None:
+        return
+    missing = [row.source for row in load_prompts(path) if row.answer is None]
+    if missing:
+        raise ConfigError(f"data.eval of {run / 'config.yaml'}: {path} has no `answer` in "
+                          f"{len(missing)} rows (first {missing[0]}) to score samples against; "
+                          f"pass --task FILE (prompts with answers) or --env, with --reward")
+
+
+def check_generates(model: str) -> None:
+    """A reward model (`reroll rm`'s, a sequence classifier) scores responses and writes none."""
+    try:
+        config = json.loads((Path(model) / "config.json").read_text())
+    except (OSError, ValueError):
+        return  # an adapter, or no model: the loaders name the problem
+    if any(str(a).endswith("ForSequenceClassification")
+           for a in config.get("architectures") or []):
+        raise ConfigError(f"--model {model}: a reward model (a sequence classifier, as `reroll "
+                          f"rm` trains) scores responses and does not generate; its held-out "
+                          f"accuracy is its run's eval/accuracy (metrics.jsonl, `reroll view`); "
+                          f"use it in a run as `reward: {{type: model, path: {model}}}`")
 
 
 def check_out(out: Path) -> None:

@@ -15,8 +15,7 @@ import shutil
 from pathlib import Path
 
 from reroll.config.errors import ConfigError
-from reroll.models.lora import is_adapter_dir
-from reroll.pipelines.common import RunDir, checkpoint_problem
+from reroll.models.files import is_adapter_dir, share_like_siblings
 
 MODEL_FILES = ("*.json", "*.safetensors", "*.jinja", "*.txt", "*.model")
 """What a model or adapter folder is made of (the trainer's state `*.pt` stays behind)."""
@@ -25,6 +24,8 @@ MODEL_FILES = ("*.json", "*.safetensors", "*.jinja", "*.txt", "*.model")
 def resolve_source(source: str) -> Path:
     """A checkpoint or model folder as given, or for a run directory its newest complete
     checkpoint."""
+    from reroll.pipelines.common import RunDir, checkpoint_problem  # torch: not for `--help`
+
     path = Path(source).expanduser()
     if not path.is_dir():
         raise ConfigError(f"{source}: no such run, checkpoint or model folder")
@@ -54,6 +55,7 @@ def export(source: str, out: str, merge: bool, dtype: str = "float32") -> Path:
         model.config.use_cache = True  # as a released model has it (training turns it off)
         model.save_pretrained(str(target))
         load_tokenizer(str(checkpoint)).save_pretrained(str(target))
+        share_like_siblings(target)
     else:
         for pattern in MODEL_FILES:
             for file in checkpoint.glob(pattern):

@@ -95,7 +95,8 @@ class AgenticConfig(RLRunConfig):
     pipeline: Literal["agentic"] = "agentic"
     """Which pipeline this config is for."""
     name: str = Field("agentic", min_length=1)
-    """Run name; the run directory is `runs/<name>/` unless `output_dir` is set."""
+    """Run name; the run directory is `runs/<name>/` unless `output_dir` is set, whose folder
+    name is then the default name."""
     env: EnvConfig
     reward: choice("type", "model", EpisodeModelReward, EpisodeJudgeReward) | None = None
     """A learned reward of each finished episode besides the environment's own: `type: model`

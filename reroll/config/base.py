@@ -4,13 +4,26 @@ from __future__ import annotations
 
 from functools import reduce
 from operator import or_
+from pathlib import Path
 from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Discriminator, Tag
+from pydantic import BaseModel, ConfigDict, Discriminator, Tag, model_validator
 
 
 class Section(BaseModel):
     model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True, frozen=False)
+
+
+class RunSection(Section):
+    """The top level of a run's config: its `name` titles the run (the report, the trackers);
+    left unset with an `output_dir`, it is that folder's name, not the pipeline's default."""
+
+    @model_validator(mode="after")
+    def _name_from_output_dir(self) -> RunSection:
+        folder = Path(getattr(self, "output_dir", None) or "").name
+        if "name" not in self.model_fields_set and folder:
+            self.name = folder
+        return self
 
 
 def choice(key: str, default: str, *options: type[BaseModel]) -> Any:

@@ -39,7 +39,8 @@ class DistillConfig(SFTConfig):
     pipeline: Literal["distill"] = "distill"  # type: ignore[assignment]
     """Which pipeline this config is for."""
     name: str = Field("distill", min_length=1)
-    """Run name; the run directory is `runs/<name>/` unless `output_dir` is set."""
+    """Run name; the run directory is `runs/<name>/` unless `output_dir` is set, whose folder
+    name is then the default name."""
     teacher: TeacherConfig
     distill: DistillLoss = Field(default_factory=DistillLoss)
 

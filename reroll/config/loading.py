@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import difflib
 import re
 from pathlib import Path
 from typing import Any, TypeVar
@@ -13,7 +14,7 @@ from reroll.config.agentic import AgenticConfig
 from reroll.config.distill import DistillConfig
 from reroll.config.errors import ConfigError
 from reroll.config.preference import DPOConfig, RMConfig
-from reroll.config.reference import doc_anchor, key_path, section_of
+from reroll.config.reference import doc_anchor, key_path, model_at, section_of, takes_key
 from reroll.config.schema import RLConfig, SFTConfig
 
 PIPELINES: dict[str, type[BaseModel]] = {"rlvr": RLConfig, "sft": SFTConfig,
@@ -24,8 +25,15 @@ T = TypeVar("T", bound=BaseModel)
 FLOAT = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+")
 
 
+class Replace(dict):
+    """A mapping given as an override's value (`env.kwargs={}`, `env.kwargs={count: 4}`): it
+    replaces the config's mapping, as in Hydra, where a dotted key (`env.kwargs.count=4`)
+    changes one key of it."""
+
+
 def parse_overrides(items: list[str]) -> dict[str, Any]:
-    """`["a.b=3", "c=true"]` -> `{"a": {"b": 3}, "c": True}`; values are parsed as YAML scalars."""
+    """`["a.b=3", "c=true"]` -> `{"a": {"b": 3}, "c": True}`; values are parsed as YAML (a
+    mapping value is a `Replace`)."""
     tree: dict[str, Any] = {}
     for item in items:
         key, sep, raw = item.partition("=")
@@ -37,6 +45,8 @@ def parse_overrides(items: list[str]) -> dict[str, Any]:
             raise ConfigError(f"override {item!r}: value is not valid YAML ({e})") from None
         if isinstance(value, str) and FLOAT.fullmatch(value):
             value = float(value)  # YAML 1.1 reads "1e-4" as a string
+        if isinstance(value, dict):
+            value = Replace(value)
         node = tree
         parts = key.split(".")
         for part in parts[:-1]:
@@ -51,7 +61,8 @@ def parse_overrides(items: list[str]) -> dict[str, Any]:
 def _merge(base: dict[str, Any], patch: dict[str, Any]) -> dict[str, Any]:
     out = dict(base)
     for key, value in patch.items():
-        if isinstance(value, dict) and isinstance(out.get(key), dict):
+        if isinstance(value, dict) and isinstance(out.get(key), dict) \
+                and not isinstance(value, Replace):
             out[key] = _merge(out[key], value)
         else:
             out[key] = value
@@ -86,12 +97,14 @@ def format_validation_error(error: ValidationError, source: str,
         path = ".".join(str(p) for p in shown) or "(top level)"
         msg = item["msg"]
         if item["type"] == "extra_forbidden":
-            msg = "unknown key (check the spelling)"
-            if schema is not None:
-                section, model = section_of(schema, loc)
-                where = f"the keys of `{section}` are" if section else "the top-level keys are"
-                msg += (f"; {where} {', '.join(model.model_fields)} "
-                        f"({doc_anchor(schema, section, model)})")
+            msg = _unknown_key(schema, loc) if schema is not None else \
+                "unknown key (check the spelling)"
+        elif item["type"] == "model_type" and schema is not None:
+            model = model_at(schema, loc)
+            got = item.get("input")
+            got = f"a list of {len(got)}" if isinstance(got, list) else repr(got)
+            msg = (f"expected one `{path}` section (a mapping of its keys: "
+                   f"{', '.join(model.model_fields)}), got {got}")
         elif item["type"] == "union_tag_invalid":
             ctx = item.get("ctx", {})
             path += "." + str(ctx.get("discriminator", "name")).removesuffix("()")
@@ -109,6 +122,27 @@ def format_validation_error(error: ValidationError, source: str,
     head = f"invalid config ({source}):" if from_file else \
         f"invalid command-line override (applied to {source}):"
     return "\n".join([head, *lines])
+
+
+def _unknown_key(schema: type[BaseModel], loc: tuple) -> str:
+    """An unknown key's message: the pipelines whose configs take it (`scheduler` in an agentic
+    config), else the closest key of its section (`grup_size` -> `group_size`); then the
+    section's keys and where docs/config.md documents them."""
+    section, model = section_of(schema, loc)
+    key, path = str(loc[-1]), key_path(schema, loc)
+    this = next((name for name, other in PIPELINES.items() if other is schema), None)
+    others = [] if takes_key(schema, path) else [  # else another variant of a union takes it
+        name for name, other in PIPELINES.items() if other is not schema and takes_key(other, path)]
+    close = difflib.get_close_matches(key, list(model.model_fields), n=1, cutoff=0.6)
+    if others and this is not None:
+        which = "pipelines that take" if len(others) > 1 else "pipeline that takes"
+        msg = f"not a key of `pipeline: {this}` configs (the {which} it: {', '.join(others)})"
+    elif close:
+        msg = f"unknown key (did you mean `{close[0]}`?)"
+    else:
+        msg = "unknown key (check the spelling)"
+    where = f"the keys of `{section}` are" if section else "the top-level keys are"
+    return f"{msg}; {where} {', '.join(model.model_fields)} ({doc_anchor(schema, section, model)})"
 
 
 def _override_of(schema: type[BaseModel] | None, loc: tuple, overrides: list[str]) -> str | None:

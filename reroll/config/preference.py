@@ -10,7 +10,7 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
-from reroll.config.base import Section, choice
+from reroll.config.base import RunSection, Section, choice
 from reroll.config.schema import (
     CheckpointConfig,
     ModelConfig,
@@ -80,13 +80,14 @@ REFERENCE_FREE = ("simpo", "orpo")
 """Losses that need no reference model (no reference log-probabilities are computed)."""
 
 
-class PreferenceRunConfig(Section):
+class PreferenceRunConfig(RunSection):
     """What `reroll dpo` and `reroll rm` share: the run, the model, pairs, steps, optimisation."""
 
     pipeline: str
     """Which pipeline this config is for."""
     name: str = Field("pref", min_length=1)
-    """Run name; the run directory is `runs/<name>/` unless `output_dir` is set."""
+    """Run name; the run directory is `runs/<name>/` unless `output_dir` is set, whose folder
+    name is then the default name."""
     output_dir: str | None = None
     """Run directory (default `runs/<name>/`); the trained model is saved to its `final/`."""
     overwrite: bool = False
@@ -146,7 +147,8 @@ class DPOConfig(PreferenceRunConfig):
     pipeline: Literal["dpo"] = "dpo"
     """Which pipeline this config is for."""
     name: str = Field("dpo", min_length=1)
-    """Run name; the run directory is `runs/<name>/` unless `output_dir` is set."""
+    """Run name; the run directory is `runs/<name>/` unless `output_dir` is set, whose folder
+    name is then the default name."""
     loss: PreferenceLossConfig = Field(default_factory=SigmoidLoss)
     """The preference loss, chosen by `name`: `sigmoid` (DPO; cDPO with label smoothing),
     `ipo`, or the reference-free `simpo` and `orpo`. Its keys are below."""
@@ -164,7 +166,8 @@ class RMConfig(PreferenceRunConfig):
     pipeline: Literal["rm"] = "rm"
     """Which pipeline this config is for."""
     name: str = Field("rm", min_length=1)
-    """Run name; the run directory is `runs/<name>/` unless `output_dir` is set."""
+    """Run name; the run directory is `runs/<name>/` unless `output_dir` is set, whose folder
+    name is then the default name."""
     center_coef: float = Field(0.0, ge=0)
     """Weight of (s_chosen + s_rejected)^2, which keeps the scores centred on 0 (TRL's
     `center_rewards_coefficient`; 0.01 is common). 0: off."""

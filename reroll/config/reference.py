@@ -81,7 +81,15 @@ def render(model: type[BaseModel], prefix: str = "", seen: set | None = None) ->
 def render_markdown() -> str:
     parts = ["# Config reference", "",
              "Generated from the schemas in `reroll/config/` (`python -m reroll.config.reference`).",
-             "Unknown keys are errors; a union section picks its variant by `name` (or `type`).", ""]
+             "Unknown keys are errors; a union section picks its variant by `name` (or `type`).",
+             "The error names the pipelines whose configs take a key that this pipeline's do "
+             "not (`async_training` in an agentic config: `rlvr`), or the closest key of the "
+             "section (`grup_size`: did you mean `group_size`?).", "",
+             "On the command line, `key.path=value` sets one key (its value read as YAML); a "
+             "mapping as the value replaces the config's mapping, as in Hydra: "
+             "`env.kwargs={}` clears the YAML's `env.kwargs`, `env.kwargs={count: 4}` leaves "
+             "only `count`, while `env.kwargs.count=4` changes `count` and keeps the rest. "
+             "Overrides apply in order, the last one given wins.", ""]
     for title, model in (("`reroll train` (RLVR)", RLConfig), ("`reroll sft`", SFTConfig),
                          ("`reroll train` with `pipeline: agentic`", AgenticConfig),
                          ("`reroll dpo`", DPOConfig), ("`reroll rm`", RMConfig),
@@ -128,6 +136,24 @@ def section_of(schema: type[BaseModel], loc: tuple) -> tuple[str, type[BaseModel
     following union sections through their tag (`reward.custom.function` -> `reward`)."""
     path, model, _ = _walk(schema, loc[:-1])
     return ".".join(path), model
+
+
+def model_at(schema: type[BaseModel], loc: tuple) -> type[BaseModel]:
+    """The config model of the section at `loc` (`("env",)` -> EnvConfig)."""
+    return _walk(schema, loc)[1]
+
+
+def takes_key(schema: type[BaseModel], path: tuple[str, ...]) -> bool:
+    """Whether `schema` has the key at `path`, as the user writes it (a union section's keys
+    are those of any of its variants)."""
+    models = [schema]
+    for i, part in enumerate(path):
+        fields = [m.model_fields[part] for m in models if part in m.model_fields]
+        if not fields:
+            return False
+        if i < len(path) - 1:
+            models = [m for f in fields for m in _models_in(f.annotation)]
+    return True
 
 
 def key_path(schema: type[BaseModel], loc: tuple) -> tuple[str, ...]:

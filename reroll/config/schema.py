@@ -15,7 +15,7 @@ from typing import Any, Literal
 from pydantic import Field, model_validator
 
 from reroll.config.algorithm import AlgorithmConfig, DynamicSamplingConfig
-from reroll.config.base import Section
+from reroll.config.base import RunSection, Section
 from reroll.config.distributed import DistributedConfig
 from reroll.config.engines import (
     EngineConfig,
@@ -367,7 +367,7 @@ class PromptEvalConfig(EvalConfig):
     own reward)."""
 
 
-class RLRunConfig(Section):
+class RLRunConfig(RunSection):
     """What every RL pipeline's config has: the run, the model and its roles, the algorithm, the
     optimisation, evaluation, checkpoints and tracking. `RLConfig` (prompts and a reward) and
     `AgenticConfig` (an environment) add their task."""
@@ -375,7 +375,8 @@ class RLRunConfig(Section):
     pipeline: str
     """Which pipeline this config is for."""
     name: str = Field("run", min_length=1)
-    """Run name; the run directory is `runs/<name>/` unless `output_dir` is set."""
+    """Run name; the run directory is `runs/<name>/` unless `output_dir` is set, whose folder
+    name is then the default name."""
     output_dir: str | None = None
     """Run directory (default `runs/<name>/`)."""
     seed: int = 0
@@ -514,13 +515,14 @@ class SFTData(Section):
     """Rows longer than this after templating are an error naming the row."""
 
 
-class SFTConfig(Section):
+class SFTConfig(RunSection):
     """`reroll sft CONFIG.yaml`: supervised fine-tuning on response tokens (prompt tokens masked)."""
 
     pipeline: Literal["sft"] = "sft"
     """Which pipeline this config is for."""
     name: str = Field("sft", min_length=1)
-    """Run name; the run directory is `runs/<name>/` unless `output_dir` is set."""
+    """Run name; the run directory is `runs/<name>/` unless `output_dir` is set, whose folder
+    name is then the default name."""
     output_dir: str | None = None
     """Run directory (default `runs/<name>/`); the model is saved to its `final/`."""
     overwrite: bool = False

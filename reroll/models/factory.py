@@ -15,6 +15,8 @@ from pathlib import Path
 
 from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
 
+from reroll.models.files import share_like_siblings
+
 # The split regex of transformers' Qwen2Tokenizer: digits are single tokens, which suits arithmetic.
 QWEN2_SPLIT = (r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"""
                r"""|\s*[\r\n]+|\s+(?!\S)|\s+""")
@@ -151,4 +153,5 @@ def make_model(out: str | Path, preset: str = "tiny", corpus: Iterable[str] | No
     out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
+    share_like_siblings(out)
     return out

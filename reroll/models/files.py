@@ -5,10 +5,58 @@ config.json are tracebacks that do not say which file, or which folder)."""
 from __future__ import annotations
 
 import json
+import os
 import struct
 from pathlib import Path
 
+from reroll import settings
+from reroll.config.errors import ConfigError
+from reroll.models.hints import is_run_output, missing_model_hint
+
+ADAPTER_CONFIG = "adapter_config.json"
 CONTEXT_KEYS = ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length")
+
+
+def is_adapter_dir(path: str | Path) -> bool:
+    """A folder holding a PEFT adapter (a LoRA run's checkpoint) rather than a full model."""
+    local = Path(path).expanduser()
+    return (local / ADAPTER_CONFIG).is_file() and not (local / "config.json").is_file()
+
+
+def model_path_problem(path: str) -> str | None:
+    """Why `path` is no model to load (None: a model or adapter folder, or a hub id with
+    downloads allowed). Reads no weights and imports neither torch nor transformers, so a
+    command refuses a wrong path at once, not after a minute of imports (under load)."""
+    local = Path(path).expanduser()
+    if not local.exists() and path.count("/") == 1 and not path.startswith((".", "/", "~")) \
+            and settings.allow_hub():
+        return None  # a hub id, fetched by transformers (opted in with REROLL_ALLOW_HUB=1)
+    if is_adapter_dir(local):
+        return None
+    if not (local / "config.json").is_file():
+        hub = (f"; if {path!r} is a hub id, set {settings.ALLOW_HUB}=1 to download it"
+               if path.count("/") == 1 and not local.parent.exists() and not is_run_output(path)
+               else "")
+        return f"no Hugging Face model there (config.json missing); {missing_model_hint(path)}{hub}"
+    return model_dir_problem(local)
+
+
+def check_model_path(path: str, field: str = "model.path") -> None:
+    """`model_path_problem` as a ConfigError naming `field`."""
+    problem = model_path_problem(path)
+    if problem:
+        raise ConfigError(f"{field} {path}: {problem}")
+
+
+def share_like_siblings(folder: Path) -> None:
+    """Give the files of a model folder just written the mode new files get (0666 less the
+    umask): transformers writes `model.safetensors` through a private temporary file, 0600,
+    while its siblings (config, tokenizer) are 0644."""
+    mask = os.umask(0)
+    os.umask(mask)
+    for file in Path(folder).iterdir():
+        if file.is_file():
+            file.chmod(0o666 & ~mask)
 
 
 def safetensors_problem(path: Path) -> str | None:

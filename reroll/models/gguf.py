@@ -16,6 +16,7 @@ import importlib.util
 from pathlib import Path
 
 from reroll.config.errors import ConfigError
+from reroll.models.files import share_like_siblings
 
 PACKAGED_GGUF = {
     # name: (python package that ships it, file inside the package, pip requirement)
@@ -95,4 +96,5 @@ def import_gguf(source: str, out: str | Path, dtype: str = "float32") -> Path:
     out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
+    share_like_siblings(out)
     return out

@@ -16,10 +16,8 @@ from pathlib import Path
 
 import torch
 
-from reroll import settings
 from reroll.config.errors import ConfigError
-from reroll.models.files import model_dir_problem, shape_mismatch
-from reroll.models.hints import is_run_output, missing_model_hint
+from reroll.models.files import model_path_problem, shape_mismatch
 from reroll.models.lora import adapter_base_path, is_adapter_dir, merge_adapter_dir
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
@@ -52,9 +50,7 @@ def _clear_load_errors(what: str):
         @functools.wraps(load)
         def checked(path: str, *args, field: str = "model.path", **kwargs):
             try:
-                _check_path(path)
-                problem = model_dir_problem(Path(path).expanduser()) \
-                    if Path(path).is_dir() and not is_adapter_dir(path) else None
+                problem = model_path_problem(path)
                 if problem:
                     raise ModelDirError(path, problem)
                 return load(path, *args, **kwargs)
@@ -193,16 +189,3 @@ def load_scalar_model(path: str, dtype: str = "float32", attn_implementation: st
     disable_dropout(model)
     model.config.use_cache = False
     return model
-
-
-def _check_path(path: str) -> None:
-    local = Path(path).expanduser()
-    if not local.exists() and path.count("/") == 1 and not path.startswith((".", "/", "~")) \
-            and settings.allow_hub():
-        return  # a hub id, fetched by transformers (opted in with REROLL_ALLOW_HUB=1)
-    if not (local / "config.json").is_file() and not is_adapter_dir(local):
-        hub = (f"; if {path!r} is a hub id, set {settings.ALLOW_HUB}=1 to download it"
-               if path.count("/") == 1 and not local.parent.exists() and not is_run_output(path)
-               else "")
-        raise ModelDirError(path, f"no Hugging Face model there (config.json missing); "
-                                  f"{missing_model_hint(path)}{hub}")

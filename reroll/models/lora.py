@@ -23,15 +23,9 @@ import torch
 
 from reroll.config.errors import ConfigError
 from reroll.config.lora import LoRAConfig
+from reroll.models.files import ADAPTER_CONFIG, is_adapter_dir  # noqa: F401 - imported from here
 
-ADAPTER_CONFIG = "adapter_config.json"
 ADAPTER_NAME = "default"
-
-
-def is_adapter_dir(path: str | Path) -> bool:
-    """A folder holding a PEFT adapter (a LoRA run's checkpoint) rather than a full model."""
-    local = Path(path).expanduser()
-    return (local / ADAPTER_CONFIG).is_file() and not (local / "config.json").is_file()
 
 
 def adapter_base_path(path: str | Path) -> str:

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import re
+from collections import Counter
+
 import torch
 
 from reroll.data.batch import Trajectory
@@ -23,7 +26,29 @@ def rollout_metrics(trajectories: list[Trajectory], group_size: int) -> dict[str
         "train/response_len_max": float(lengths.max()),
         "train/truncated_frac": sum(t.finish_reason == "length" for t in trajectories) / len(trajectories),
         "rollout/tokens": float(lengths.sum()),
-    }
+    } | reward_function_metrics(trajectories)
+
+
+def reward_function_metrics(trajectories: list[Trajectory]) -> dict[str, float]:
+    """`train/rewards/<function>`: the mean score of each of several summed reward functions
+    (`reward.type: python`; each sample's `reward_info["rewards"]`), over the samples they
+    scored (a failed call records none)."""
+    scores: dict[str, list[float]] = {}
+    for t in trajectories:
+        for name, score in (t.reward_info.get("rewards") or {}).items():
+            scores.setdefault(name, []).append(float(score))
+    keys = metric_names(list(scores))
+    return {f"train/rewards/{keys[name]}": sum(v) / len(v) for name, v in scores.items()}
+
+
+def metric_names(functions: list[str]) -> dict[str, str]:
+    """A short metric name for each function (`module:qualname` -> `qualname`; `<lambda>` ->
+    `lambda`); names that would clash keep their place in the list (`lambda_1`, `lambda_2`)."""
+    short = {f: re.sub(r"[^A-Za-z0-9_.-]", "", f.rsplit(":", 1)[-1]) or "function"
+             for f in functions}
+    counts = Counter(short.values())
+    return {f: f"{name}_{i}" if counts[name] > 1 else name
+            for i, (f, name) in enumerate(short.items())}
 
 
 def staleness_metrics(groups: list[Group], version: int) -> dict[str, float]:

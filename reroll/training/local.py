@@ -23,6 +23,7 @@ from reroll.config.errors import ConfigError, RunStopped
 from reroll.config.lora import LoRAConfig
 from reroll.config.schema import OptimizerConfig, TrainConfig
 from reroll.data.batch import split_micro_batches
+from reroll.models.files import share_like_siblings
 from reroll.models.logprobs import batched_logprobs, load_weights
 from reroll.models.lora import LoRAAdapter
 from reroll.training.memory import limit_heap_fragmentation
@@ -213,6 +214,7 @@ class LocalStrategy:
             self.adapter.save_merged(directory)
         else:
             self.model.save_pretrained(directory)
+        share_like_siblings(directory)
 
     # -- checkpoints -----------------------------------------------------------------------------
 

@@ -33,6 +33,9 @@ GROUPS: tuple[GroupSpec, ...] = (
               band_range=("train/reward_min", "train/reward_max"),
               note="train: mean over the step's rollouts (band: ± std, within the step's lowest "
                    "and highest reward); eval: held-out prompts"),
+    GroupSpec("reward-functions", "Reward by function", prefix="train/rewards/",
+              note="mean score of each summed reward function (before its weight) over the "
+                   "step's rollouts"),
     GroupSpec("nll", "Negative log-likelihood", ("sft/nll", "eval/nll")),
     GroupSpec("preference", "Preference accuracy", ("pref/accuracy", "eval/accuracy"),
               note="share of pairs whose chosen response gets the higher reward (DPO: implicit "

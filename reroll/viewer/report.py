@@ -20,6 +20,7 @@ from reroll.viewer.charts import plan_charts
 from reroll.viewer.rundata import RunData, load_run
 from reroll.viewer.summary import fmt, headline
 
+GENERATOR = '<meta name="generator" content="reroll view">'
 SCRIPTS = ("common.js", "charts.js", "table.js")
 START_POINTS = {"eval/reward_mean": "eval_reward_start", "eval/nll": "eval_nll_start"}
 
@@ -114,14 +115,22 @@ def render_report(run: RunData) -> str:
 
 
 def write_report(run_dir: str | Path, out: str | Path | None = None,
-                 max_rollouts_per_step: int = 500) -> tuple[RunData, Path]:
-    """Read `run_dir`, write its report to `out` (default `run_dir/report.html`)."""
+                 max_rollouts_per_step: int = 500, reload_s: float | None = None
+                 ) -> tuple[RunData, Path]:
+    """Read `run_dir`, write its report to `out` (default `run_dir/report.html`); with
+    `reload_s`, a page that reloads itself that often (`reroll view --watch`). The file is
+    replaced whole, so a page reloaded while it is rewritten is never half a page."""
     run = load_run(run_dir, max_rollouts_per_step)
     target = Path(out).expanduser() if out else run.path / "report.html"
     text = render_report(run)
+    if reload_s is not None:
+        text = text.replace(GENERATOR, f'{GENERATOR}\n<meta http-equiv="refresh" '
+                                       f'content="{max(1, round(reload_s))}">', 1)
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
-        target.write_text(text, encoding="utf-8")
+        partial = target.with_name(f".{target.name}.partial")
+        partial.write_text(text, encoding="utf-8")
+        partial.replace(target)
     except OSError as e:
         raise ConfigError(f"{target}: cannot write the report ({e.strerror})") from None
     return run, target
@@ -145,7 +154,20 @@ def payload(run: RunData) -> dict[str, Any]:
                 for step, rows in sorted(by_step.items()) for row in rows]
     charts = [c.as_json() | {"constant": constant(series, c.keys)}
               for c in plan_charts(keys, run.non_finite)]
-    return {"series": series, "charts": charts, "rollouts": rollouts}
+    return {"series": series, "charts": charts, "rollouts": rollouts,
+            "specialTokens": special_tokens(run)}
+
+
+def special_tokens(run: RunData) -> list[str]:
+    """The special tokens of the run's tokenizer (its `model.path`'s tokenizer.json, when it
+    can be read from here), which the page marks in the text; the page also marks any
+    `<|...|>` token."""
+    model = (run.config.get("model") or {}).get("path") if isinstance(run.config, dict) else None
+    try:
+        added = json.loads((Path(str(model)) / "tokenizer.json").read_text())["added_tokens"]
+        return sorted({t["content"] for t in added if t.get("special") and t.get("content")})
+    except (OSError, ValueError, KeyError, TypeError):
+        return []
 
 
 def constant(series: dict[str, list[list[Any]]], keys: list[str]) -> bool:

@@ -278,15 +278,15 @@ def test_bad_input_is_one_message_and_exit_2(case, tmp_path, tiny_model, arithme
 
 def test_hub_ids_are_an_explicit_opt_in(monkeypatch):
     from reroll.config.errors import ConfigError
-    from reroll.models.loading import _check_path
+    from reroll.models.files import check_model_path
 
     monkeypatch.delenv("REROLL_ALLOW_HUB", raising=False)
     with pytest.raises(ConfigError, match="REROLL_ALLOW_HUB=1"):
-        _check_path("HuggingFaceTB/SmolLM2-135M-Instruct")
+        check_model_path("HuggingFaceTB/SmolLM2-135M-Instruct")
     monkeypatch.setenv("REROLL_ALLOW_HUB", "1")
-    _check_path("HuggingFaceTB/SmolLM2-135M-Instruct")  # left to transformers (network)
+    check_model_path("HuggingFaceTB/SmolLM2-135M-Instruct")  # left to transformers (network)
     with pytest.raises(ConfigError, match="config.json missing"):
-        _check_path("./not/here")  # a local-looking path is never a hub id
+        check_model_path("./not/here")  # a local-looking path is never a hub id
 
 
 def test_every_row_is_checked_at_load_and_quickly(tokenizer, arithmetic):

@@ -37,3 +37,21 @@ def test_missing_model_exits_2_naming_the_fix(tmp_path):
                             capture_output=True, text=True, timeout=120)
     assert result.returncode == 2 and "reroll make-model" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize("command", [["train", "examples/arithmetic/grpo.yaml"],
+                                     ["dpo", "examples/preferences/dpo.yaml"],
+                                     ["sft", "examples/arithmetic/sft.yaml"]],
+                         ids=lambda c: c[0])
+def test_a_wrong_model_path_is_refused_before_torch_is_imported(command):
+    """It took 30-55 s under load: the CLI imported torch (through `reroll export` and
+    transformers' logging) before the pipeline loaded the model and found the folder missing."""
+    from pathlib import Path
+
+    code = ("import sys; from reroll.cli import main; "
+            f"rc = main({[*command, 'model.path=/no/such/model']!r}); "
+            "print(rc, 'torch' in sys.modules, 'transformers' in sys.modules)")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                            timeout=120, cwd=Path(__file__).resolve().parents[2])
+    assert result.stdout.split() == ["2", "False", "False"], result.stdout + result.stderr
+    assert "model.path /no/such/model: no Hugging Face model there" in result.stderr

@@ -153,3 +153,77 @@ def test_a_multidomain_checkpoint_is_evaluated_per_domain(tmp_path, tiny_model, 
     assert main(["eval", "--model", tiny_model, "--task", arithmetic["eval"], "--domain", "a",
                  "--out", str(out)]) == 2
     assert "--domain: only for a model of a multi-domain run" in capsys.readouterr().err
+
+
+def preference_run(tmp_path, pipeline: str, pairs: list[dict], **extra) -> str:
+    """A DPO, RM or distillation run's directory with an empty checkpoint folder."""
+    path = tmp_path / "pairs.jsonl"
+    path.write_text("".join(json.dumps(row) + "\n" for row in pairs))
+    run = tmp_path / pipeline
+    (run / "checkpoints" / "step_2").mkdir(parents=True)
+    config = {"pipeline": pipeline, "model": {"path": "m"},
+              "data": {"train": str(path), "eval": str(path), "max_tokens": 300,
+                       "system_prompt": "Be brief."}} | extra
+    (run / "config.yaml").write_text(yaml.safe_dump(config))
+    return str(run / "checkpoints" / "step_2")
+
+
+PAIR = {"prompt": "1+1?", "chosen": "\\boxed{2}", "rejected": "\\boxed{3}", "answer": "2"}
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("pipeline", ["dpo", "distill"])
+def test_a_preference_or_distillation_runs_model_is_evaluated_on_its_held_out_prompts(
+        tmp_path, pipeline):
+    """`reroll eval` on a DPO run's checkpoint crashed (AttributeError: 'PreferenceData' object
+    has no attribute 'max_prompt_tokens'); a distillation run's did too (SFTData)."""
+    from reroll.evaluation import run_settings
+
+    row = PAIR if pipeline == "dpo" else {"prompt": "1+1?", "response": "2", "answer": "2"}
+    extra = {"teacher": {"path": "t"}} if pipeline == "distill" else {}
+    checkpoint = preference_run(tmp_path, pipeline, [row], **extra)
+    _, settings = run_settings(checkpoint, {})
+    assert settings == {"task": (str(tmp_path / "pairs.jsonl"), "data.eval"),
+                        "system_prompt": ("Be brief.", "data.system_prompt"),
+                        "max_prompt_tokens": (300, "data.max_tokens")}
+
+
+@pytest.mark.unit
+def test_held_out_pairs_without_answers_are_refused_naming_the_file(tmp_path, capsys):
+    """Pairs without an `answer` give nothing to score samples against (every sample would
+    count as a reward error): the command says so and asks for --task, exit 2."""
+    checkpoint = preference_run(tmp_path, "dpo", [{k: v for k, v in PAIR.items()
+                                                   if k != "answer"}])
+    assert main(["eval", "--model", checkpoint, "--out", str(tmp_path / "r.json")]) == 2
+    err = " ".join(capsys.readouterr().err.split())
+    assert "data.eval" in err and "pairs.jsonl" in err and "no `answer`" in err
+    assert "--task" in err and "Traceback" not in err
+
+
+@pytest.mark.unit
+def test_a_reward_model_is_refused_by_eval_with_where_its_accuracy_is(tmp_path, capsys):
+    """A `reroll rm` model scores responses; it does not generate (it crashed as a DPO run's
+    model did, or with --ignore-run-config was sampled as a causal LM)."""
+    checkpoint = preference_run(tmp_path, "rm", [PAIR])
+    (Path(checkpoint) / "config.json").write_text(json.dumps(
+        {"architectures": ["Qwen2ForSequenceClassification"], "num_labels": 1}))
+    for flags in ([], ["--ignore-run-config", "--task", "arithmetic"]):
+        assert main(["eval", "--model", checkpoint, "--out", str(tmp_path / "r.json"),
+                     *flags]) == 2
+        err = " ".join(capsys.readouterr().err.split())
+        assert "reward model" in err and "eval/accuracy" in err and "type: model" in err
+
+
+def test_a_dpo_checkpoint_is_sampled_on_its_held_out_pairs_prompts(tmp_path, tiny_model, capsys):
+    from reroll.data.preferences import write_arithmetic_preferences
+
+    pairs = write_arithmetic_preferences(tmp_path / "pairs", train_size=8, eval_size=3, seed=0)
+    checkpoint = fake_run(tmp_path, tiny_model, {
+        "pipeline": "dpo", "model": {"path": tiny_model}, "steps": 2, "batch_size": 2,
+        "train": {"micro_batch_size": 4},
+        "data": {"train": str(pairs["train"]), "eval": str(pairs["eval"]), "max_tokens": 200}})
+    results, err = run_eval(capsys, "--model", checkpoint, "--max-new-tokens", "4",
+                            "--threads", "1", "--out", str(tmp_path / "res.json"))
+    assert results["task"] == str(pairs["eval"]) and results["prompts"] == 3
+    assert results["taken_from_run"] == {"task": "data.eval", "max_prompt_tokens": "data.max_tokens"}
+    assert "task=" in err and "(data.eval)" in err

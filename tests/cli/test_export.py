@@ -2,7 +2,9 @@
 the merged export is a plain transformers model holding exactly the trainer's merged weights."""
 
 import json
+import os
 import shutil
+import stat
 
 import pytest
 import torch
@@ -50,6 +52,18 @@ def test_export_merge_writes_the_trainers_merged_model(lora_run, tmp_path, capsy
     assert not any("lora" in key for key in weights)
     for key, value in merged.items():
         assert torch.allclose(weights[key], value, atol=1e-6), key
+
+
+def test_a_merged_export_is_readable_like_its_siblings(lora_run, tmp_path):
+    """The merged model.safetensors was written 0600 (transformers' private temporary file)
+    while config.json and the tokenizer were 0644."""
+    run, _ = lora_run
+    out = tmp_path / "out"
+    assert main(["export", "--merge", str(run), "--out", str(out)]) == 0
+    mask = os.umask(0)
+    os.umask(mask)
+    modes = {f.name: stat.S_IMODE(f.stat().st_mode) for f in out.iterdir()}
+    assert modes["model.safetensors"] == modes["config.json"] == 0o666 & ~mask, modes
 
 
 def test_export_without_merge_copies_the_peft_adapter(lora_run, tmp_path):

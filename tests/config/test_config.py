@@ -10,6 +10,7 @@ from reroll.config import ConfigError, RLConfig, SFTConfig, load_config, parse_o
 pytestmark = pytest.mark.unit
 ROOT = Path(__file__).resolve().parents[2]
 MINIMAL = {"steps": 2, "model": {"path": "m"}, "data": {"train": "t.jsonl"}}
+AGENTIC = {"pipeline": "agentic", "steps": 2, "model": {"path": "m"}, "env": {"id": "countdown"}}
 
 
 def write(tmp_path, data) -> Path:
@@ -29,6 +30,19 @@ def test_overrides_are_yaml_scalars_in_a_tree():
         "a": {"b": 3, "c": 1e-4}, "d": True, "e": None, "f": "text"}
 
 
+def test_a_mapping_override_replaces_the_yaml_mapping(tmp_path):
+    """`env.kwargs={}` merged into the YAML's kwargs (they stayed); a mapping value replaces
+    (as in Hydra), a dotted key changes one entry, and the last override wins."""
+    path = write(tmp_path, {**AGENTIC, "env": {"id": "countdown", "kwargs": {"count": 3,
+                                                                           "max_number": 9}}})
+    for overrides, kwargs in ((["env.kwargs={}"], {}),
+                              (["env.kwargs={count: 4}"], {"count": 4}),
+                              (["env.kwargs.count=4"], {"count": 4, "max_number": 9}),
+                              (["env.kwargs={}", "env.kwargs.count=2"], {"count": 2}),
+                              (["env.kwargs.count=2", "env.kwargs={}"], {})):
+        assert load_config(path, overrides).env.kwargs == kwargs, overrides
+
+
 def test_override_without_equals_is_an_error():
     with pytest.raises(ConfigError, match="expected key.path=value"):
         parse_overrides(["optimizer.lr"])
@@ -39,6 +53,17 @@ def test_defaults_fill_a_minimal_config(tmp_path):
     assert isinstance(config, RLConfig)
     assert config.algorithm.advantage.name == "grpo" and config.algorithm.policy_loss.clip_low == 0.2
     assert config.run_dir() == Path("runs/run")
+
+
+@pytest.mark.parametrize("data", [MINIMAL, {**MINIMAL, "pipeline": "sft"}, AGENTIC,
+                                  {"pipeline": "dpo", "model": {"path": "m"},
+                                   "data": {"train": "t"}}], ids=lambda d: d.get("pipeline", "rlvr"))
+def test_a_run_with_an_output_dir_and_no_name_is_named_after_the_folder(tmp_path, data):
+    """Such a run was titled "run" (the report, the trackers); a name given still wins."""
+    config = load_config(write(tmp_path, {**data, "output_dir": "experiments/lr-3e-4"}))
+    assert config.name == "lr-3e-4" and config.run_dir() == Path("experiments/lr-3e-4")
+    config = load_config(write(tmp_path, {**data, "output_dir": "experiments/x", "name": "mine"}))
+    assert config.name == "mine"
 
 
 def test_override_changes_a_nested_field(tmp_path):
@@ -52,8 +77,48 @@ def test_unknown_key_names_its_path(tmp_path):
 
 
 def test_an_unknown_top_level_key_lists_the_top_level_keys(tmp_path):
-    message = error_of(tmp_path, {**MINIMAL, "teacher": {"path": "m"}})
-    assert "teacher: unknown key (check the spelling); the top-level keys are pipeline, " in message
+    message = error_of(tmp_path, {**MINIMAL, "tracher": {"path": "m"}})
+    assert "tracher: unknown key (check the spelling); the top-level keys are pipeline, " in message
+
+
+
+@pytest.mark.parametrize(("data", "override", "named"), [
+    (AGENTIC, "async_training.enabled=true",
+     "async_training: not a key of `pipeline: agentic` configs (the pipeline that takes it: rlvr)"),
+    (AGENTIC, "scheduler.max_running=4",
+     "scheduler: not a key of `pipeline: agentic` configs (the pipeline that takes it: rlvr)"),
+    (MINIMAL, "teacher.path=t",
+     "teacher: not a key of `pipeline: rlvr` configs (the pipeline that takes it: distill)"),
+    (MINIMAL, "env.id=countdown",
+     "env: not a key of `pipeline: rlvr` configs (the pipeline that takes it: agentic)"),
+    ({"pipeline": "dpo", "model": {"path": "m"}, "data": {"train": "t"}}, "rollout.group_size=2",
+     "rollout: not a key of `pipeline: dpo` configs (the pipelines that take it: rlvr, agentic)"),
+])
+def test_a_key_of_another_pipeline_names_the_pipelines_that_take_it(tmp_path, data, override,
+                                                                    named):
+    """`async_training` in an agentic config was 'unknown key (check the spelling)'."""
+    message = error_of(tmp_path, data, [override])
+    assert named in message and "check the spelling" not in message
+
+
+@pytest.mark.parametrize(("override", "suggested"), [
+    ("rollout.grup_size=4", "rollout.grup_size: unknown key (did you mean `group_size`?)"),
+    ("optimizer.learning_rate=1", "optimizer.learning_rate: unknown key (check the spelling)"),
+    ("train.micro_batch=4", "train.micro_batch: unknown key (did you mean `micro_batch_size`?)"),
+    ("stpes=3", "stpes: unknown key (did you mean `steps`?)"),
+])
+def test_a_misspelled_key_suggests_the_closest_key(tmp_path, override, suggested):
+    assert suggested in error_of(tmp_path, MINIMAL, [override])
+
+
+def test_a_list_where_one_section_goes_is_one_clear_line(tmp_path):
+    """A list under `env` gave pydantic's 'Input should be a valid dictionary or instance of
+    EnvConfig'."""
+    message = error_of(tmp_path, {**AGENTIC, "env": [{"id": "countdown"}, {"id": "sokoban"}]})
+    assert message.splitlines()[1] == (
+        "  env: expected one `env` section (a mapping of its keys: id, kwargs, max_turns, "
+        "max_context_tokens, step_timeout_s, system_prompt, history_thinking, train_seeds, "
+        "eval_episodes, redundancy), got a list of 2")
 
 
 def test_wrong_type_names_field_and_value(tmp_path):

@@ -60,3 +60,11 @@ def test_missing_model_path_is_a_config_error(tmp_path):
 
     with pytest.raises(ConfigError, match="reroll make-model"):
         load_model(str(tmp_path / "absent"))
+
+
+def test_a_made_models_files_all_get_the_same_mode(tiny_model):
+    """model.safetensors was 0600 (transformers' private temporary file), its siblings 0644."""
+    from pathlib import Path
+
+    modes = {f.name: f.stat().st_mode & 0o777 for f in Path(tiny_model).iterdir()}
+    assert len(set(modes.values())) == 1, modes

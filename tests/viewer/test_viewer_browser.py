@@ -319,3 +319,31 @@ def test_several_runs_are_overlaid_one_line_per_run(browser, tmp_path, make_run)
     assert {"grpo \u00b7 train/reward_mean", "dapo \u00b7 train/reward_mean"} <= lines
     legend = browser.find_element("css selector", "#chart-reward").text
     assert "grpo \u00b7 eval/reward_mean" in legend and "dapo \u00b7 eval/reward_mean" in legend
+
+
+def test_special_tokens_are_marked_not_shown_as_the_models_text(browser, run_dir, tmp_path):
+    """`<|im_end|>` and the tokenizer's own special tokens were shown raw, like the model's text."""
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "tokenizer.json").write_text(json.dumps({"added_tokens": [
+        {"content": "<eos>", "special": True}, {"content": "<tool>", "special": False}]}))
+    config = yaml.safe_load((run_dir / "config.yaml").read_text())
+    config["model"]["path"] = str(model)
+    (run_dir / "config.yaml").write_text(yaml.safe_dump(config))
+    (run_dir / "rollouts" / "step_40.jsonl").write_text(json.dumps(
+        {"prompt": "<|im_start|>user\nHi<|im_end|>", "response": "Hello <tool> x<eos>",
+         "reward": 1.0, "finish_reason": "stop", "group_id": 0}) + "\n")
+    _, report = write_report(run_dir)
+    open_report(browser, report)
+    select(browser, "f-step", "40")
+    row = browser.find_element("css selector", "#rollout-body tr.rollout-row")
+    marked = [s.text for s in row.find_elements("css selector", ".special")]
+    assert marked == ["<|im_start|>", "<|im_end|>", "<eos>"]  # `<tool>` is not special
+    assert "Hello <tool> x" in row.text
+    span = row.find_element("css selector", ".special")
+    assert span.value_of_css_property("background-color") != \
+        row.find_element("css selector", "td.text").value_of_css_property("background-color")
+    row.click()
+    detail = browser.find_element("css selector", "tr.rollout-detail")
+    assert [s.text for s in detail.find_elements("css selector", ".special")] == marked
+    assert console_problems(browser) == []

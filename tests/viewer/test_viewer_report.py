@@ -190,3 +190,85 @@ def test_every_metric_of_the_start_evaluation_is_drawn_at_step_0(tmp_path):
     series = payload(load_run(tmp_path))["series"]
     assert series["eval/success_rate"] == [[0, 0.3], [5, 0.6]]
     assert series["eval/reward_mean"] == [[0, -1.3], [5, 4.7]]
+
+
+def test_each_reward_functions_score_is_a_metric_drawn_in_one_chart(tmp_path):
+    """Several summed reward functions (`reroll.train(reward_funcs=[...])`) kept each one's score
+    in the rollouts' `reward_info["rewards"]` only: no curve showed which of them moved."""
+    from reroll.data.batch import Trajectory
+    from reroll.rollout.metrics import rollout_metrics
+
+    def sample(correct: float, short: float, bonus: float | None) -> Trajectory:
+        scores = {"task:correct": correct, "task:<lambda>": short}
+        if bonus is not None:
+            scores["other:<lambda>"] = bonus
+        return Trajectory([1], [2], [0.0], "stop", 0, reward=correct + short,
+                          reward_info={"rewards": scores})
+
+    rows = []
+    for step in (1, 2):
+        trajectories = [sample(step - 1.0, 0.5, 1.0), sample(1.0, 0.25 * step, None),
+                        Trajectory([1], [2], [0.0], "stop", 0, reward_info={"error": "x"})]
+        metrics = rollout_metrics(trajectories, group_size=3)
+        rows.append({"step": step} | metrics)
+    assert rows[0]["train/rewards/correct"] == 0.5 and rows[1]["train/rewards/correct"] == 1.0
+    assert rows[0]["train/rewards/lambda_1"] == 0.375 and rows[0]["train/rewards/lambda_2"] == 1.0
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    charts = {c["id"]: c for c in payload(load_run(tmp_path))["charts"]}
+    assert charts["reward-functions"]["keys"] == [
+        "train/rewards/correct", "train/rewards/lambda_1", "train/rewards/lambda_2"]
+    assert charts["reward-functions"]["title"] == "Reward by function"
+
+
+def shown_steps(report) -> tuple[int, bool]:
+    """(steps in the report's reward series, whether the page reloads itself); (0, False) while
+    there is no report."""
+    try:
+        text = report.read_text()
+    except OSError:
+        return 0, False
+    data = re.search(r'<script id="run-data" type="application/json">(.*?)</script>', text, re.S)
+    series = json.loads(data.group(1))["series"].get("train/reward_mean", [])
+    return len(series), 'http-equiv="refresh" content="1"' in text
+
+
+def test_watch_rewrites_the_report_while_the_run_grows_until_it_finishes(tmp_path, capsys):
+    """The report was written once; a running run's page went stale. A writer thread plays the
+    run: each step is appended only after the report has shown the one before."""
+    import threading
+    import time
+
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.yaml").write_text("pipeline: rlvr\nname: live\nsteps: 3\nmodel: {path: m}\n")
+
+    def append(step):
+        with (run / "metrics.jsonl").open("a") as f:
+            f.write(json.dumps({"step": step, "train/reward_mean": step / 10}) + "\n")
+
+    seen, report = [], run / "report.html"
+
+    def play():
+        deadline = time.monotonic() + 60
+        for step in (1, 2, 3):
+            append(step)
+            while shown_steps(report)[0] < step and time.monotonic() < deadline:
+                time.sleep(0.02)
+            seen.append(shown_steps(report))
+        (run / "summary.json").write_text(json.dumps({"steps": 3}))
+
+    writer = threading.Thread(target=play)
+    writer.start()
+    cmd_view(cli(["view", str(run), "--watch", "0.05"]))
+    writer.join()
+    assert seen == [(1, True), (2, True), (3, True)]  # each step shown while it ran
+    assert shown_steps(report) == (3, False)  # finished: the last page stays put
+    out = capsys.readouterr().out
+    assert "rewritten every 0.05 s until the run finishes" in out and "live" in out
+
+
+def test_watch_needs_one_run_and_a_positive_interval(tmp_path, run_dir):
+    for argv in (["view", str(run_dir), "--watch", "0"],
+                 ["view", str(run_dir), str(run_dir), "--watch", "5"]):
+        with pytest.raises(ConfigError, match="--watch"):
+            cmd_view(cli(argv))

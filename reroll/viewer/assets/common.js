@@ -14,6 +14,28 @@ function visible(text) {
     (c) => String.fromCharCode(c === "\u007f" ? 0x2421 : 0x2400 + c.charCodeAt(0)));
 }
 
+/** The special tokens the page marks: the tokenizer's (`data.specialTokens`) and any `<|...|>`. */
+const SPECIAL = new RegExp([...((typeof data !== "undefined" && data.specialTokens) || [])]
+  .sort((a, b) => b.length - a.length).map((t) => t.replace(/[.*+?^${}()|[\]\\]/g, "\\$&"))
+  .concat(["<\\|[^|<>\\s]{1,60}\\|>"]).join("|"), "g");
+
+/** `visible(text)` as DOM nodes, each special token a marked span (so `<|im_end|>` reads as a
+ * token, not as text the model wrote). */
+function textNodes(text) {
+  const source = visible(text);
+  const fragment = document.createDocumentFragment();
+  let last = 0;
+  for (const match of source.matchAll(SPECIAL)) {
+    if (match.index > last) fragment.appendChild(document.createTextNode(source.slice(last, match.index)));
+    const token = el("span", "special", match[0]);
+    token.title = "special token";
+    fragment.appendChild(token);
+    last = match.index + match[0].length;
+  }
+  if (last < source.length) fragment.appendChild(document.createTextNode(source.slice(last)));
+  return fragment;
+}
+
 /** A number to 4 significant figures; integers as they are; null as a dash. */
 function fmt(value) {
   if (value === null || value === undefined) return "\u2014";

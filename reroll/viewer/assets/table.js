@@ -51,7 +51,7 @@ function textCell(text, extraNode) {
   const td = el("td", "text");
   const div = el("div");
   if (extraNode) div.appendChild(extraNode);
-  div.appendChild(document.createTextNode(visible(text)));
+  div.appendChild(textNodes(text));
   td.appendChild(div);
   return td;
 }
@@ -98,7 +98,7 @@ function rowNode(row) {
 function block(title, text, full) {
   const box = el("div", full ? "full" : "");
   box.appendChild(el("h4", "", title));
-  box.appendChild(el("pre", "", visible(text)));
+  box.appendChild(el("pre")).appendChild(textNodes(text));
   return box;
 }
 
@@ -116,7 +116,9 @@ function turnsView(turns, turnRewards) {
     let label = (turn.role || "?") + (numbered ? " \u00b7 turn " + turn.turn : "");
     const reward = kind === "policy" && numbered && turnRewards ? turnRewards[turn.turn] : undefined;
     if (reward !== undefined) label += " \u00b7 reward " + (reward === null ? "\u2014" : fmt(reward));
-    item.append(el("div", "role", label), el("pre", "", visible(turn.text)));
+    const pre = el("pre");
+    pre.appendChild(textNodes(turn.text));
+    item.append(el("div", "role", label), pre);
     list.appendChild(item);
   }
   box.appendChild(list);
