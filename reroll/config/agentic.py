@@ -62,6 +62,55 @@ class EnvConfig(Section):
         return self
 
 
+class AgentConfig(Section):
+    """An agent program that drives itself through reroll's OpenAI-compatible gateway, instead
+    of an environment driven by the built-in loop (docs/agentic.md, "Train your own harness").
+    Each episode gets a task row, a base URL and an API key of its own session; every call is
+    recorded token for token and trained on."""
+
+    entrypoint: str | None = None
+    """`module:function`, importable from the working directory: `async def function(task,
+    base_url, api_key) -> float | None` (a plain function works too), returning the episode's
+    reward or None. Exactly one of `entrypoint` and `command`."""
+    command: list[str] | None = None
+    """A program to run per episode, e.g. `[python, my_agent.py]`: it gets `OPENAI_BASE_URL`,
+    `OPENAI_API_KEY` and `REROLL_TASK` (the task row as JSON) in its environment and the task
+    row on stdin; a last stdout line that is a number (or `{"reward": x}`) is its reward; a
+    non-zero exit status is a crash."""
+    tasks: str = Field(..., min_length=1)
+    """A JSONL file of task rows (any JSON objects: `prompt`, `answer`, ...), each given to
+    the agent as `task`. Steps draw `rollout.prompts_per_step` rows, `rollout.group_size`
+    episodes each."""
+    eval_tasks: str | None = None
+    """Held-out task rows for evaluation (`eval/reward_mean`, `eval/success_rate`); None: no
+    evaluation."""
+    verifier: str | None = None
+    """`module:function(task, messages) -> float`: scores an episode from its final
+    conversation when the agent returned no reward and posted none to `<base_url>/reward`."""
+    time_limit_s: float = Field(300.0, gt=0)
+    """Wall-clock limit of one episode's agent; past it the agent is killed (a command) or
+    abandoned (an entrypoint), its session is closed (later calls get 409) and the episode
+    counts as `gateway/timeout`, masked from the loss."""
+    max_context_tokens: int = Field(4096, ge=16)
+    """Prompt plus completion of one call; a call whose prompt leaves no room is refused with
+    `context_length_exceeded` (the harness sees an OpenAI error), a completion stops there."""
+    env: dict[str, str] = Field(default_factory=dict)
+    """Extra environment variables of a `command` agent."""
+    host: str = "127.0.0.1"
+    """Where the gateway listens (`0.0.0.0` for harnesses on other machines)."""
+    port: int = Field(0, ge=0, le=65535)
+    """The gateway's port; 0: any free port (the URL is given to each agent)."""
+
+    @model_validator(mode="after")
+    def _one_program(self) -> AgentConfig:
+        if (self.entrypoint is None) == (self.command is None):
+            raise ValueError("give exactly one of agent.entrypoint (module:function) and "
+                             "agent.command (a program and its arguments)")
+        if self.command is not None and not self.command:
+            raise ValueError("agent.command is empty: name the program to run")
+        return self
+
+
 class EpisodeScore(Section):
     """How a learned reward of whole episodes enters their return."""
 
@@ -96,7 +145,10 @@ class AgenticConfig(RLRunConfig):
     """Which pipeline this config is for."""
     name: str = Field("agentic", min_length=1)
     """Run name; the run directory is `runs/<name>/` unless `output_dir` is set."""
-    env: EnvConfig
+    env: EnvConfig | None = None
+    """The environment the built-in agent loop runs (exactly one of `env` and `agent`)."""
+    agent: AgentConfig | None = None
+    """An agent program trained through the gateway instead of an environment."""
     reward: choice("type", "model", EpisodeModelReward, EpisodeJudgeReward) | None = None
     """A learned reward of each finished episode besides the environment's own: `type: model`
     (a reward model, e.g. trained by `reroll rm` on episodes paired by their outcome) or `type:
@@ -109,6 +161,14 @@ class AgenticConfig(RLRunConfig):
     @model_validator(mode="after")
     def _check_batch(self) -> AgenticConfig:
         problems = self.batch_errors()
+        if (self.env is None) == (self.agent is None):
+            problems.append("an agentic run needs exactly one of `env:` (an environment for "
+                            "the built-in loop) and `agent:` (your own agent program)")
+        if self.agent is not None and self.reward is not None:
+            problems.append("`reward:` scores environment episodes; an agent's reward comes "
+                            "from its return value, a POST to its session or agent.verifier")
+        if self.agent is not None and self.distributed.env is not None:
+            problems.append("distributed.env places environments; an `agent:` run has none")
         if self.distributed.reward is not None and self.reward is None:
             problems.append("distributed.reward places a learned reward (`reward:`), which this "
                             "agentic run has none of (its episodes are scored by their "
