@@ -38,6 +38,8 @@ class Call:
     """Chat calls: the assistant message returned (content, tool calls)."""
     stop_text: str | None = None
     """The decoded stop token the completion ended with (None: cut at a length limit)."""
+    engine_s: float = 0.0
+    """Seconds the engine took (the rest of a call's latency is the gateway's and HTTP's)."""
     retokenized_equal: bool | None = None
     """Whether rendering and encoding the whole conversation afresh gives the spliced prompt
     (None: not spliced, nothing to compare)."""
