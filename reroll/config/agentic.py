@@ -44,6 +44,15 @@ class EnvConfig(Section):
     episode; contexts differ from what a template-based server shows the model). `strip`: every
     turn's context rendered by the template, one sample per turn (agent loop and library; the
     training pipeline refuses it until its group advantages take per-turn samples)."""
+    tool_parser: Literal["hermes", "llama3_json"] = "hermes"
+    """How tool calls are read from the model's text, for an environment that declares
+    `tools`: `hermes` (`<tool_call>{"name": ..., "arguments": {...}}</tool_call>`: Hermes,
+    Qwen2.5, Qwen3) or `llama3_json` (the reply is `{"name": ..., "parameters": {...}}`, Llama
+    3.1). A template without tool support gets the tools in a system block asking for this form
+    (docs/agentic.md, "Tools")."""
+    tool_timeout_s: float = Field(10.0, gt=0, le=3600)
+    """Limit of one tool call; past it the call's result is an error message to the model
+    (`env/tool_errors`), the episode goes on."""
     train_seeds: int = Field(100_000, ge=1)
     """Training episodes reset the env with seeds drawn from [0, train_seeds)."""
     eval_episodes: int = Field(32, ge=0)
