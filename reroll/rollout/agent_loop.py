@@ -163,7 +163,8 @@ class _Episode:
         self.rewards: list[float] = []
         self.states: list[int] = [state_id(first_obs)]
         self.segments: list[dict[str, Any]] = []
-        self.messages: list[dict[str, str]] = []  # the conversation (for `strip`)
+        self.messages: list[dict[str, str]] = []  # the conversation (`strip`, rollout rows)
+        self.tools: list[dict[str, Any]] = []  # the env's tool schemas
         self.outcome = ""
         """The environment's last observation, which no turn acted on ("Correct!"), as the
         template presents it: in the episode's text, not in its tokens."""
@@ -198,7 +199,7 @@ async def run_episode(job: AgentJob, env_seed: int, sample_seed: int, group_id: 
     if tools:
         fmt = fmt.with_tools([t.schema for t in tools], job.tool_parser)
     episode = _Episode(fmt.prompt_ids(obs), obs)
-    episode.messages = fmt.first_messages(obs)
+    episode.messages, episode.tools = fmt.first_messages(obs), fmt.tools
     strip = job.history_thinking == "strip"
     for turn in range(job.max_turns if error is None else 0):
         context = fmt.messages_ids(episode.messages) if strip and turn else episode.context()
@@ -220,6 +221,10 @@ async def run_episode(job: AgentJob, env_seed: int, sample_seed: int, group_id: 
         if completion.finish_reason == "abort":
             finish = "abort"
             break
+        last = completion.token_ids[-1] if completion.token_ids else None
+        stopped = tok.decode([last]) if completion.finish_reason == "stop" else None
+        content = completion.token_ids[:-1] if stopped else completion.token_ids
+        episode.messages.append({"role": "assistant", "content": tok.decode(content)})
         t0 = time.perf_counter()
         results = await _tool_turn(job, tools, action, stats) if tools else None
         try:
@@ -239,16 +244,13 @@ async def run_episode(job: AgentJob, env_seed: int, sample_seed: int, group_id: 
             error = f"env.step returned a non-finite reward ({reward!r})"
             break
         episode.rewards.append(reward)
-        last = completion.token_ids[-1] if completion.token_ids else None
-        stopped = tok.decode([last]) if completion.finish_reason == "stop" else None
         reply = results or [{"role": "user", "content": obs}]
         obs_ids = fmt.reply_ids(reply, stopped)
         if terminated or truncated:
             finish = "stop" if terminated else "truncated"
             episode.outcome = tok.decode(obs_ids)
             break
-        content = completion.token_ids[:-1] if stopped else completion.token_ids
-        episode.messages += [{"role": "assistant", "content": tok.decode(content)}, *reply]
+        episode.messages += reply
         grown = fmt.messages_ids(episode.messages) if strip else episode.context() + obs_ids
         if len(grown) >= job.max_context_tokens:
             finish = "length"
@@ -338,7 +340,9 @@ def _trajectory(job: AgentJob, episode: _Episode, env_seed: int, group_id: int, 
         reward=float(sum(rewards)),
         reward_info=reward_info, policy_version=getattr(job.engine, "version", 0),
         policy_mask=episode.policy, turn_ids=episode.turn_ids, turn_rewards=rewards or [0.0],
-        turn_states=episode.states[: max(turns, 1)], segments=segments)
+        turn_states=episode.states[: max(turns, 1)], segments=segments,
+        conversation={"messages": episode.messages}
+        | ({"tools": episode.tools} if episode.tools else {}))
 
 
 async def run_group(job: AgentJob, env_seed: int, group_size: int, group_id: int, seed_base: int,

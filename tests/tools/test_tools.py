@@ -208,3 +208,19 @@ def test_a_tool_returns_json_for_non_strings_and_its_own_limit_wins():
                    [data, Tool(tool_schema(nap), nap, timeout_s=0.05)], timeout_s=5)
     assert results[0].content == '{"a": 1}'
     assert results[1].error and "0.05s" in results[1].content
+
+
+@pytest.mark.bwrap
+def test_the_python_tool_runs_code_in_the_sandbox_with_several_tools_per_env():
+    from reroll.envs import make_env
+
+    env = make_env("calculator", python=True)
+    tools = as_tools(env.tools)
+    assert [t.name for t in tools] == ["calculator", "python"]
+    results = _run([ToolCall("call_0", "python", {"code": "print(2 ** 100)"}),
+                    ToolCall("call_1", "python", {"code": "import socket\n"
+                                                          "socket.create_connection(('1.1.1.1', 80), 2)"}),
+                    ToolCall("call_2", "calculator", {"expression": "2 * 21"})], tools, 20.0)
+    assert results[0].content == str(2 ** 100) and not results[0].error
+    assert "Error" in results[1].content  # no network in the sandbox
+    assert results[2].content == "42"
