@@ -44,6 +44,15 @@ class EnvConfig(Section):
     episode; contexts differ from what a template-based server shows the model). `strip`: every
     turn's context rendered by the template, one sample per turn (agent loop and library; the
     training pipeline refuses it until its group advantages take per-turn samples)."""
+    tool_parser: Literal["hermes", "llama3_json"] = "hermes"
+    """How tool calls are read from the model's text, for an environment that declares
+    `tools`: `hermes` (`<tool_call>{"name": ..., "arguments": {...}}</tool_call>`: Hermes,
+    Qwen2.5, Qwen3) or `llama3_json` (the reply is `{"name": ..., "parameters": {...}}`, Llama
+    3.1). A template without tool support gets the tools in a system block asking for this form
+    (docs/agentic.md, "Tools")."""
+    tool_timeout_s: float = Field(10.0, gt=0, le=3600)
+    """Limit of one tool call; past it the call's result is an error message to the model
+    (`env/tool_errors`), the episode goes on."""
     train_seeds: int = Field(100_000, ge=1)
     """Training episodes reset the env with seeds drawn from [0, train_seeds)."""
     eval_episodes: int = Field(32, ge=0)
@@ -94,6 +103,9 @@ class AgentConfig(Section):
     max_context_tokens: int = Field(4096, ge=16)
     """Prompt plus completion of one call; a call whose prompt leaves no room is refused with
     `context_length_exceeded` (the harness sees an OpenAI error), a completion stops there."""
+    tool_parser: Literal["hermes", "llama3_json"] = "hermes"
+    """The tool-call format the model writes (as `env.tool_parser`): the calls it writes come
+    back to the agent as `tool_calls` when its request offered `tools`."""
     env: dict[str, str] = Field(default_factory=dict)
     """Extra environment variables of a `command` agent."""
     host: str = "127.0.0.1"

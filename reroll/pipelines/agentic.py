@@ -153,7 +153,8 @@ class EnvTask:
                         max_context_tokens=env.max_context_tokens,
                         step_timeout_s=env.step_timeout_s, system_prompt=env.system_prompt,
                         history_thinking=env.history_thinking or "keep",
-                        episode_reward=self.episode_reward)
+                        episode_reward=self.episode_reward, tool_parser=env.tool_parser,
+                        tool_timeout_s=env.tool_timeout_s)
 
     def metrics(self) -> dict[str, float]:
         return dict(self._metrics)

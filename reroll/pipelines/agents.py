@@ -70,7 +70,8 @@ class AgentTask:
     def start(self, engine: Engine) -> Engine:
         a = self.config.agent
         self.gateway = Gateway(engine, self.tokenizer, Path(self.config.model.path).name,
-                               SamplingParams(), a.max_context_tokens, a.host, a.port)
+                               SamplingParams(), a.max_context_tokens, a.host, a.port,
+                               a.tool_parser)
         return engine
 
     def run(self, tasks: list[Any], group_size: int, params: SamplingParams, seed: int):

@@ -69,10 +69,11 @@ class Gateway:
     """Serves `engine` to agent harnesses, one session per episode (see the module doc)."""
 
     def __init__(self, engine: Engine, tokenizer, model_name: str, params: SamplingParams,
-                 max_context_tokens: int, host: str = "127.0.0.1", port: int = 0):
+                 max_context_tokens: int, host: str = "127.0.0.1", port: int = 0,
+                 tool_parser: str = "hermes"):
         self.engine, self.tokenizer, self.model_name = engine, tokenizer, model_name
         self.params, self.max_context_tokens = params, max_context_tokens
-        self.renderer = ChatRenderer(tokenizer)
+        self.renderer = ChatRenderer(tokenizer, tool_parser)
         # The engine decodes on a loop of its own, so a decoding step never holds up the HTTP
         # loop (parsing requests, rendering, answering other sessions).
         self._engine_loop = BackgroundLoop("reroll-gateway-engine")
@@ -211,7 +212,7 @@ class Gateway:
             raise
         engine_s = time.perf_counter() - engine_start
         text = self.tokenizer.decode(call.completion_ids, skip_special_tokens=True)
-        parsed = parse_reply(text, tools)
+        parsed = parse_reply(text, tools, self.renderer.parser)
         session.tool_parse_errors += parsed.errors
         call.reply = {"role": "assistant", "content": parsed.content}
         if parsed.tool_calls:

@@ -14,20 +14,17 @@ the earlier one and the call starts a new chain of the episode (`assembly.py`).
 
 from __future__ import annotations
 
-import json
-import re
 import uuid
 from dataclasses import dataclass
-from typing import Any
+
+from reroll.tools import parse_tool_calls, render_messages, supports_tools
 
 PLACEHOLDER = "\x00reroll-reply\x00"
 
-_TOOL_CALL = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.S)
-
 
 def normalise(messages: list[dict]) -> list[dict]:
-    """Messages as the chat template expects them: OpenAI's content parts joined into text, and
-    a tool call's `arguments` (a JSON string in the API) as a dict (what HF templates render)."""
+    """Messages as the chat template expects them: OpenAI's content parts joined into text, a
+    null content as empty text (tool-call arguments are handled by `reroll.tools.render`)."""
     out = []
     for m in messages:
         m = dict(m)
@@ -36,22 +33,8 @@ def normalise(messages: list[dict]) -> list[dict]:
                                    if isinstance(p, dict))
         if m.get("content") is None:
             m["content"] = ""
-        if m.get("tool_calls"):
-            m["tool_calls"] = [_call_for_template(c) for c in m["tool_calls"]]
         out.append(m)
     return out
-
-
-def _call_for_template(call: dict) -> dict:
-    function = dict(call.get("function") or {})
-    arguments = function.get("arguments")
-    if isinstance(arguments, str):
-        try:
-            function["arguments"] = json.loads(arguments)
-        except ValueError:
-            pass  # rendered as the client sent it
-    return {"type": "function", "function": function} | (
-        {"id": call["id"]} if "id" in call else {})
 
 
 def same_reply(sent: dict, reply: dict) -> bool:
@@ -68,13 +51,13 @@ def same_reply(sent: dict, reply: dict) -> bool:
 
 
 class ChatRenderer:
-    """A tokenizer's chat template, with `tools` rendered where the template supports them
-    and else as a Hermes-style system block."""
+    """A tokenizer's chat template with tools (`reroll.tools.render`: the template's own
+    `tools=` rendering, else the documented Hermes-style system block), and `parser` the
+    tool-call format the model writes (`reroll.tools.parsers`)."""
 
-    def __init__(self, tokenizer):
-        self.tokenizer = tokenizer
-        template = getattr(tokenizer, "chat_template", None) or ""
-        self.native_tools = "tools" in template
+    def __init__(self, tokenizer, parser: str = "hermes"):
+        self.tokenizer, self.parser = tokenizer, parser
+        self.native_tools = supports_tools(tokenizer)
         closed = self.render([{"role": "user", "content": "x"},
                               {"role": "assistant", "content": PLACEHOLDER}], None, False)
         self.turn_end = closed[closed.index(PLACEHOLDER) + len(PLACEHOLDER):]
@@ -82,14 +65,9 @@ class ChatRenderer:
 
     def render(self, messages: list[dict], tools: list[dict] | None,
                generation_prompt: bool) -> str:
-        messages = normalise(messages)
-        kwargs: dict[str, Any] = {}
-        if tools and self.native_tools:
-            kwargs["tools"] = tools
-        elif tools:
-            messages = tools_system_block(messages, tools)
-        return self.tokenizer.apply_chat_template(
-            messages, tokenize=False, add_generation_prompt=generation_prompt, **kwargs)
+        return render_messages(self.tokenizer, normalise(messages), tools, self.parser,
+                               add_generation_prompt=generation_prompt,
+                               native=self.native_tools)
 
     def encode(self, text: str) -> list[int]:
         return list(self.tokenizer.encode(text, add_special_tokens=False))
@@ -111,46 +89,21 @@ class ChatRenderer:
         return self.encode(closing + after[len(before):])
 
 
-def tools_system_block(messages: list[dict], tools: list[dict]) -> list[dict]:
-    """Tools for a template without tool support: listed in the system message, with the
-    `<tool_call>{json}</tool_call>` convention (Hermes/Qwen2.5 style)."""
-    listing = "\n".join(json.dumps(t.get("function", t)) for t in tools)
-    block = ("# Tools\n\nYou may call one or more functions. The functions:\n<tools>\n"
-             f"{listing}\n</tools>\n\nFor each call, reply with <tool_call>\n"
-             '{"name": <function-name>, "arguments": <args-json-object>}\n</tool_call>')
-    if messages and messages[0].get("role") == "system":
-        return [{**messages[0], "content": f"{messages[0]['content']}\n\n{block}"}] + messages[1:]
-    return [{"role": "system", "content": block}] + messages
-
-
 @dataclass
 class ParsedReply:
     content: str
     tool_calls: list[dict]
     errors: int
-    """Tool-call blocks that did not parse (left in `content`, counted)."""
+    """Tool calls that could not be read (counted; the text stays in `content`)."""
 
 
-def parse_reply(text: str, tools: list[dict] | None) -> ParsedReply:
-    """`<tool_call>{"name", "arguments"}</tool_call>` blocks become OpenAI tool calls (only
-    when the request offered tools); the rest of the text is the content."""
-    if not tools or "<tool_call>" not in text:
+def parse_reply(text: str, tools: list[dict] | None, parser: str = "hermes") -> ParsedReply:
+    """The model's tool calls (only when the request offered tools) as OpenAI `tool_calls`,
+    with ids unique across the conversation; the rest of the text is the content."""
+    if not tools:
         return ParsedReply(text, [], 0)
-    calls, errors, kept = [], 0, []
-    position = 0
-    for match in _TOOL_CALL.finditer(text):
-        try:
-            data = json.loads(match.group(1))
-            name, arguments = data["name"], data.get("arguments", {})
-            if not isinstance(name, str):
-                raise TypeError("name")
-        except (ValueError, KeyError, TypeError):
-            errors += 1
-            continue  # left in the content for the client to see
-        kept.append(text[position:match.start()])
-        position = match.end()
-        calls.append({"id": f"call_{uuid.uuid4().hex[:24]}", "type": "function",
-                      "function": {"name": name, "arguments": json.dumps(arguments)
-                                   if not isinstance(arguments, str) else arguments}})
-    kept.append(text[position:])
-    return ParsedReply("".join(kept).strip() if calls else text, calls, errors)
+    parsed = parse_tool_calls(text, parser)
+    calls = [call.openai() | {"id": f"call_{uuid.uuid4().hex[:24]}"} for call in parsed.calls]
+    if parsed.errors and not calls:
+        return ParsedReply(text, [], len(parsed.errors))
+    return ParsedReply(parsed.content if calls else text, calls, len(parsed.errors))
