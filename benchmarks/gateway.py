@@ -127,6 +127,7 @@ def main() -> None:
         "faithful_fraction": min(faithful),
         "added_latency_ms_p50": round(1000 * statistics.median(added), 2),
         "loop_tokens_per_s": round(loop_best, 1), "gateway_tokens_per_s": round(gateway_best, 1),
+        "gateway_own_ms_p50": round(1000 * statistics.median(gateway.stats.latency_s), 2),
         "retokenize_mismatch_frac": round(gateway.stats.retokenize_mismatch
                                           / max(gateway.stats.spliced, 1), 3),
         "episodes": args.episodes, "turns": args.turns, "repeats": args.repeats}))

@@ -6,6 +6,7 @@ OpenAI-style errors, and every harness fault isolated and counted."""
 import asyncio
 import json
 import sys
+import threading
 import time
 
 import httpx
@@ -215,3 +216,24 @@ def test_tool_calls_are_parsed_from_the_text(text, calls, errors):
     for call in parsed.tool_calls:
         assert isinstance(json.loads(call["function"]["arguments"]), dict)
     assert parse_reply(text, None).tool_calls == []  # no tools offered: text only
+
+
+def test_a_crashed_episode_does_not_move_its_groups_baseline(gateway):
+    runs, lock = [], threading.Lock()
+
+    def flaky(task, base_url, api_key):
+        with lock:
+            first = not runs
+            runs.append(api_key)
+        openai.OpenAI(base_url=base_url, api_key=api_key).chat.completions.create(
+            model="tiny", messages=[{"role": "user", "content": "x"}])
+        if first:
+            raise ConnectionError("the harness lost its sandbox")
+        return 0.5
+
+    trajectories, stats = episodes(gateway, flaky, n=3)
+    assert stats.failures["crashed"] == 1
+    crashed = [t for t in trajectories if t.reward_info["agent_status"] == "crashed"]
+    assert len(crashed) == 1 and not any(crashed[0].policy_mask)
+    # It takes the good episodes' mean: their advantages are what they would be without it.
+    assert [t.reward for t in trajectories] == [0.5, 0.5, 0.5]

@@ -235,4 +235,22 @@ def run_episodes(gateway: Gateway, spec: AgentSpec, tasks: list[Any], group_size
             for g, task in enumerate(tasks) for k in range(group_size)))
 
     episodes = asyncio.run(run())
-    return [t for episode in episodes for t in episode], stats
+    samples = [t for episode in episodes for t in episode]
+    neutral_failures(samples)
+    return samples, stats
+
+
+def neutral_failures(samples: list[Trajectory]) -> None:
+    """A failed episode (masked: it trains nothing) takes the mean reward of its group's good
+    episodes, so it moves neither their baseline nor, as a 0 would, their advantages: an
+    infrastructure failure is not a reward the policy earned."""
+    groups: dict[int, list[Trajectory]] = {}
+    for t in samples:
+        groups.setdefault(t.group_id, []).append(t)
+    for group in groups.values():
+        good = [t.reward for t in group if t.reward_info.get("agent_status") == "ok"]
+        fill = sum(good) / len(good) if good else 0.0
+        for t in group:
+            if t.reward_info.get("agent_status") != "ok":
+                t.reward = fill
+                t.turn_rewards = [0.0] * (len(t.turn_rewards or [0]) - 1) + [fill]

@@ -12,6 +12,7 @@ calls it holds, the parent call it branched from) and the episode's reward.
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
 
 from reroll.data.batch import Trajectory
@@ -85,7 +86,13 @@ def trajectory(chain: Chain, session: Session, group_id: int, reward: float,
         reward_info=info | {"lineage": lineage, "turns": n_turns},
         policy_version=min(c.policy_version for c in chain.calls), policy_mask=policy,
         turn_ids=turns, turn_rewards=[0.0] * (n_turns - 1) + [reward],
-        turn_states=[0] * n_turns, segments=segments)
+        turn_states=[_state(c) for c in chain.calls], segments=segments)
+
+
+def _state(call: Call) -> int:
+    """An id of what the call acted on (GiGPO's anchor states: equal prompts, equal id)."""
+    digest = hashlib.blake2b(str(call.prompt_ids).encode(), digest_size=7).digest()
+    return int.from_bytes(digest, "big")
 
 
 def faithful(t: Trajectory, calls: list[Call]) -> int:
