@@ -47,7 +47,7 @@ from reroll.rewards.base import RewardSample
 from reroll.rewards.runner import RewardRunner
 from reroll.rollout.groups import request_seed
 from reroll.tools.execute import run_calls
-from reroll.tools.parsers import parse_tool_calls
+from reroll.tools.parsers import PARSERS, parse_tool_calls
 from reroll.tools.schema import Tool, as_tools
 
 
@@ -107,6 +107,9 @@ class AgentJob:
     def __post_init__(self) -> None:
         if self.format is None:
             self.format = ChatFormat(self.tokenizer, self.system_prompt)
+        if self.tool_parser not in PARSERS:
+            raise ValueError(f"tool_parser must be one of {sorted(PARSERS)}, not "
+                             f"{self.tool_parser!r}")
         if self.history_thinking not in ("keep", "strip"):
             raise ValueError(f"history_thinking must be keep or strip, not {self.history_thinking!r}")
 

@@ -9,6 +9,7 @@ OpenAI-compatible gateway both use it).
   `tools=` rendering where it has one, else a documented Hermes-style system block.
 - `execute`: `run_calls(calls, tools, timeout_s)`: concurrent calls with time limits, every
   failure an error result (never raised); `python_tool()`: code run in the Sandbox.
+- `mcp`: `MCPTools(command)`: the tools of an MCP stdio server (the optional `mcp` package).
 """
 
 from reroll.tools.parsers import PARSERS, ParsedCalls, ToolCall, parse_tool_calls, render_calls

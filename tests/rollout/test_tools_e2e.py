@@ -52,7 +52,7 @@ def test_tool_use_sft_then_agentic_grpo_calls_the_tool(tiny_model, tmp_path):
         "pipeline": "agentic", "output_dir": str(tmp_path / "rl"), "steps": 1,
         "model": {"path": str(tmp_path / "sft" / "final")},
         "env": {**ENV, "max_context_tokens": 1024, "eval_episodes": 0},
-        "rollout": {"prompts_per_step": 2, "group_size": 4, "max_new_tokens": 48},
+        "rollout": {"prompts_per_step": 2, "group_size": 4, "max_new_tokens": 80},
         "optimizer": {"lr": 1e-4}, "train": {"micro_batch_size": 8, "num_threads": 1},
         "eval": {"every_steps": 0},
         "tracking": {"tensorboard": False, "progress": False, "record_rollouts": 8}})
