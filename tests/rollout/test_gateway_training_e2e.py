@@ -1,6 +1,6 @@
 """An unmodified `openai` SDK tool-calling harness trained through the gateway: `reroll train`
-with `agent: {entrypoint: tool_harness:solve}` on a tiny Qwen-vocabulary model taught to call
-its `add` tool. The harness calls `chat.completions.create` with `tools`, runs the calls, sends
+with `agent: {entrypoint: tool_harness:solve}` on the tiny model with the Qwen3-style template,
+taught to call its `add` tool. The harness calls `chat.completions.create` with `tools`, runs the calls, sends
 `tool` messages back; the run trains on the engine's own tokens of those calls."""
 
 from __future__ import annotations
@@ -20,12 +20,9 @@ HERE = Path(__file__).resolve().parent
 
 
 @pytest.fixture(scope="session")
-def tool_calling_model(qwen_tokenizer):
-    """Built once per checkout in `models/gateway-tool-model` (see tool_harness.tool_model)."""
-    from conftest import MODELS, _build_once
-
-    return str(_build_once(MODELS / "gateway-tool-model",
-                           lambda out: tool_model(out, qwen_tokenizer)))
+def tool_calling_model(tiny_model, tmp_path_factory):
+    """The tiny model with the Qwen3-style template, fitted to call `add` (tool_harness)."""
+    return str(tool_model(tiny_model, tmp_path_factory.mktemp("models") / "tool-caller"))
 
 
 def test_the_openai_sdk_tool_loop_trains_through_the_gateway(tool_calling_model, tmp_path,
@@ -38,7 +35,7 @@ def test_the_openai_sdk_tool_loop_trains_through_the_gateway(tool_calling_model,
         "steps": 2, "model": {"path": tool_calling_model},
         "agent": {"entrypoint": "tool_harness:solve", "tasks": str(tasks),
                   "time_limit_s": 120, "max_context_tokens": 768},
-        "rollout": {"prompts_per_step": 2, "group_size": 2, "max_new_tokens": 40,
+        "rollout": {"prompts_per_step": 2, "group_size": 2, "max_new_tokens": 100,
                     "temperature": 0.7},
         "optimizer": {"lr": 1e-4},
         "train": {"micro_batch_size": 2, "num_threads": 1},

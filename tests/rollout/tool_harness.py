@@ -1,11 +1,11 @@
-"""An unmodified tool-calling harness on the `openai` SDK, and a tiny Qwen-vocabulary model
-taught to call its tool, for the gateway's training tests and benchmark.
+"""An unmodified tool-calling harness on the `openai` SDK, and the tiny model taught to call
+its tool, for the gateway's training test.
 
 `solve` is what a user writes: `chat.completions.create` with `tools`, run the calls the model
 makes, send `tool` messages back, stop at a reply without calls; the reward is 1 when the final
-answer holds the sum. `tool_model` builds a 2-layer model on Qwen's vocabulary and the
-Qwen3-style template and fits it on the harness's own two calls of a few tasks (the tool call,
-then the answer), so the tiny random model really calls the tool.
+answer holds the sum. `tool_model` gives the tiny model the Qwen3-style chat template (which
+renders `tools=`; SmolLM2's has no tool support) and fits it on the harness's own two calls of a
+few tasks (the tool call, then the answer), so the tiny random model really calls the tool.
 """
 
 from __future__ import annotations
@@ -75,46 +75,39 @@ def scripted_calls(renderer, task: dict) -> list[tuple[list[int], list[int]]]:
     return [(first, first_out), (second, second_out)]
 
 
-def tool_model(out: Path, tokenizer, steps: int = 300) -> Path:
-    """A 2-layer qwen2 model on `tokenizer` (Qwen's vocabulary) fitted on the scripted calls
-    of TASKS (loss on the completions only)."""
-    import torch
-    from transformers import AutoModelForCausalLM
+def tool_model(tiny_model: str, out: Path, steps: int = 300) -> Path:
+    """The tiny model with the Qwen3-style chat template (which renders `tools=`), fitted on
+    the scripted calls of TASKS (loss on the completions only) until it recites them."""
+    import shutil
 
-    from reroll.models.factory import architecture_config
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from reroll.models.qwen_tokenizer import QWEN3_STYLE_TEMPLATE
     from reroll.rollout.gateway.chat import ChatRenderer
 
-    sizes = dict(hidden_size=64, num_layers=2, num_heads=2, num_kv_heads=1,
-                 intermediate_size=128, max_positions=1024)
-    config = architecture_config("qwen2", sizes, dict(
-        vocab_size=len(tokenizer), bos_token_id=None, eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id), dtype="float32")
+    shutil.copytree(tiny_model, out)
+    tokenizer = AutoTokenizer.from_pretrained(str(out))
+    tokenizer.chat_template = QWEN3_STYLE_TEMPLATE
     torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_config(config)
+    model = AutoModelForCausalLM.from_pretrained(str(out))
     renderer = ChatRenderer(tokenizer)
     rows = [pair for task in TASKS for pair in scripted_calls(renderer, task)]
     width = max(len(p) + len(c) for p, c in rows)
     ids = torch.tensor([p + c + [tokenizer.pad_token_id] * (width - len(p) - len(c))
                         for p, c in rows])
-    mask = torch.tensor([[1] * (len(p) + len(c)) + [0] * (width - len(p) - len(c))
-                         for p, c in rows])
-    where = [(i, t) for i, (p, c) in enumerate(rows) for t in range(len(p) - 1, len(p) + len(c) - 1)]
-    rows_at, positions = torch.tensor([w[0] for w in where]), torch.tensor([w[1] for w in where])
-    targets = ids[rows_at, positions + 1]
-    # The (tied) 151k-token embedding stays as initialised: fitting the two layers is enough to
-    # recite a few calls, and skips the costliest gradient and optimizer update.
-    model.get_input_embeddings().weight.requires_grad_(False)
-    optimizer = torch.optim.Adam([p for p in model.parameters() if p.requires_grad], lr=1e-2)
-    for _ in range(steps):  # the completions' tokens only go through the 151k-way head
-        hidden = model.model(input_ids=ids, attention_mask=mask).last_hidden_state
-        loss = torch.nn.functional.cross_entropy(model.lm_head(hidden[rows_at, positions]),
-                                                 targets)
+    mask = (torch.arange(width)[None] < torch.tensor([[len(p) + len(c)] for p, c in rows]))
+    labels = torch.full_like(ids, -100)
+    for i, (p, c) in enumerate(rows):
+        labels[i, len(p):len(p) + len(c)] = torch.tensor(c)
+    optimizer = torch.optim.Adam(model.parameters(), lr=5e-3)
+    for _ in range(steps):
+        loss = model(input_ids=ids, attention_mask=mask.long(), labels=labels).loss
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
-        if loss.item() < 0.05:
+        if loss.item() < 0.02:
             break
-    out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(str(out))
     tokenizer.save_pretrained(str(out))
     (out / "fit.json").write_text(json.dumps({"final_loss": loss.item()}))
