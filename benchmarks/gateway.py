@@ -1,6 +1,8 @@
 """The gateway vs the built-in agent loop: the same episodes on the same engine.
 
-Workload: `guess_number` (high 8) episodes of up to `--turns` turns on the tiny model with the
+Workload: `guess_number` (high 8) episodes of up to `--turns` turns on a random-init model of
+the `--preset` size (default `small`, ~30M parameters, where decoding rather than Python
+overhead takes the time, as with real models; `tiny` shows the overhead's worst case) with the
 HF engine, `--episodes` at once. The built-in AgentLoop drives the env itself (token in, token
 out); through the gateway an unmodified `openai` SDK harness drives the same env, each episode
 in its own thread and session, resending the conversation on every call as any client does.
@@ -12,7 +14,7 @@ Figures: `throughput_ratio` (the gateway's generated tokens per second over the 
 assembled training samples reproduce exactly; goal 1.0) and `added_latency_ms_p50` (a call's
 latency seen by the SDK less the engine's time: HTTP, rendering, splicing, parsing).
 
-    .venv/bin/python benchmarks/gateway.py [--episodes N] [--turns N] [--repeats N]
+    .venv/bin/python benchmarks/gateway.py [--preset small|tiny] [--episodes N] [--turns N]
 """
 
 from __future__ import annotations
@@ -96,11 +98,12 @@ def main() -> None:
     parser.add_argument("--episodes", type=int, default=16)
     parser.add_argument("--turns", type=int, default=4)
     parser.add_argument("--max-new-tokens", type=int, default=24)
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--preset", default="small", choices=["tiny", "small"])
     args = parser.parse_args()
     torch.set_num_threads(1)
     with tempfile.TemporaryDirectory() as tmp:
-        path = make_model(Path(tmp) / "tiny", "tiny", seed=0)
+        path = make_model(Path(tmp) / args.preset, args.preset, seed=0)
         tokenizer = load_tokenizer(str(path))
         engine = HFEngine(load_model(str(path)), 64, tokenizer.pad_token_id)
     params = SamplingParams(args.max_new_tokens, 1.0, 1.0, 0, (tokenizer.eos_token_id,))
@@ -130,7 +133,8 @@ def main() -> None:
         "gateway_own_ms_p50": round(1000 * statistics.median(gateway.stats.latency_s), 2),
         "retokenize_mismatch_frac": round(gateway.stats.retokenize_mismatch
                                           / max(gateway.stats.spliced, 1), 3),
-        "episodes": args.episodes, "turns": args.turns, "repeats": args.repeats}))
+        "preset": args.preset, "episodes": args.episodes, "turns": args.turns,
+        "repeats": args.repeats}))
 
 
 if __name__ == "__main__":
