@@ -237,3 +237,19 @@ def test_a_crashed_episode_does_not_move_its_groups_baseline(gateway):
     assert len(crashed) == 1 and not any(crashed[0].policy_mask)
     # It takes the good episodes' mean: their advantages are what they would be without it.
     assert [t.reward for t in trajectories] == [0.5, 0.5, 0.5]
+
+
+def test_text_completions_are_recorded_and_chained(gateway):
+    def agent(task, base_url, api_key):
+        client = openai.OpenAI(base_url=base_url, api_key=api_key)
+        first = client.completions.create(model="tiny", prompt=task["prompt"], max_tokens=4)
+        ids = first.choices[0].model_extra["token_ids"]
+        assert len(ids) == len(first.choices[0].logprobs.token_logprobs) >= 1
+        # A token-id prompt that extends the first call continues its trajectory.
+        prompt = gateway.renderer.encode(task["prompt"]) + ids + [5, 6]
+        client.completions.create(model="tiny", prompt=prompt, max_tokens=4)
+        return 1.0
+
+    trajectories, stats = episodes(gateway, agent)
+    assert stats.calls == 2 and stats.chains == 1 and stats.faithful_calls == 2
+    assert trajectories[0].reward_info["lineage"]["calls"] == [0, 1]
