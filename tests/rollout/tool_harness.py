@@ -100,7 +100,7 @@ def tool_model(tiny_model: str, out: Path, steps: int = 300) -> Path:
     labels = torch.full_like(ids, -100)
     for i, (p, c) in enumerate(rows):
         labels[i, len(p):len(p) + len(c)] = torch.tensor(c)
-    optimizer = torch.optim.Adam(model.parameters(), lr=5e-3)
+    optimizer = torch.optim.Adam(model.parameters(), lr=3e-3)
     for _ in range(steps):
         loss = model(input_ids=ids, attention_mask=mask.long(), labels=labels).loss
         optimizer.zero_grad()
