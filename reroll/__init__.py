@@ -12,7 +12,7 @@ them; peers on one line may import each other, as long as no cycle forms.
     distributed
     engines, training
     models
-    envs, rewards, viewer, data, tracking
+    envs, tools, rewards, viewer, data, tracking
     sandbox, config, algorithms, settings
 
 The Python API (docs/python-api.md) is importable from here: `reroll.train`, `reroll.sft`,

@@ -96,7 +96,20 @@ def cmd_make_episodes(args: argparse.Namespace) -> None:
     kwargs = json_arg("--kwargs", args.kwargs)
     rows = expert_rows(args.env, args.episodes, args.seed, kwargs, args.system_prompt)
     path = write_expert_rows(args.out, rows)
-    console.print(f"wrote {len(rows)} expert turns of {args.episodes} episodes to {path}")
+    console.print(f"wrote {len(rows)} expert rows of {args.episodes} episodes to {path}")
+
+
+def cmd_make_sft(args: argparse.Namespace) -> None:
+    from reroll.data.rejection import rejection_rows
+    from reroll.envs.episodes import write_expert_rows
+
+    rows, total = rejection_rows(args.source, args.min_reward)
+    if not rows:
+        raise ConfigError(f"--from {args.source}: none of its {total} samples has reward >= "
+                          f"{args.min_reward} and a finished response; lower --min-reward")
+    path = write_expert_rows(args.out, rows)
+    console.print(f"wrote {len(rows)} SFT rows (reward >= {args.min_reward}, of {total} "
+                  f"samples) to {path}")
 
 
 CONFIG_COMMANDS = {
@@ -328,6 +341,16 @@ def _add_data_commands(sub) -> None:
     p.add_argument("--kwargs", default="{}", help='env arguments as JSON, e.g. \'{"noise": 0.5}\'')
     p.add_argument("--system-prompt", default=None)
     p.set_defaults(fn=cmd_make_episodes)
+
+    p = sub.add_parser("make-sft", help="write SFT rows from a run's recorded rollouts or eval "
+                       "samples whose reward is at least --min-reward (rejection sampling)")
+    p.add_argument("--from", dest="source", required=True, metavar="RUN_OR_SAMPLES",
+                   help="a run directory (its rollouts/step_N.jsonl), a `reroll eval` "
+                        ".samples.jsonl, or one rollouts file")
+    p.add_argument("--min-reward", type=float, default=1.0,
+                   help="keep samples (episodes) whose reward (return) is at least this")
+    p.add_argument("--out", required=True, help="output .jsonl file (`reroll sft` data)")
+    p.set_defaults(fn=cmd_make_sft)
 
 
 def quiet_libraries() -> None:

@@ -446,7 +446,9 @@ def run_settings(model: str, given: dict[str, Any], n: int = 1
     except ConfigError as e:
         raise ConfigError(f"--model {model}: its run's config cannot be read to take its settings "
                           f"({e}); pass --ignore-run-config and the flags you need") from None
-    if config.pipeline == "agentic":
+    if config.pipeline == "agentic" and config.env is None:  # an agent program's run
+        taken = {}
+    elif config.pipeline == "agentic":
         other = "task" in given or given.get("env", config.env.id) != config.env.id
         taken = {} if other else _env_settings(config.env)
     elif "env" in given:

@@ -44,6 +44,15 @@ class EnvConfig(Section):
     episode; contexts differ from what a template-based server shows the model). `strip`: every
     turn's context rendered by the template, one sample per turn (agent loop and library; the
     training pipeline refuses it until its group advantages take per-turn samples)."""
+    tool_parser: Literal["hermes", "llama3_json"] = "hermes"
+    """How tool calls are read from the model's text, for an environment that declares
+    `tools`: `hermes` (`<tool_call>{"name": ..., "arguments": {...}}</tool_call>`: Hermes,
+    Qwen2.5, Qwen3) or `llama3_json` (the reply is `{"name": ..., "parameters": {...}}`, Llama
+    3.1). A template without tool support gets the tools in a system block asking for this form
+    (docs/agentic.md, "Tools")."""
+    tool_timeout_s: float = Field(10.0, gt=0, le=3600)
+    """Limit of one tool call; past it the call's result is an error message to the model
+    (`env/tool_errors`), the episode goes on."""
     train_seeds: int = Field(100_000, ge=1)
     """Training episodes reset the env with seeds drawn from [0, train_seeds)."""
     eval_episodes: int = Field(32, ge=0)
@@ -59,6 +68,58 @@ class EnvConfig(Section):
                 f"env.kwargs.max_turns ({self.kwargs['max_turns']}): the turn limit is set in one "
                 f"place, env.max_turns (it ends the agent loop and is passed to the environment); "
                 f"move the value there and remove it from env.kwargs")
+        return self
+
+
+class AgentConfig(Section):
+    """An agent program that drives itself through reroll's OpenAI-compatible gateway, instead
+    of an environment driven by the built-in loop (docs/agentic.md, "Train your own harness").
+    Each episode gets a task row, a base URL and an API key of its own session; every call is
+    recorded token for token and trained on."""
+
+    entrypoint: str | None = None
+    """`module:function`, importable from the working directory: `async def function(task,
+    base_url, api_key) -> float | None` (a plain function works too), returning the episode's
+    reward or None. Exactly one of `entrypoint` and `command`."""
+    command: list[str] | None = None
+    """A program to run per episode, e.g. `[python, my_agent.py]`: it gets `OPENAI_BASE_URL`,
+    `OPENAI_API_KEY` and `REROLL_TASK` (the task row as JSON) in its environment and the task
+    row on stdin; a last stdout line that is a number (or `{"reward": x}`) is its reward; a
+    non-zero exit status is a crash."""
+    tasks: str = Field(..., min_length=1)
+    """A JSONL file of task rows (any JSON objects: `prompt`, `answer`, ...), each given to
+    the agent as `task`. Steps draw `rollout.prompts_per_step` rows, `rollout.group_size`
+    episodes each."""
+    eval_tasks: str | None = None
+    """Held-out task rows for evaluation (`eval/reward_mean`, `eval/success_rate`); None: no
+    evaluation."""
+    verifier: str | None = None
+    """`module:function(task, messages) -> float`: scores an episode from its final
+    conversation when the agent returned no reward and posted none to `<base_url>/reward`."""
+    time_limit_s: float = Field(300.0, gt=0)
+    """Wall-clock limit of one episode's agent; past it the agent is killed (a command) or
+    abandoned (an entrypoint), its session is closed (later calls get 409) and the episode
+    counts as `gateway/timeout`, masked from the loss."""
+    max_context_tokens: int = Field(4096, ge=16)
+    """Prompt plus completion of one call; a call whose prompt leaves no room is refused with
+    `context_length_exceeded` (the harness sees an OpenAI error), a completion stops there."""
+    tool_parser: Literal["hermes", "llama3_json"] = "hermes"
+    """The tool-call format the model writes (as `env.tool_parser`): the calls it writes come
+    back to the agent as `tool_calls` when its request offered `tools`."""
+    env: dict[str, str] = Field(default_factory=dict)
+    """Extra environment variables of a `command` agent."""
+    host: str = "127.0.0.1"
+    """Where the gateway listens (`0.0.0.0` for harnesses on other machines)."""
+    port: int = Field(0, ge=0, le=65535)
+    """The gateway's port; 0: any free port (the URL is given to each agent)."""
+
+    @model_validator(mode="after")
+    def _one_program(self) -> AgentConfig:
+        if (self.entrypoint is None) == (self.command is None):
+            raise ValueError("give exactly one of agent.entrypoint (module:function) and "
+                             "agent.command (a program and its arguments)")
+        if self.command is not None and not self.command:
+            raise ValueError("agent.command is empty: name the program to run")
         return self
 
 
@@ -97,7 +158,10 @@ class AgenticConfig(RLRunConfig):
     name: str = Field("agentic", min_length=1)
     """Run name; the run directory is `runs/<name>/` unless `output_dir` is set, whose folder
     name is then the default name."""
-    env: EnvConfig
+    env: EnvConfig | None = None
+    """The environment the built-in agent loop runs (exactly one of `env` and `agent`)."""
+    agent: AgentConfig | None = None
+    """An agent program trained through the gateway instead of an environment."""
     reward: choice("type", "model", EpisodeModelReward, EpisodeJudgeReward) | None = None
     """A learned reward of each finished episode besides the environment's own: `type: model`
     (a reward model, e.g. trained by `reroll rm` on episodes paired by their outcome) or `type:
@@ -110,6 +174,14 @@ class AgenticConfig(RLRunConfig):
     @model_validator(mode="after")
     def _check_batch(self) -> AgenticConfig:
         problems = self.batch_errors()
+        if (self.env is None) == (self.agent is None):
+            problems.append("an agentic run needs exactly one of `env:` (an environment for "
+                            "the built-in loop) and `agent:` (your own agent program)")
+        if self.agent is not None and self.reward is not None:
+            problems.append("`reward:` scores environment episodes; an agent's reward comes "
+                            "from its return value, a POST to its session or agent.verifier")
+        if self.agent is not None and self.distributed.env is not None:
+            problems.append("distributed.env places environments; an `agent:` run has none")
         if self.distributed.reward is not None and self.reward is None:
             problems.append("distributed.reward places a learned reward (`reward:`), which this "
                             "agentic run has none of (its episodes are scored by their "

@@ -504,7 +504,10 @@ class SFTData(Section):
 
     train: str
     """A .jsonl or .parquet file with `prompt` and the target response (see `response_key`), or
-    `messages` ending with the assistant's message."""
+    `messages` ending with the assistant's message. A multi-turn `messages` row (several
+    assistant turns, OpenAI-style `tool_calls` and `tool` results, a `tools` column of
+    schemas) trains every assistant turn, the rest masked (docs/agentic.md, "Multi-turn SFT
+    data")."""
     eval: str | None = None
     """Held-out rows in the same format; their response NLL is reported before and after."""
     response_key: str = "response"

@@ -49,6 +49,11 @@ class Trajectory:
     """Multi-turn: an id of the observation each turn acted on (equal ids = the same state)."""
     segments: list[dict[str, Any]] | None = None
     """Multi-turn: the episode as text segments `{text, policy, turn}`, for the run viewer."""
+    conversation: dict[str, Any] | None = None
+    """Multi-turn: `{messages, tools}`, the episode as chat messages (assistant turns as the
+    model wrote them, observations as user messages, tool results as `tool` messages) and the
+    env's tool schemas: in rollout and eval rows, so `reroll make-sft` turns episodes into SFT
+    rows."""
     tag: str | None = None
     """The prompt row's `tag` column (None without one): routes the sample to its teacher in
     on-policy distillation (`algorithm.distill.teachers`)."""
@@ -68,7 +73,8 @@ def trajectory_row(t: Trajectory) -> dict[str, Any]:
     return ({"prompt": t.prompt_text, "response": t.response_text, "answer": t.answer,
              "reward": t.reward, "reward_info": t.reward_info, "finish_reason": t.finish_reason}
             | ({"segments": t.segments} if t.segments is not None else {})
-            | ({"turn_rewards": t.turn_rewards} if t.turn_rewards is not None else {}))
+            | ({"turn_rewards": t.turn_rewards} if t.turn_rewards is not None else {})
+            | (t.conversation or {}))
 
 
 def collate(trajectories: list[Trajectory], pad_token_id: int) -> tuple[TensorDict, list[dict]]:

@@ -1,7 +1,9 @@
 """Prompt datasets from .jsonl or .parquet files, with errors that name the file and row.
 
 A row has `prompt` (a string) and usually `answer`, or `messages` (a chat list of
-`{role, content}`) instead of `prompt`. Other columns are kept as metadata.
+`{role, content}`, OpenAI-style: assistant messages may carry `tool_calls`, and `tool`
+messages the results) instead of `prompt`. Other columns (`tools`: the tool schemas a
+multi-turn SFT row renders) are kept as metadata.
 """
 
 from __future__ import annotations
@@ -82,10 +84,16 @@ def _parse_row(raw: Any, where: str, system_prompt: str | None) -> PromptRow:
     if "messages" in raw and raw["messages"] is not None:
         messages = raw["messages"]
         ok = isinstance(messages, list) and messages and all(
-            isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)
+            isinstance(m, dict) and isinstance(m.get("role"), str) and (
+                isinstance(m.get("content"), str) or (m.get("content") is None
+                                                      and m.get("tool_calls")))
             for m in messages)
         if not ok:
-            raise ConfigError(f"{where}: `messages` must be a non-empty list of {{role, content}} strings")
+            raise ConfigError(f"{where}: `messages` must be a non-empty list of {{role, content}} "
+                              f"strings (an assistant message with `tool_calls` may have null "
+                              f"content)")
+        messages = [m if isinstance(m["content"], str) else {**m, "content": ""}
+                    for m in messages]
     elif isinstance(raw.get("prompt"), str) and raw["prompt"].strip():
         messages = [{"role": "user", "content": raw["prompt"]}]
         if system_prompt:

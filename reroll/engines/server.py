@@ -3,7 +3,10 @@
 It speaks the subset of `/v1/completions` that the remote engine uses, with vLLM's token
 extensions: `prompt` as token ids, `return_token_ids`, `logprobs`, `seed`, `top_k`,
 `stop_token_ids`. Use it to serve a checkpoint to remote rollouts or judges where vLLM is not
-installed, and in tests. Run: `python -m reroll.engines.server MODEL_DIR --port 8000`.
+installed, and in tests. Run: `python -m reroll.engines.server MODEL_DIR --port 8000`. It is a Starlette app on
+uvicorn (`reroll.engines.http`); a bad request gets an OpenAI-style JSON error: 400 naming the
+bad or unsupported parameter, `context_length_exceeded` for a prompt that leaves no room in the
+model's context.
 
 Because reroll owns this server, it can also lend its spare capacity to training (ROSE, see
 `reroll.engines.elastic`): a request whose body says `"reroll_kind": "rollout"` is a rollout, any
@@ -40,14 +43,20 @@ from __future__ import annotations
 
 import argparse
 import collections
-import json
 import math
 import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from urllib.parse import parse_qs, urlparse
 
 from reroll.engines.base import Completion, Engine, Request, SamplingParams
+from reroll.engines.http import (
+    OpenAIError,
+    ServerThread,
+    bad_param,
+    check_params,
+    context_exceeded,
+    json_body,
+    make_app,
+)
 from reroll.engines.loop import BackgroundLoop
 
 KINDS = ("serving", "rollout")
@@ -115,7 +124,7 @@ class CompletionServer:
 
     def __init__(self, engine: Engine, model_name: str, host: str = "127.0.0.1", port: int = 0,
                  yield_to_serving: bool = False, rollouts_beside_serving: int = 0,
-                 pause_rollouts: int = 0):
+                 pause_rollouts: int = 0, max_context_tokens: int | None = None):
         if rollouts_beside_serving < 0:
             raise ValueError(f"rollouts_beside_serving must be >= 0, not {rollouts_beside_serving}")
         if pause_rollouts < 0:
@@ -124,6 +133,9 @@ class CompletionServer:
             raise ValueError(f"pause_rollouts needs an engine that can pause; "
                              f"{type(engine).__name__} cannot")
         self.engine, self.model_name = engine, model_name
+        self.max_context_tokens = max_context_tokens
+        """The model's context (prompt + completion); a longer prompt is refused with
+        `context_length_exceeded`, a completion is cut at it. None: not checked."""
         self.yield_to_serving = yield_to_serving
         self.rollouts_beside_serving = rollouts_beside_serving
         self.beside = rollouts_beside_serving
@@ -139,26 +151,16 @@ class CompletionServer:
         self._rollouts: dict[str, None] = {}  # rollout requests running here, oldest first
         self._rollouts_lock = threading.Lock()
         self._loop = BackgroundLoop("reroll-server")
-        self._http = ThreadingHTTPServer((host, port), _handler(self))
-        self._http.daemon_threads = True
-        self._thread = threading.Thread(target=self._http.serve_forever, daemon=True)
-        self._thread.start()
+        self._http = ServerThread(_app(self), host, port)
 
     @property
     def url(self) -> str:
-        host, port = self._http.server_address[:2]
-        return f"http://{host}:{port}/v1"
+        return f"{self._http.base}/v1"
 
     def complete(self, body: dict) -> dict:
-        prompt = body.get("prompt")
-        if not (isinstance(prompt, list) and all(isinstance(t, int) for t in prompt)):
-            raise ValueError("`prompt` must be a list of token ids")
-        params = SamplingParams(
-            max_new_tokens=int(body.get("max_tokens", 16)),
-            temperature=float(body.get("temperature", 1.0)), top_p=float(body.get("top_p", 1.0)),
-            top_k=max(0, int(body.get("top_k", 0))),
-            stop_token_ids=tuple(body.get("stop_token_ids") or ()))
-        request = Request(prompt, params, seed=int(body.get("seed") or 0))
+        """One `/v1/completions` body; an `OpenAIError` for a bad one."""
+        request = self._request(body)
+        prompt = request.prompt_ids
         kind = "rollout" if body.get("reroll_kind") == "rollout" else "serving"
         with self._rollouts_lock:
             refused = kind == "rollout" and self.yield_to_serving \
@@ -188,6 +190,36 @@ class CompletionServer:
                 if kind == "serving" and self.latency.in_flight["serving"] == 0:
                     self._resume_paused()  # the last user left
         return self._reply(out, prompt)
+
+    def _request(self, body: dict) -> Request:
+        check_params(body, COMPLETION_PARAMS)
+        prompt = body.get("prompt")
+        if not (isinstance(prompt, list) and prompt and all(isinstance(t, int) for t in prompt)):
+            raise bad_param("prompt", "must be a non-empty list of token ids (this server "
+                                      "does not tokenize text)")
+        if body.get("stream"):
+            raise bad_param("stream", "streaming is not supported here")
+        if body.get("n", 1) != 1:
+            raise bad_param("n", "only n=1 is supported")
+        try:
+            max_tokens = int(body.get("max_tokens", 16))
+            temperature, top_p = float(body.get("temperature", 1.0)), float(body.get("top_p", 1.0))
+            top_k, seed = max(0, int(body.get("top_k", 0))), int(body.get("seed") or 0)
+        except (TypeError, ValueError) as e:
+            raise OpenAIError(400, f"a sampling parameter is not a number: {e}") from None
+        for name, value, ok in (("max_tokens", max_tokens, max_tokens >= 1),
+                                ("temperature", temperature, temperature >= 0),
+                                ("top_p", top_p, 0 < top_p <= 1)):
+            if not ok:
+                raise bad_param(name, f"{value} is out of range")
+        if self.max_context_tokens is not None:
+            room = self.max_context_tokens - len(prompt)
+            if room < 1:
+                raise context_exceeded(len(prompt), self.max_context_tokens)
+            max_tokens = min(max_tokens, room)
+        params = SamplingParams(max_new_tokens=max_tokens, temperature=temperature, top_p=top_p,
+                                top_k=top_k, stop_token_ids=tuple(body.get("stop_token_ids") or ()))
+        return Request(prompt, params, seed=seed)
 
     def keep_beside(self, keep: int) -> dict:
         """Keep `keep` rollouts beside the users from now on (clipped to 0..K); while users are
@@ -248,69 +280,80 @@ class CompletionServer:
         return {"version": version, "fingerprint": self.engine.weights_fingerprint()}
 
     def close(self) -> None:
-        self._http.shutdown()
-        self._http.server_close()
+        self._http.close()
         self._loop.close()
 
 
-def _handler(server: CompletionServer) -> type[BaseHTTPRequestHandler]:
-    class Handler(BaseHTTPRequestHandler):
-        def log_message(self, *args) -> None:  # quiet: one line per request is noise in rollouts
-            pass
+COMPLETION_PARAMS = {"model", "prompt", "max_tokens", "temperature", "top_p", "top_k", "seed",
+                     "n", "logprobs", "stop_token_ids", "ignore_eos", "skip_special_tokens",
+                     "return_token_ids", "return_tokens_as_token_ids", "reroll_kind", "stream",
+                     "user"}
+"""What `/v1/completions` takes (vLLM's token extensions included); any other key is a 400
+naming it, rather than a parameter silently ignored."""
 
-        def do_GET(self) -> None:
-            url = urlparse(self.path)
-            route = url.path.rstrip("/")
-            if route == "/v1/models":
-                self._reply(200, {"object": "list", "data": [
-                    {"id": server.model_name, "object": "model", "owned_by": "reroll"}]})
-            elif route == "/v1/load":
-                query = parse_qs(url.query)
-                try:
-                    window = float(query.get("window_s", ["10"])[0])
-                    wait = min(float(query.get("wait_idle_s", ["0"])[0]), 60.0)
-                except ValueError as e:
-                    return self._reply(400, {"error": {"message": str(e)}})
-                if wait > 0:
-                    server.latency.wait_idle(wait)
-                self._reply(200, server.latency.report(window) | {
-                    "yield_to_serving": server.yield_to_serving,
-                    "rollouts_beside_serving": server.rollouts_beside_serving,
-                    "beside": server.beside,
-                    "refused": server.refused,
-                    "pause_rollouts": server.pause_rollouts,
-                    "paused": len(server._paused), "pauses": server.pauses})
-            elif route == "/v1/weights_fingerprint":
-                self._reply(200, {"fingerprint": server.engine.weights_fingerprint()})
-            else:
-                self._reply(404, {"error": {"message": f"no route {self.path}"}})
 
-        def do_POST(self) -> None:
-            route = self.path.rstrip("/")
-            if route not in ("/v1/completions", "/v1/weights", "/v1/beside", "/v1/reclaim"):
-                return self._reply(404, {"error": {"message": f"no route {self.path}"}})
-            try:
-                data = self.rfile.read(int(self.headers.get("Content-Length", 0)))
-                if route == "/v1/beside":
-                    return self._reply(200, server.keep_beside(json.loads(data)["keep"]))
-                if route == "/v1/reclaim":
-                    return self._reply(200, server.reclaim(json.loads(data)["n"]))
-                if route == "/v1/weights":
-                    version = int(self.headers.get("X-Reroll-Version", 0))
-                    return self._reply(200, server.load_weights(data, version))
-                self._reply(200, server.complete(json.loads(data)))
-            except (ValueError, TypeError, KeyError) as e:
-                self._reply(400, {"error": {"message": str(e)}})
+def _integer(body: dict, name: str) -> int:
+    value = body.get(name)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise bad_param(name, f"must be an integer, not {value!r}")
+    return value
 
-        def _reply(self, status: int, payload: dict) -> None:
-            data = json.dumps(payload).encode()
-            self.send_response(status)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
 
-    return Handler
+def _app(server: CompletionServer):
+    from starlette.concurrency import run_in_threadpool
+    from starlette.responses import JSONResponse
+    from starlette.routing import Route
+
+    async def models(request):
+        return JSONResponse({"object": "list", "data": [
+            {"id": server.model_name, "object": "model", "owned_by": "reroll"}]})
+
+    async def load(request):
+        try:
+            window = float(request.query_params.get("window_s", "10"))
+            wait = min(float(request.query_params.get("wait_idle_s", "0")), 60.0)
+        except ValueError as e:
+            raise OpenAIError(400, str(e), param="window_s") from None
+        if wait > 0:
+            await run_in_threadpool(server.latency.wait_idle, wait)
+        return JSONResponse(server.latency.report(window) | {
+            "yield_to_serving": server.yield_to_serving,
+            "rollouts_beside_serving": server.rollouts_beside_serving,
+            "beside": server.beside, "refused": server.refused,
+            "pause_rollouts": server.pause_rollouts,
+            "paused": len(server._paused), "pauses": server.pauses})
+
+    async def fingerprint(request):
+        return JSONResponse({"fingerprint": server.engine.weights_fingerprint()})
+
+    async def completions(request):
+        body = await json_body(request)
+        return JSONResponse(await run_in_threadpool(server.complete, body))
+
+    async def weights(request):
+        try:
+            version = int(request.headers.get("X-Reroll-Version", 0))
+        except ValueError:
+            raise bad_param("X-Reroll-Version", "must be an integer") from None
+        data = await request.body()
+        try:
+            return JSONResponse(await run_in_threadpool(server.load_weights, data, version))
+        except (ValueError, TypeError, KeyError) as e:  # not safetensors, or not these weights
+            raise OpenAIError(400, f"the weights cannot be loaded: {e}") from None
+
+    async def beside(request):
+        return JSONResponse(server.keep_beside(_integer(await json_body(request), "keep")))
+
+    async def reclaim(request):
+        return JSONResponse(server.reclaim(_integer(await json_body(request), "n")))
+
+    return make_app([
+        Route("/v1/models", models), Route("/v1/load", load),
+        Route("/v1/weights_fingerprint", fingerprint),
+        Route("/v1/completions", completions, methods=["POST"]),
+        Route("/v1/weights", weights, methods=["POST"]),
+        Route("/v1/beside", beside, methods=["POST"]),
+        Route("/v1/reclaim", reclaim, methods=["POST"])])
 
 
 def main() -> None:
@@ -341,10 +384,11 @@ def main() -> None:
     from reroll.engines.hf import HFEngine
     from reroll.models.loading import load_model, load_tokenizer
 
-    engine = HFEngine(load_model(args.model), args.max_batch_size,
-                      load_tokenizer(args.model).pad_token_id)
+    model = load_model(args.model)
+    engine = HFEngine(model, args.max_batch_size, load_tokenizer(args.model).pad_token_id)
     server = CompletionServer(engine, args.model, args.host, args.port, args.yield_to_serving,
-                              args.rollouts_beside_serving, args.pause_rollouts)
+                              args.rollouts_beside_serving, args.pause_rollouts,
+                              getattr(model.config, "max_position_embeddings", None))
     print(f"serving {args.model} at {server.url}", flush=True)
     threading.Event().wait()
 

@@ -14,6 +14,7 @@ from typing import Any
 
 from reroll.config.errors import ConfigError
 from reroll.envs.base import EnvSpec
+from reroll.envs.calculator import CalculatorEnv
 from reroll.envs.countdown import CountdownEnv
 from reroll.envs.gem_adapter import PREFIX as GEM_PREFIX
 from reroll.envs.gem_adapter import GemEnv
@@ -46,6 +47,8 @@ def env_specs() -> dict[str, EnvSpec]:
                 "reach the target number with + - * / over given numbers (expert: search)"),
         EnvSpec("math_python", _math_python,
                 "arithmetic with a Python tool run in the Sandbox (expert: compute, then answer)"),
+        EnvSpec("calculator", CalculatorEnv,
+                "big-number arithmetic with a native `calculator` tool call (expert: call, answer)"),
         EnvSpec("terminal", TerminalEnv,
                 "shell tasks in a Sandbox, checked by the task's test script (Terminal-Bench style)"),
     ]

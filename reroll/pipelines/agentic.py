@@ -32,6 +32,7 @@ from reroll.engines.base import Engine, SamplingParams
 from reroll.envs import ChatFormat, make_env
 from reroll.envs.registry import env_arguments
 from reroll.pipelines import rl
+from reroll.pipelines.agents import AgentTask
 from reroll.pipelines.inputs import TaskInputs
 from reroll.pipelines.judge import reward_factory
 from reroll.pipelines.roles import remote_envs, remote_reward
@@ -152,7 +153,8 @@ class EnvTask:
                         max_context_tokens=env.max_context_tokens,
                         step_timeout_s=env.step_timeout_s, system_prompt=env.system_prompt,
                         history_thinking=env.history_thinking or "keep",
-                        episode_reward=self.episode_reward)
+                        episode_reward=self.episode_reward, tool_parser=env.tool_parser,
+                        tool_timeout_s=env.tool_timeout_s)
 
     def metrics(self) -> dict[str, float]:
         return dict(self._metrics)
@@ -193,9 +195,16 @@ def learned_reward_means(trajectories: list[Trajectory], split: str) -> dict[str
             f"{split}/learned_reward_mean": sum(scores) / max(len(scores), 1)}
 
 
+def task_class(config: AgenticConfig, inputs: TaskInputs | None = None):
+    """The config's task: its environment, or its agent program through the gateway."""
+    if config.agent is not None:
+        return functools.partial(AgentTask, inputs=inputs)
+    return functools.partial(EnvTask, inputs=inputs)
+
+
 def agentic_pipeline(config: AgenticConfig, inputs: TaskInputs | None = None) -> rl.RLPipeline:
-    """The RL pipeline on the config's environment."""
-    return rl.RLPipeline(config, functools.partial(EnvTask, inputs=inputs), inputs)
+    """The RL pipeline on the config's environment (or agent program)."""
+    return rl.RLPipeline(config, task_class(config, inputs), inputs)
 
 
 AgenticPipeline = agentic_pipeline
@@ -205,4 +214,4 @@ AgenticPipeline = agentic_pipeline
 def train_agentic(config: AgenticConfig, inputs: TaskInputs | None = None) -> dict:
     """Run agentic RL under the restart supervisor (`rl.train`), like RLVR: a dead worker
     restarts the roles from the last checkpoint, up to `distributed.max_restarts` times."""
-    return rl.train(config, functools.partial(EnvTask, inputs=inputs), inputs)
+    return rl.train(config, task_class(config, inputs), inputs)

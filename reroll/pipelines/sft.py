@@ -5,7 +5,9 @@ passes a `step`: it makes each batch's loss, adds its metrics and keeps its stat
 
 A row is `prompt` + a target response (the field named by `data.response_key`), or `messages`
 ending with the assistant's message. The response is tokenised on its own after the templated
-prompt and closed with EOS, exactly the token sequence the RL engine later generates.
+prompt and closed with EOS, exactly the token sequence the RL engine later generates. A
+multi-turn `messages` row (several assistant turns, tool calls and results, a `tools` column)
+trains every assistant turn, the rest masked (`reroll.data.multiturn`).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from reroll.config.errors import ConfigError
 from reroll.config.schema import SFTConfig
 from reroll.data.batch import Trajectory, collate
 from reroll.data.datasets import PromptRow, load_prompts
+from reroll.data.multiturn import is_multi_turn, multi_turn_example
 from reroll.models.devices import machine_devices, trainer_device
 from reroll.models.loading import load_model, load_tokenizer
 from reroll.models.logprobs import batched_logprobs
@@ -36,6 +39,9 @@ from reroll.training.local import LocalStrategy
 
 
 def sft_example(tokenizer, row: PromptRow, response_key: str, max_tokens: int) -> Trajectory:
+    tools = row.metadata.get("tools")
+    if row.messages[-1]["role"] == "assistant" and is_multi_turn(row.messages, tools):
+        return multi_turn_example(tokenizer, row.messages, tools, max_tokens, row.source)
     if row.messages[-1]["role"] == "assistant":
         prompt_row = PromptRow(row.messages[:-1], None, source=row.source)
         target = row.messages[-1]["content"]

@@ -46,6 +46,9 @@ from reroll.envs.wrappers import ChatFormat
 from reroll.rewards.base import RewardSample
 from reroll.rewards.runner import RewardRunner
 from reroll.rollout.groups import request_seed
+from reroll.tools.execute import run_calls
+from reroll.tools.parsers import PARSERS, parse_tool_calls
+from reroll.tools.schema import Tool, as_tools
 
 
 @dataclass
@@ -96,10 +99,17 @@ class AgentJob:
     rendered by the chat template (which may drop earlier reasoning), one sample per turn."""
     episode_reward: EpisodeReward | None = None
     """A learned reward of each finished episode, added to the environment's (None: none)."""
+    tool_parser: str = "hermes"
+    """How the model's tool calls are read, for an env with `tools` (`reroll.tools.parsers`)."""
+    tool_timeout_s: float = 10.0
+    """Limit of one tool call (a tool's own `timeout_s` wins)."""
 
     def __post_init__(self) -> None:
         if self.format is None:
             self.format = ChatFormat(self.tokenizer, self.system_prompt)
+        if self.tool_parser not in PARSERS:
+            raise ValueError(f"tool_parser must be one of {sorted(PARSERS)}, not "
+                             f"{self.tool_parser!r}")
         if self.history_thinking not in ("keep", "strip"):
             raise ValueError(f"history_thinking must be keep or strip, not {self.history_thinking!r}")
 
@@ -119,6 +129,11 @@ class AgentStats:
     their stop token: the env got an unfinished reply. Episodes that end at the context limit
     are `context_limit` (the trajectory's finish reason `length`, `train/truncated_frac`)."""
     env_seconds: float = 0.0
+    tool_calls: int = 0
+    tool_errors: int = 0
+    """Calls that failed: an unknown tool, bad arguments, a tool that raised or timed out."""
+    tool_parse_errors: int = 0
+    """Tool calls in the model's text that could not be read (invalid JSON, no name, ...)."""
     errors: list[str] = field(default_factory=list)
 
     def metrics(self) -> dict[str, float]:
@@ -127,7 +142,10 @@ class AgentStats:
                 "env/context_limit_frac": self.context_limit / n,
                 "env/truncated_replies_frac": self.truncated_replies / max(self.replies, 1),
                 "env/aborted": float(self.aborted), "env/turns_mean": self.turns / n,
-                "env/step_s_mean": self.env_seconds / max(self.turns, 1)}
+                "env/step_s_mean": self.env_seconds / max(self.turns, 1),
+                "env/tool_calls": float(self.tool_calls),
+                "env/tool_errors": float(self.tool_errors),
+                "env/tool_parse_errors": float(self.tool_parse_errors)}
 
 
 def state_id(obs: str) -> int:
@@ -148,7 +166,8 @@ class _Episode:
         self.rewards: list[float] = []
         self.states: list[int] = [state_id(first_obs)]
         self.segments: list[dict[str, Any]] = []
-        self.messages: list[dict[str, str]] = []  # the conversation (for `strip`)
+        self.messages: list[dict[str, str]] = []  # the conversation (`strip`, rollout rows)
+        self.tools: list[dict[str, Any]] = []  # the env's tool schemas
         self.outcome = ""
         """The environment's last observation, which no turn acted on ("Correct!"), as the
         template presents it: in the episode's text, not in its tokens."""
@@ -177,10 +196,13 @@ async def run_episode(job: AgentJob, env_seed: int, sample_seed: int, group_id: 
     finish, info, error = "truncated", {}, None
     try:
         obs, _ = await reset_async(env, env_seed, job.step_timeout_s)
-    except EnvError as e:
-        obs, error = "", str(e)
+        tools = as_tools(getattr(env, "tools", None))
+    except (EnvError, ValueError, TypeError) as e:  # a broken `tools` fails only its episode
+        obs, error, tools = "", str(e), []
+    if tools:
+        fmt = fmt.with_tools([t.schema for t in tools], job.tool_parser)
     episode = _Episode(fmt.prompt_ids(obs), obs)
-    episode.messages = fmt.first_messages(obs)
+    episode.messages, episode.tools = fmt.first_messages(obs), fmt.tools
     strip = job.history_thinking == "strip"
     for turn in range(job.max_turns if error is None else 0):
         context = fmt.messages_ids(episode.messages) if strip and turn else episode.context()
@@ -202,10 +224,19 @@ async def run_episode(job: AgentJob, env_seed: int, sample_seed: int, group_id: 
         if completion.finish_reason == "abort":
             finish = "abort"
             break
+        last = completion.token_ids[-1] if completion.token_ids else None
+        stopped = tok.decode([last]) if completion.finish_reason == "stop" else None
+        content = completion.token_ids[:-1] if stopped else completion.token_ids
+        episode.messages.append({"role": "assistant", "content": tok.decode(content)})
         t0 = time.perf_counter()
+        results = await _tool_turn(job, tools, action, stats) if tools else None
         try:
-            obs, reward, terminated, truncated, info = await step_async(env, action,
-                                                                        job.step_timeout_s)
+            if results is not None:  # the calls' results are this turn's observation
+                obs = "\n".join(m["content"] for m in results)
+                reward, terminated, truncated = 0.0, False, False
+            else:
+                obs, reward, terminated, truncated, info = await step_async(
+                    env, action, job.step_timeout_s)
         except EnvError as e:
             error = str(e)
             break
@@ -216,16 +247,13 @@ async def run_episode(job: AgentJob, env_seed: int, sample_seed: int, group_id: 
             error = f"env.step returned a non-finite reward ({reward!r})"
             break
         episode.rewards.append(reward)
-        last = completion.token_ids[-1] if completion.token_ids else None
-        stopped = tok.decode([last]) if completion.finish_reason == "stop" else None
-        obs_ids = fmt.observation_ids(obs, stopped)
+        reply = results or [{"role": "user", "content": obs}]
+        obs_ids = fmt.reply_ids(reply, stopped)
         if terminated or truncated:
             finish = "stop" if terminated else "truncated"
             episode.outcome = tok.decode(obs_ids)
             break
-        content = completion.token_ids[:-1] if stopped else completion.token_ids
-        episode.messages += [{"role": "assistant", "content": tok.decode(content)},
-                             {"role": "user", "content": obs}]
+        episode.messages += reply
         grown = fmt.messages_ids(episode.messages) if strip else episode.context() + obs_ids
         if len(grown) >= job.max_context_tokens:
             finish = "length"
@@ -237,6 +265,23 @@ async def run_episode(job: AgentJob, env_seed: int, sample_seed: int, group_id: 
     if job.episode_reward is not None:
         await job.episode_reward.score(trajectory)
     return _turn_samples(job, episode, trajectory) if strip else [trajectory]
+
+
+async def _tool_turn(job: AgentJob, tools: list[Tool], action: str, stats: AgentStats
+                     ) -> list[dict[str, str]] | None:
+    """The `tool` messages answering the calls in `action` (None when it makes none: the
+    action goes to the env). Unreadable calls and failed ones are answered with an error
+    message and counted, never raised."""
+    parsed = parse_tool_calls(action, job.tool_parser)
+    if not parsed.calls and not parsed.errors:
+        return None
+    results = await run_calls(parsed.calls, tools, job.tool_timeout_s)
+    stats.tool_calls += len(parsed.calls)
+    stats.tool_errors += sum(r.error for r in results)
+    stats.tool_parse_errors += len(parsed.errors)
+    return [r.message() for r in results] + [
+        {"role": "tool", "tool_call_id": "invalid", "content": f"error: {e}"}
+        for e in parsed.errors]
 
 
 def _turn_samples(job: AgentJob, episode: _Episode, whole: Trajectory) -> list[Trajectory]:
@@ -298,7 +343,9 @@ def _trajectory(job: AgentJob, episode: _Episode, env_seed: int, group_id: int, 
         reward=float(sum(rewards)),
         reward_info=reward_info, policy_version=getattr(job.engine, "version", 0),
         policy_mask=episode.policy, turn_ids=episode.turn_ids, turn_rewards=rewards or [0.0],
-        turn_states=episode.states[: max(turns, 1)], segments=segments)
+        turn_states=episode.states[: max(turns, 1)], segments=segments,
+        conversation={"messages": episode.messages}
+        | ({"tools": episode.tools} if episode.tools else {}))
 
 
 async def run_group(job: AgentJob, env_seed: int, group_size: int, group_id: int, seed_base: int,

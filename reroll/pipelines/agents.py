@@ -1,0 +1,124 @@
+"""Agentic RL on your own agent program (`agent:`): the task the RL pipeline runs when an
+agentic config names an agent instead of an environment.
+
+The agent drives itself through reroll's OpenAI-compatible gateway (`reroll.rollout.gateway`),
+which runs in this process in front of the rollout engine for the whole run. Each step draws
+`rollout.prompts_per_step` task rows and runs `rollout.group_size` episodes of each, every one
+in its own session; the calls' tokens become the step's trajectories (one per episode, see
+`rollout/gateway/assembly.py`), scored by the agent's reward. The run's sampling settings apply
+to every call (the client's `temperature` is not used), so the trainer's ratios hold.
+"""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from reroll.config.agentic import AgenticConfig
+from reroll.config.errors import ConfigError
+from reroll.data.batch import Trajectory
+from reroll.data.datasets import PromptSampler, _read_records
+from reroll.engines.base import Engine, SamplingParams
+from reroll.pipelines.task import rollout_row
+from reroll.rewards.custom import resolve
+from reroll.rollout.gateway import AgentSpec, Gateway, run_episodes
+
+EVAL_SEED_BASE = 10**9
+
+
+def read_tasks(path: str, field: str) -> list[Any]:
+    """The task rows of a JSONL file (any JSON objects), or one error naming the file."""
+    if not Path(path).is_file():
+        raise ConfigError(f"{field}: no such file {path}")
+    rows = [record for _, record in _read_records(Path(path))]
+    if not rows:
+        raise ConfigError(f"{field}: {path} holds no task rows")
+    return rows
+
+
+def agent_spec(config: AgenticConfig) -> AgentSpec:
+    a = config.agent
+    return AgentSpec(
+        entrypoint=resolve(a.entrypoint, "agent.entrypoint") if a.entrypoint else None,
+        command=list(a.command) if a.command else None, time_limit_s=a.time_limit_s,
+        verifier=resolve(a.verifier, "agent.verifier") if a.verifier else None, env=dict(a.env))
+
+
+class AgentTask:
+    """Task rows for an agent program instead of an environment (see the module doc)."""
+
+    def __init__(self, config: AgenticConfig, tokenizer, inputs=None):
+        self.config, self.tokenizer = config, tokenizer
+        a = config.agent
+        self.spec = agent_spec(config)  # a bad import path fails here, before the models load
+        self.tasks = read_tasks(a.tasks, "agent.tasks")
+        self.eval_tasks = read_tasks(a.eval_tasks, "agent.eval_tasks") if a.eval_tasks else []
+        self.label = "agent"
+        self.sampler = PromptSampler(self.tasks, config.seed)
+        self.eval_trajectories: list[Trajectory] = []
+        self.gateway: Gateway | None = None
+        self.episodes = 0
+        self._metrics: dict[str, float] = {}
+
+    @property
+    def evaluates(self) -> bool:
+        return bool(self.eval_tasks)
+
+    def start(self, engine: Engine) -> Engine:
+        a = self.config.agent
+        self.gateway = Gateway(engine, self.tokenizer, Path(self.config.model.path).name,
+                               SamplingParams(), a.max_context_tokens, a.host, a.port,
+                               a.tool_parser)
+        return engine
+
+    def run(self, tasks: list[Any], group_size: int, params: SamplingParams, seed: int):
+        self.gateway.params = params
+        trajectories, stats = run_episodes(self.gateway, self.spec, tasks, group_size, seed)
+        self.episodes += stats.episodes
+        return trajectories, stats
+
+    def next_batch(self, step: int, params: SamplingParams) -> list[Trajectory]:
+        c = self.config
+        tasks = self.sampler.next_batch(c.rollout.prompts_per_step)
+        trajectories, stats = self.run(tasks, c.rollout.group_size, params,
+                                       c.seed * 7_919 + step * 1_000_003)
+        success = [t.reward_info.get("success", False) for t in trajectories]
+        g = self.gateway.stats
+        self._metrics = stats.metrics() | {
+            "train/success_rate": sum(success) / max(len(success), 1),
+            "gateway/retokenize_mismatch": float(g.retokenize_mismatch),
+            "gateway/late_calls": float(self.gateway.sessions.late_calls)}
+        return trajectories
+
+    def evaluate(self, params: SamplingParams) -> dict[str, float]:
+        trajectories, stats = self.run(self.eval_tasks, self.config.eval.samples_per_prompt,
+                                       params, EVAL_SEED_BASE)
+        self.eval_trajectories = trajectories
+        returns = torch.tensor([t.reward for t in trajectories])
+        success = torch.tensor([float(t.reward_info.get("success", False))
+                                for t in trajectories])
+        return {"eval/reward_mean": float(returns.mean()),
+                "eval/success_rate": float(success.mean()),
+                "eval/gateway_calls_mean": stats.metrics()["gateway/calls_mean"]}
+
+    def metrics(self) -> dict[str, float]:
+        return dict(self._metrics)
+
+    def record(self, step: int, trajectories: list[Trajectory], count: int) -> list[dict]:
+        picked = random.Random(step).sample(trajectories, min(count, len(trajectories)))
+        return [rollout_row(t) for t in picked]
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"sampler": self.sampler.state_dict(), "episodes": self.episodes}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.sampler.load_state_dict(state["sampler"])
+        self.episodes = state.get("episodes", 0)
+
+    def close(self) -> None:
+        if self.gateway is not None:
+            self.gateway.close()
+            self.gateway = None
