@@ -160,9 +160,8 @@ def grpo_batch(vocab: int, rows: int = ROWS, length: int = LENGTH, prompt: int =
                                        group_id=i // group, reward=float(i % 3 == 0)))
     batch, _ = collate(trajectories, pad_token_id=0)
     batch = RLBatch.derived(batch, group)
-    batch["advantages"] = objective.compute_advantages(
-        objective.build(AlgorithmConfig(), group_size=group), batch["rewards"],
-        batch["response_mask"])
+    grpo = objective.build(AlgorithmConfig(), group_size=group)
+    batch["advantages"] = objective.estimate_advantages(grpo, batch)[0]
     return batch
 
 

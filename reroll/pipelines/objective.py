@@ -329,17 +329,6 @@ def estimate_advantages(obj: Objective, batch: TensorDict, *,
     return advantages * mask, returns
 
 
-def compute_advantages(obj: Objective, rewards: Tensor, response_mask: Tensor) -> Tensor:
-    """Scalar rewards [B] of single-turn responses -> per-token advantages [B, L] on response
-    tokens, for estimators that need nothing but the rewards (see `estimate_advantages`)."""
-    batch = TensorDict({"rewards": rewards, "response_mask": response_mask,
-                        "turn_ids": single_turn_ids(response_mask),
-                        "turn_rewards": rewards[:, None],
-                        "state_ids": torch.full_like(rewards[:, None], -1, dtype=torch.long)},
-                       batch_size=[rewards.shape[0]])
-    return estimate_advantages(obj, batch)[0]
-
-
 def distill_advantages(mode: str, coef: float, baseline: str, names: tuple[str | None, ...],
                        batch: TensorDict, has_old_logprobs: bool) -> dict[str, float]:
     """On-policy distillation (`pure`/`mixed`): the teacher's per-token advantage on the

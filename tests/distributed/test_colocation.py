@@ -12,7 +12,13 @@ import yaml
 from reroll.config import load_config
 from reroll.pipelines.rlvr import RLVRPipeline
 from reroll.tracking import read_metrics
-from reroll.training.offload import OptimizerOffload, optimizer_state_bytes
+from reroll.training.offload import OptimizerOffload, optimizer_state_tensors
+
+
+def optimizer_state_bytes(optimizer: torch.optim.Optimizer, device_type: str) -> int:
+    """Bytes of optimizer state on devices of `device_type`."""
+    return sum(t.numel() * t.element_size() for _, _, t in optimizer_state_tensors(optimizer)
+               if t.device.type == device_type)
 
 
 def adam_after_one_step(device: str) -> tuple[torch.nn.Module, torch.optim.AdamW]:

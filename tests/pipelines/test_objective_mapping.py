@@ -42,11 +42,9 @@ ONE_RIGHT = [1.0, 0.0, 0.0, 0.0]
 MASK4 = [[1, 1, 0]] * 4
 
 
-def test_grpo_by_hand_through_the_legacy_entry_point():
+def test_grpo_by_hand():
     # mean 0.25, unbiased std 0.5 -> (1.5, -0.5, -0.5, -0.5) on every response token
-    adv = objective.compute_advantages(objective.build(AlgorithmConfig(), group_size=4),
-                                       torch.tensor(ONE_RIGHT),
-                                       torch.tensor(MASK4, dtype=torch.float32))
+    adv, _ = advantages({}, batch_of(ONE_RIGHT, MASK4), 4)
     expected = torch.tensor([1.5, -0.5, -0.5, -0.5])[:, None] * torch.tensor([1.0, 1.0, 0.0])
     assert torch.allclose(adv, expected, atol=1e-5)
 

@@ -22,8 +22,8 @@ def random_batch(seed: int, size: int = 8):
                                        "stop", group_id=i // 4, reward=float(i % 3 == 0)))
     batch, _ = collate(trajectories, pad_token_id=0)
     batch = RLBatch.derived(batch, group_size=4)
-    batch["advantages"] = objective.compute_advantages(objective.build(AlgorithmConfig(), group_size=4),
-                                                       batch["rewards"], batch["response_mask"])
+    grpo = objective.build(AlgorithmConfig(), group_size=4)
+    batch["advantages"] = objective.estimate_advantages(grpo, batch)[0]
     return batch
 
 
@@ -116,8 +116,8 @@ def batch_with_a_silent_group():
     """Two groups of 4: rewards (1, 0, 0, 1) carry signal, (0, 0, 0, 0) have advantage 0."""
     batch = random_batch(seed=3)
     batch["rewards"] = torch.tensor([1.0, 0, 0, 1, 0, 0, 0, 0])
-    batch["advantages"] = objective.compute_advantages(objective.build(AlgorithmConfig(), group_size=4),
-                                                       batch["rewards"], batch["response_mask"])
+    grpo = objective.build(AlgorithmConfig(), group_size=4)
+    batch["advantages"] = objective.estimate_advantages(grpo, batch)[0]
     return batch
 
 
