@@ -172,9 +172,9 @@ def test_gradient_checkpointing_gives_the_same_update_and_only_in_the_policy(tin
         assert torch.allclose(weights[1][name], value, atol=1e-6), name
     # The critic (a value head on a backbone) trains as before: the option is the policy's.
     from reroll.config.algorithm import CriticConfig
-    from reroll.training.critic import Critic
+    from reroll.training.critic import LocalCritic
 
-    critic = Critic(CriticConfig(), tiny_model, "float32", OptimizerConfig(),
+    critic = LocalCritic(CriticConfig(), tiny_model, "float32", OptimizerConfig(),
                     TrainConfig(gradient_checkpointing=True), 1)
     assert not any(getattr(m, "gradient_checkpointing", False)
                    for m in critic.members[0].model.modules())
