@@ -76,7 +76,7 @@ from _longtail import alternating_runs, build_workload, workload_dir  # noqa: E4
 
 from reroll.config.schema import RLConfig  # noqa: E402
 from reroll.distributed.ray_runtime import ensure_ray  # noqa: E402
-from reroll.pipelines.rlvr import RLVRPipeline  # noqa: E402
+from reroll.pipelines.rlvr import rlvr_pipeline  # noqa: E402
 from reroll.tracking import read_metrics  # noqa: E402
 
 STEPS, PROMPTS, GROUP, MAX_NEW, LR = 10, 32, 8, 384, 2e-4
@@ -128,7 +128,7 @@ def train(workload: dict, shape: argparse.Namespace, mode: str) -> dict:
         "async_training": {"enabled": asynchronous is not None, "in_flight_updates": IN_FLIGHT,
                            **(asynchronous or {})},
         "tracking": {"tensorboard": False, "record_batch_every": 0, "record_rollouts": 0}})
-    pipeline = RLVRPipeline(config)
+    pipeline = rlvr_pipeline(config)
     evaluate, eval_s, samples, prompts_trained = pipeline.evaluate, [], [0], []
 
     def timed_evaluate(*args) -> dict:  # the last step evaluates: kept out of the loop's time

@@ -218,14 +218,14 @@ def held_out_accuracy(paths: dict, model_dir: str, threads: int) -> float:
 
     from reroll.data.preferences import load_preferences
     from reroll.models.loading import load_model, load_tokenizer
-    from reroll.pipelines.dpo import score_pairs
+    from reroll.pipelines.dpo import pair_logprobs
     from reroll.pipelines.preference import tokenize_pair
 
     torch.set_num_threads(threads)
     tokenizer = load_tokenizer(paths["model"])
     pairs = [tokenize_pair(tokenizer, row, 512) for row in load_preferences(paths["eval"])]
-    ref = score_pairs(load_model(paths["model"]), pairs, tokenizer.pad_token_id, 64)
-    policy = score_pairs(load_model(model_dir), pairs, tokenizer.pad_token_id, 64)
+    ref = pair_logprobs(load_model(paths["model"]), pairs, tokenizer.pad_token_id, 64)
+    policy = pair_logprobs(load_model(model_dir), pairs, tokenizer.pad_token_id, 64)
     margin = (policy[:, 0] - ref[:, 0]) - (policy[:, 1] - ref[:, 1])
     return float(((margin > 0).float() + 0.5 * (margin == 0).float()).mean())
 

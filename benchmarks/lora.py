@@ -122,7 +122,7 @@ def train_worker(spec: dict) -> dict:
         start = time.perf_counter()
         if reference is not None:
             batch["ref_logprobs"] = reference.logprobs(batch)
-        loss_fn = objective.make_rl_loss(algorithm, batch, 1.0, LENGTH - TRAIN_PROMPT)
+        loss_fn = objective.make_rl_loss(objective.build(algorithm, max_new_tokens=LENGTH - TRAIN_PROMPT), batch)
         strategy.train_step(batch, loss_fn)
         timings.append(time.perf_counter() - start)
     update_peak = status_gb("VmHWM")

@@ -154,7 +154,7 @@ def start_vllm(path: str, is_real: bool, notes: dict[str, str]):
 def grpo_batch(vocab: int, rows: int = ROWS, length: int = LENGTH, prompt: int = TRAIN_PROMPT,
                group: int = GROUP, seed: int = 0):
     from reroll.config.algorithm import AlgorithmConfig
-    from reroll.data.batch import Trajectory, collate
+    from reroll.data.batch import RLBatch, Trajectory, collate
     from reroll.pipelines import objective
 
     g = torch.Generator().manual_seed(seed)
@@ -166,8 +166,9 @@ def grpo_batch(vocab: int, rows: int = ROWS, length: int = LENGTH, prompt: int =
         trajectories.append(Trajectory(prompt_ids, response, [-2.0] * len(response), "length",
                                        group_id=i // group, reward=float(i % 3 == 0)))
     batch, _ = collate(trajectories, pad_token_id=0)
-    batch["advantages"] = objective.compute_advantages(AlgorithmConfig(), batch["rewards"], group,
-                                                       batch["response_mask"])
+    batch = RLBatch.derived(batch, group)
+    grpo = objective.build(AlgorithmConfig(), group_size=group)
+    batch["advantages"] = objective.estimate_advantages(grpo, batch)[0]
     return batch
 
 
@@ -250,7 +251,8 @@ def train_worker(spec: dict) -> dict:
     vocab = model.config.vocab_size
     for batch in (grpo_batch(vocab, rows=2, length=32, prompt=8, group=2, seed=1),
                   grpo_batch(vocab)):
-        loss_fn = objective.make_rl_loss(AlgorithmConfig(), batch, 1.0, LENGTH - TRAIN_PROMPT)
+        loss_fn = objective.make_rl_loss(
+            objective.build(AlgorithmConfig(), max_new_tokens=LENGTH - TRAIN_PROMPT), batch)
         synchronize(device)
         start = time.perf_counter()
         strategy.train_step(batch, loss_fn)

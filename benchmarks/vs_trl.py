@@ -115,7 +115,7 @@ def run_reroll(spec: dict) -> dict:
     """reroll's RLVR pipeline (GRPO advantage, PPO-clip loss, token-mean aggregation)."""
     from reroll.config.loading import validate
     from reroll.config.schema import RLConfig
-    from reroll.pipelines.rlvr import RLVRPipeline
+    from reroll.pipelines.rlvr import rlvr_pipeline
 
     batch = spec["prompts_per_step"] * spec["group_size"]
     config = validate(RLConfig, {
@@ -133,7 +133,7 @@ def run_reroll(spec: dict) -> dict:
         "tracking": {"progress": False, "tensorboard": False, "record_rollouts": 0,
                      "record_batch_every": 0},
     }, "benchmarks/vs_trl.py")
-    pipeline = RLVRPipeline(config)
+    pipeline = rlvr_pipeline(config)
     start = time.perf_counter()
     summary = pipeline.run()
     seconds = time.perf_counter() - start

@@ -145,7 +145,9 @@ def test_sft_on_a_list_of_dicts(tmp_path, tiny_model):
 def test_a_lambda_reward_with_the_ray_executor(tmp_path, tiny_model):
     """Rewards run in the driver (their calls in its reward worker processes), so objects need
     no shipping to Ray actors: the policy and the engine there train as usual."""
-    from reroll.distributed.ray_runtime import ensure_ray, shutdown_ray
+    import ray
+
+    from reroll.distributed.ray_runtime import ensure_ray
 
     ensure_ray(num_cpus=2)
     try:
@@ -154,5 +156,5 @@ def test_a_lambda_reward_with_the_ray_executor(tmp_path, tiny_model):
                                reward_funcs=[lambda s: float(len(s.response) % 3 == 0)],
                                train_dataset=rows())
     finally:
-        shutdown_ray()
+        ray.shutdown()
     assert summary.steps == 2 and summary.metrics["reward/errors"] == 0

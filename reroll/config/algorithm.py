@@ -147,9 +147,22 @@ class IPAChunkAdvantage(AdvantageSection):
     """Discount per chunk."""
 
 
+class CustomAdvantage(AdvantageSection):
+    """Your own estimator, `function(batch, group_size, **kwargs) -> advantages [B, T]`, named
+    by import path (importable from the working directory; docs/algorithms.md). It is imported
+    and its signature checked at start. Reward clipping, whitening and the advantage clip of
+    `normalize` apply around it as around the built-in ones."""
+
+    name: Literal["custom"] = "custom"
+    function: str = Field(..., pattern=r"^[\w.]+:[\w.]+$")
+    """Import path `package.module:function`."""
+    kwargs: dict[str, float | int | bool | str] = Field(default_factory=dict)
+    """Keyword arguments passed to the function on every call (its knobs)."""
+
+
 ADVANTAGES = (GRPOAdvantage, DrGRPOAdvantage, LitePPOAdvantage, RLOOAdvantage,
               ReinforcePPAdvantage, ReinforcePPBaselineAdvantage, GAEAdvantage, ReBNAdvantage,
-              GiGPOAdvantage, IPAChunkAdvantage)
+              GiGPOAdvantage, IPAChunkAdvantage, CustomAdvantage)
 AdvantageConfig = choice("name", "grpo", *ADVANTAGES)
 ADVANTAGE_NAMES = tuple(a.model_fields["name"].default for a in ADVANTAGES)
 """Every advantage estimator by name: the one list of them (objective.py maps each to its
@@ -239,8 +252,25 @@ class IPAChunkLoss(Section):
     """The chunk ratio is clipped above at 1 + clip_high."""
 
 
-PolicyLossConfig = choice("name", "ppo", PPOLoss, GSPOLoss, CISPOLoss, TOPRLoss, ReinforceLoss,
-                          DecoupledPPOLoss, IPAChunkLoss)
+class CustomLoss(Section):
+    """Your own policy loss, named by import path (importable from the working directory;
+    docs/algorithms.md): `function(logprobs, old_logprobs, advantages, mask, *, agg, num_tokens,
+    num_seqs, max_len, is_weights, **kwargs) -> (loss, metrics)`, all tensors [B, T]. Pass the
+    aggregation keywords to `reroll.algorithms.aggregate_loss` so micro-batch losses add up. It is
+    imported and its signature checked at start."""
+
+    name: Literal["custom"] = "custom"
+    function: str = Field(..., pattern=r"^[\w.]+:[\w.]+$")
+    """Import path `package.module:function`."""
+    kwargs: dict[str, float | int | bool | str] = Field(default_factory=dict)
+    """Keyword arguments passed to the function on every call (its knobs)."""
+
+
+POLICY_LOSSES = (PPOLoss, GSPOLoss, CISPOLoss, TOPRLoss, ReinforceLoss, DecoupledPPOLoss,
+                 IPAChunkLoss, CustomLoss)
+PolicyLossConfig = choice("name", "ppo", *POLICY_LOSSES)
+POLICY_LOSS_NAMES = tuple(p.model_fields["name"].default for p in POLICY_LOSSES)
+"""Every policy loss by name (objective.py maps each to its function; tests derive theirs)."""
 
 # ----------------------------------------------------------------------------------------------
 # KL, normalisation, filters, corrections
@@ -505,6 +535,9 @@ class AlgorithmConfig(Section):
             raise ValueError("algorithm.policy_loss decoupled_ppo already weights by pi_old / mu "
                              "(see its behaviour_cap); algorithm.correction.tis would apply the "
                              "same weight twice")
+        if adv == "custom" and self.kl.in_reward and self.kl.coef > 0:
+            raise ValueError("algorithm.kl.mode reward: algorithm.advantage custom is not "
+                             "given a KL reward penalty; use algorithm.kl.mode loss")
         if self.kl.controller.name == "adaptive" and self.kl.coef == 0:
             raise ValueError("algorithm.kl.controller adaptive multiplies algorithm.kl.coef, "
                              "which is 0: set a starting coefficient > 0")

@@ -13,6 +13,10 @@ prompt + response tokens, plus a list of per-sample metadata. Keys:
 - `old_logprobs`, `ref_logprobs`, `advantages`, ...: filled in by the pipeline's phases.
 - `rewards` [B]: the scalar reward of each sample; `group_ids` [B]: samples of one prompt share it.
 
+The RL step's batch is an `RLBatch`: the fields above and the ones the RL step adds, declared
+below (`RLBatch.REQUIRED`, `RLBatch.OPTIONAL`) and checked, with their shapes, where the batch is
+made (`RLBatch.checked`), so a missing field fails there and not deep in a loss.
+
 Token-level tensors follow the logprob convention of `reroll.models.logprobs`: position t holds
 the value for token t.
 """
@@ -20,7 +24,7 @@ the value for token t.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 from tensordict import TensorDict
@@ -104,12 +108,12 @@ def collate(trajectories: list[Trajectory], pad_token_id: int) -> tuple[TensorDi
         batch_size=[size],
     )
     if any(t.turn_ids is not None for t in trajectories):
-        tensors.update(_turn_tensors(trajectories, width))
+        tensors.update(turn_tensors(trajectories, width))
     metadata = [trajectory_row(t) | {"policy_version": t.policy_version} for t in trajectories]
     return tensors, metadata
 
 
-def _turn_tensors(trajectories: list[Trajectory], width: int) -> dict[str, torch.Tensor]:
+def turn_tensors(trajectories: list[Trajectory], width: int) -> dict[str, torch.Tensor]:
     """`turn_ids` [B, width], `turn_rewards` and `state_ids` [B, K] of multi-turn trajectories (a
     trajectory without turns counts as one turn holding its reward)."""
     size = len(trajectories)
@@ -126,6 +130,79 @@ def _turn_tensors(trajectories: list[Trajectory], width: int) -> dict[str, torch
         if t.turn_states:
             state_ids[i, : len(t.turn_states)] = torch.tensor(t.turn_states, dtype=torch.long)
     return {"turn_ids": turn_ids, "turn_rewards": turn_rewards, "state_ids": state_ids}
+
+
+class RLBatch(TensorDict):
+    """The RL step's batch: a TensorDict whose fields are declared here. `REQUIRED` fields exist
+    from the moment the batch is made (`checked`), with these shapes (B samples, T tokens, K
+    turns); `OPTIONAL` ones are added by the step's phases when the objective needs them.
+    Indexing and slicing keep the type."""
+
+    REQUIRED: ClassVar[dict[str, str]] = {
+        "input_ids": "B T", "attention_mask": "B T", "response_mask": "B T",
+        "behaviour_logprobs": "B T", "rewards": "B", "task_rewards": "B", "group_ids": "B",
+        "index_in_group": "B", "turn_ids": "B T", "turn_rewards": "B K", "state_ids": "B K",
+        "loss_mask": "B T", "normaliser_mask": "B T", "entropy_mask": "B T", "advantages": "B T",
+    }
+    """`rewards`: shaped (overlong penalty); `task_rewards`: as the task gave them. `loss_mask`:
+    the tokens in the policy loss; `normaliser_mask`: the tokens the normalisers count;
+    `entropy_mask`: those in the entropy bonus. `advantages`: 0 until the estimator fills them."""
+    OPTIONAL: ClassVar[dict[str, str]] = {
+        "old_logprobs": "B T", "ref_logprobs": "B T", "token_kl": "B T", "is_weights": "B T",
+        "values": "B T", "returns": "B T", "teacher_logprobs": "B T", "teacher_route": "B",
+        "teacher_top_ids": "B T k", "teacher_top_logprobs": "B T k", "model_inputs": "B ...",
+    }
+    """Set by the phases: pi_old, the reference's logprobs, the KL reward penalty, the truncated
+    IS weights, the critics' values (and `old_values_{m}` of each) and returns, the teacher's
+    logprobs (or top-k), and `model_inputs`: a prompt's extra model inputs (images' pixel values
+    and the like), a nested TensorDict passed to the forward."""
+
+    @classmethod
+    def derived(cls, tensors: TensorDict, group_size: int = 1) -> RLBatch:
+        """The RL batch of collated samples (`collate`'s fields, or the same made by hand), with
+        the fields the RL step derives before its phases, where `tensors` lacks them: the task
+        reward (the reward as given), each sample's index in its group, one turn per response
+        holding its reward (`turn_ids`, `turn_rewards`, `state_ids` -1), every response token in
+        the loss, its normalisers and the entropy bonus, and advantages 0. Then `checked`."""
+        mask, rewards = tensors["response_mask"], tensors["rewards"]
+        size = mask.shape[0]
+        made = {
+            "task_rewards": lambda f: rewards.clone(),
+            "index_in_group": lambda f: torch.arange(size) % group_size,
+            "turn_ids": lambda f: torch.where(mask > 0, 0, -1).long(),
+            "turn_rewards": lambda f: rewards[:, None].clone(),
+            "state_ids": lambda f: torch.full_like(f["turn_rewards"], -1, dtype=torch.long),
+            "loss_mask": lambda f: mask.clone(), "normaliser_mask": lambda f: mask.clone(),
+            "entropy_mask": lambda f: mask.clone(), "advantages": lambda f: torch.zeros_like(mask),
+        }
+        fields = dict(tensors.items())
+        for name, make in made.items():
+            if name not in fields:
+                fields[name] = make(fields)
+        return cls.checked(TensorDict(fields, batch_size=tensors.batch_size))
+
+    @classmethod
+    def checked(cls, tensors: TensorDict) -> RLBatch:
+        """The batch of `tensors`, after checking that every required field is there with its
+        declared shape (a ValueError naming the field otherwise)."""
+        batch = cls(dict(tensors.items()), batch_size=tensors.batch_size)
+        missing = [f"{name!r} [{dims}]" for name, dims in cls.REQUIRED.items()
+                   if name not in batch.keys()]
+        if missing:
+            raise ValueError(f"RLBatch: required fields missing: {', '.join(missing)}")
+        size, width = batch["input_ids"].shape
+        turns = batch["turn_rewards"].shape[1]
+        sizes = {"B": size, "T": width, "K": turns}
+        for name in batch.keys():
+            dims = (cls.REQUIRED | cls.OPTIONAL).get(name)
+            if dims is None or "..." in dims:
+                continue
+            want = [sizes.get(d) for d in dims.split()]
+            got = list(batch[name].shape)
+            if len(got) != len(want) or any(w is not None and g != w for g, w in zip(got, want, strict=True)):
+                raise ValueError(f"RLBatch: field {name!r} has shape {got}, declared [{dims}] "
+                                 f"with B={size}, T={width}, K={turns}")
+        return batch
 
 
 def split_micro_batches(batch: TensorDict, micro_batch_size: int) -> list[TensorDict]:

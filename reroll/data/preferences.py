@@ -179,12 +179,6 @@ def sample_preference_pairs(samples: list[dict], threshold: float = 1.0, pairs_p
     return pairs
 
 
-def sample_preference_rows(samples: list[dict], threshold: float = 1.0, pairs_per_prompt: int = 2,
-                           seed: int = 0) -> list[dict]:
-    """The preference rows of `sample_preference_pairs`."""
-    return [row for _, row in sample_preference_pairs(samples, threshold, pairs_per_prompt, seed)]
-
-
 def write_sample_preferences(samples_path: str | Path, out: str | Path, eval_size: int = 200,
                              threshold: float = 1.0, pairs_per_prompt: int = 2, seed: int = 0
                              ) -> dict[str, Path]:

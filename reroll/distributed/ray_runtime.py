@@ -50,13 +50,6 @@ def init_kwargs(address: str | None, num_cpus: int | None) -> dict:
     return kwargs | {"address": address}
 
 
-def shutdown_ray() -> None:
-    import ray  # deferred: Ray is heavy to import and only Ray runs get here
-
-    if ray.is_initialized():
-        ray.shutdown()
-
-
 def quiet_transformers() -> None:
     """No per-load progress bars from worker processes (they interleave with the run's bar)."""
     import transformers  # deferred: only worker processes need it, and it is slow to import

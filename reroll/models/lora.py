@@ -94,9 +94,6 @@ class LoRAAdapter:
         self.peft = get_peft_model(model, peft_config(config))
         self.model = model
 
-    def trainable_parameters(self) -> list[torch.nn.Parameter]:
-        return [p for p in self.model.parameters() if p.requires_grad]
-
     @contextlib.contextmanager
     def disabled(self) -> Iterator[None]:
         """The base model: every LoRA layer passes its input through the frozen weight only."""
@@ -122,11 +119,6 @@ class LoRAAdapter:
             plain = key.replace(".base_layer.", ".")
             out[plain] = merged.get(plain, value).detach()
         return out
-
-    def adapter_state_dict(self) -> dict[str, torch.Tensor]:
-        from peft import get_peft_model_state_dict
-
-        return get_peft_model_state_dict(self.peft)
 
     def save(self, directory: Path) -> None:
         """`adapter_config.json` + `adapter_model.safetensors` (PEFT's format)."""

@@ -207,10 +207,6 @@ def agentic_pipeline(config: AgenticConfig, inputs: TaskInputs | None = None) ->
     return rl.RLPipeline(config, task_class(config, inputs), inputs)
 
 
-AgenticPipeline = agentic_pipeline
-"""The name callers used when agentic RL had a pipeline class of its own."""
-
-
 def train_agentic(config: AgenticConfig, inputs: TaskInputs | None = None) -> dict:
     """Run agentic RL under the restart supervisor (`rl.train`), like RLVR: a dead worker
     restarts the roles from the last checkpoint, up to `distributed.max_restarts` times."""

@@ -49,7 +49,7 @@ def next_token_logprobs(model: torch.nn.Module, input_ids: torch.Tensor,
     return torch.log_softmax(logits.float() / temperature, -1)
 
 
-class Teacher:
+class OfflineTeacher:
     """The teacher model, forward passes only; counts the response positions it scores."""
 
     def __init__(self, config: TeacherConfig, student_tokenizer, student_width: int,
@@ -118,7 +118,7 @@ class DistillStep:
     def __init__(self, config: DistillConfig, student_tokenizer, student: torch.nn.Module):
         width = student.get_output_embeddings().weight.shape[0]
         self.config = config
-        self.teacher = Teacher(config.teacher, student_tokenizer, width,
+        self.teacher = OfflineTeacher(config.teacher, student_tokenizer, width,
                                config.train.micro_batch_size, next(student.parameters()).device)
 
     def loss(self, batch: TensorDict) -> Callable:
@@ -142,4 +142,4 @@ def train_distill(config: DistillConfig, inputs: TaskInputs | None = None) -> di
     return train_sft(config, inputs, step=DistillStep)
 
 
-__all__ = ["DistillStep", "SFTPipeline", "Teacher", "train_distill"]
+__all__ = ["DistillStep", "SFTPipeline", "OfflineTeacher", "train_distill"]

@@ -63,7 +63,7 @@ def sequence_sums(logprobs: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]:
     return (logprobs * mask).sum(-1), mask.sum(-1)
 
 
-def score_pairs(model: torch.nn.Module, pairs: list[Pair], pad_token_id: int,
+def pair_logprobs(model: torch.nn.Module, pairs: list[Pair], pad_token_id: int,
                 micro_batch_size: int) -> Tensor:
     """Summed response log-probabilities of every pair under `model`, without gradients:
     [N, 2] (chosen, rejected)."""
@@ -115,7 +115,7 @@ class DPOObjective:
         model = self.strategy.model if c.reference is None else load_model(
             c.reference, c.model.dtype, c.model.attn_implementation, field="reference").to(
             self.strategy.device)
-        self.reference[name] = score_pairs(model, pairs, self.pad_id,
+        self.reference[name] = pair_logprobs(model, pairs, self.pad_id,
                                            SCORE_MICRO_FACTOR * c.train.micro_batch_size)
         self.cache[name] = self.reference[name]
         torch.save(self.cache, self.cache_path)
@@ -141,7 +141,7 @@ class DPOObjective:
         """Loss, implicit-reward accuracy and margin on held-out pairs; `logprob_accuracy`: the
         share of pairs whose chosen response the policy itself finds likelier."""
         model = self.strategy.model
-        sums = score_pairs(model, pairs, self.pad_id,
+        sums = pair_logprobs(model, pairs, self.pad_id,
                            SCORE_MICRO_FACTOR * self.config.train.micro_batch_size)
         counts, ref = token_counts(pairs).reshape(-1), self.reference[name].reshape(-1)
         loss, metrics = PREFERENCE_LOSSES[self.config.loss.name](

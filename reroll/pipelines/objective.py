@@ -1,16 +1,18 @@
-"""From the `algorithm:` config to calls of the pure functions in `reroll.algorithms`.
+"""The RL objective, built once from the `algorithm:` config at start (`build`): a frozen
+`Objective` record of the resolved callables (advantage estimator, policy loss, corrections,
+the teacher's inputs) and the flags the step needs. The step functions (`pipelines/rl.py`) take
+the Objective, never the config: this module is the only place that maps a config section to a
+function of `reroll.algorithms` and its keyword arguments (`ESTIMATORS`, `POLICY_LOSSES`, the KL
+controller, AsyPPO's masks, the ratio masks and TIS) or to a user's own estimator or policy loss
+(`name: custom`, `pipelines/plugins.py`).
 
-The config picks functions by name (a typed union); this module is the only place that maps a
-config section to a function and its keyword arguments: advantage estimators (`ESTIMATORS`),
-policy losses (`POLICY_LOSSES`), the KL controller, AsyPPO's masks, and the loss closure that a
-`Strategy.train_step` calls per micro-batch; and, once at start, the line saying how samples
-that can be off-policy are corrected (`announce_correction`).
+The loss closure that a `Strategy.train_step` calls per micro-batch (`make_rl_loss`) is the sum
+of its terms: the policy loss (on the advantages), on-policy distillation's divergence (`mode:
+dense`), the KL to the reference and the entropy bonus. On-policy distillation `pure`/`mixed`
+enters through the advantages instead (`distill_advantages`).
 
-Batch keys read here (all [B, T] unless noted; see `reroll.data.batch`): `rewards` [B] (shaped),
-`response_mask`, `loss_mask` (tokens in the policy loss; defaults to `response_mask`),
-`group_ids` [B], `values` (gae), `token_kl` (KL as a reward penalty), `turn_ids`, `turn_rewards`
-[B, K] and `state_ids` [B, K] (multi-turn), `old_logprobs`, `behaviour_logprobs`, `ref_logprobs`,
-`is_weights`, `entropy_mask`, `advantages`.
+Batch fields read here: see `reroll.data.batch.RLBatch` (required ones are always there; the
+optional ones this module reads are set by the phases exactly when the Objective's flags say).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from __future__ import annotations
 import functools
 import logging
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 from tensordict import TensorDict
@@ -25,11 +28,180 @@ from torch import Tensor
 
 from reroll import algorithms
 from reroll.algorithms import distillation
-from reroll.config.algorithm import AlgorithmConfig, AsyPPOConfig, KLConfig
+from reroll.config.algorithm import AlgorithmConfig, AsyPPOConfig, CorrectionConfig, KLConfig
 from reroll.models.logprobs import forward_logprobs
 from reroll.models.top_k import logprobs_at
+from reroll.pipelines import plugins
 
 log = logging.getLogger(__name__)
+
+# ----------------------------------------------------------------------------- the record
+
+
+@dataclass(frozen=True)
+class KLTerm:
+    """KL(policy || reference): a loss term (`in_loss`) or a per-token reward penalty."""
+
+    coef: float
+    """The configured (starting) coefficient; the controller holds the current one."""
+    estimator: str
+    in_loss: bool
+    in_reward: bool
+
+
+@dataclass(frozen=True)
+class DistillTerm:
+    """On-policy distillation, a term of the objective beside KL and entropy: what the step
+    fetches from the teacher (`teacher_inputs`) and where its signal enters: the advantages
+    (`mode: pure/mixed`, `advantage`) or the loss (`mode: dense`, `loss`)."""
+
+    teacher_inputs: Callable[..., dict[str, Tensor]]
+    """fn(teacher, batch, temperature) -> the batch fields it sets (`teacher_logprobs`, or
+    `teacher_top_ids`/`teacher_top_logprobs`)."""
+    advantage: Callable[[TensorDict, bool], dict[str, float]] | None
+    """pure/mixed: fn(batch, has_old_logprobs) -> metrics, replacing or adding to `advantages`."""
+    loss: Callable[..., tuple[Tensor, dict]] | None
+    """dense: fn(student [B, T, k], micro, mask, agg) -> (divergence loss, metrics)."""
+    task_coef: float
+    """dense: weight of the task's policy loss beside the divergence (0: none)."""
+    names: tuple[str | None, ...]
+    """The teachers in routing order (`teacher_route` indexes them)."""
+
+    @property
+    def routed(self) -> bool:
+        """Several teachers: each sample's teacher comes from its row's tag."""
+        return self.names != (None,)
+
+
+@dataclass(frozen=True)
+class Objective:
+    """Everything the RL step needs to know about the algorithm, resolved once (`build`)."""
+
+    label: str
+    """`advantage/policy_loss`, e.g. `grpo/ppo` (progress bar, finish line)."""
+    group_size: int
+    temperature: float
+    """The sampling temperature: logprobs are taken at it."""
+    max_new_tokens: int
+    """The response length limit (the overlong penalty, `seq_mean_token_sum_norm`)."""
+    estimate: Callable[..., tuple[Tensor, Tensor | None]] | None
+    """fn(batch, group_size, token_kl or None, kl_coef) -> (advantages, returns or None); None
+    when nothing reads an advantage (dense distillation without the task)."""
+    reward_clip: tuple[float, float] | None
+    whiten_advantages: bool
+    advantage_clip: float | None
+    policy_loss: Callable[..., tuple[Tensor, dict]] | None
+    """fn(logprobs, old_logprobs, advantages, mask, micro, **agg) -> (loss, metrics); None when
+    the loss has no policy term (dense distillation without the task)."""
+    loss_agg: str
+    counts_chunks: bool
+    """The policy loss normalises by chunks (turns), not tokens (ipa_chunk)."""
+    kl: KLTerm
+    new_kl_controller: Callable[[], algorithms.FixedKLController | algorithms.AdaptiveKLController]
+    entropy_coef: float
+    distill: DistillTerm | None
+    correct: Callable[[TensorDict, Tensor | None], dict[str, float]] | None
+    """Off-policy corrections (ratio masks, TIS) of a batch with `old_logprobs`; None: off."""
+    sets_is_weights: bool
+    """`correct` sets `is_weights` (truncated IS is on)."""
+    asyppo: Callable[[Tensor, Tensor, Tensor], tuple[Tensor, Tensor, dict]] | None
+    """AsyPPO's masks from the mini-critics' values; None with fewer than 2 critics."""
+    has_critic: bool
+    critic_warmup_steps: int
+    keep_groups: Callable[[Tensor], Tensor] | None
+    """Dynamic sampling: fn(task_rewards [B]) -> [B / group_size] bool; None: keep all."""
+    overlong_filter: bool
+    soft_penalty: tuple[int, float] | None
+    """DAPO's soft overlong penalty (cache, penalty); None: off."""
+    updates_per_batch: int
+    epochs: int
+    skip_zero_advantage: bool
+    needs_old_logprobs: bool
+    """pi_old is computed before the update: several updates (or passes) per batch, or something
+    compares it with the behaviour or reference policy before the loss."""
+    advantages_first: bool
+    """The advantages can be estimated before the logprobs and values (they read no KL penalty,
+    no critic value and no teacher, and no ratio mask will change the normalisers), so pi_old is
+    needed only on the samples that `samples_with_gradient` keeps."""
+
+
+def build(config: AlgorithmConfig, *, group_size: int = 1, temperature: float = 1.0,
+          max_new_tokens: int = 1) -> Objective:
+    """The Objective of `config`, for samples drawn `group_size` per prompt at `temperature`
+    with at most `max_new_tokens` response tokens. A user's estimator or policy loss that cannot
+    be imported, or whose signature does not fit, is a ConfigError naming its field."""
+    adv, loss, d, kl = config.advantage, config.policy_loss, config.distill, config.kl
+    dense = d is not None and d.dense
+    estimate = None
+    if not (dense and not d.with_task):
+        estimate = (plugins.custom_estimator(adv, "algorithm.advantage") if adv.name == "custom"
+                    else functools.partial(ESTIMATORS[adv.name], adv))
+    policy_loss = None
+    if not (dense and not d.with_task):
+        policy_loss = (plugins.custom_policy_loss(loss, "algorithm.policy_loss")
+                       if loss.name == "custom" else _builtin_policy_loss(loss))
+    norm, corr, critic = config.normalize, config.correction, config.critic
+    has_reference = kl.coef > 0  # the reference model exists only for a KL term
+    ratio_or_tis = corr.tis is not None or corr.ratio_mask is not None
+    needs_old = (config.updates_per_batch > 1 or config.epochs > 1
+                 or loss.name == "decoupled_ppo" or ratio_or_tis
+                 or (kl.in_reward and has_reference))
+    sampling = config.dynamic_sampling
+    overlong = config.overlong
+    # Leaving out zero-advantage samples is exact only for losses of the form advantage x f(ratio),
+    # which a user's loss need not be.
+    skip = config.skip_zero_advantage and loss.name != "custom"
+    return Objective(
+        label=f"{adv.name}/{loss.name}", group_size=group_size, temperature=temperature,
+        max_new_tokens=max_new_tokens, estimate=estimate, reward_clip=norm.reward_clip,
+        whiten_advantages=norm.whiten_advantages, advantage_clip=norm.advantage_clip,
+        policy_loss=policy_loss, loss_agg=config.loss_agg, counts_chunks=loss.name == "ipa_chunk",
+        kl=KLTerm(kl.coef, kl.estimator, kl.in_loss, kl.in_reward),
+        new_kl_controller=functools.partial(kl_controller, kl),
+        entropy_coef=config.entropy_coef, distill=None if d is None else _distill_term(d),
+        correct=functools.partial(apply_corrections, corr) if ratio_or_tis else None,
+        sets_is_weights=corr.tis is not None,
+        asyppo=(functools.partial(asyppo_masks, critic.asyppo)
+                if critic is not None and critic.num_critics > 1 else None),
+        has_critic=critic is not None,
+        critic_warmup_steps=critic.warmup_steps if critic is not None else 0,
+        keep_groups=None if sampling is None else functools.partial(
+            algorithms.dynamic_sampling_keep, group_size=group_size,
+            drop_all_equal=sampling.drop_all_equal, min_mean=sampling.min_mean,
+            max_mean=sampling.max_mean, min_std=sampling.min_std, max_std=sampling.max_std,
+            atol=sampling.atol),
+        overlong_filter=overlong.filter,
+        soft_penalty=(None if overlong.soft_penalty_cache is None
+                      else (overlong.soft_penalty_cache, overlong.soft_penalty)),
+        updates_per_batch=config.updates_per_batch, epochs=config.epochs,
+        skip_zero_advantage=skip, needs_old_logprobs=needs_old,
+        advantages_first=(skip and critic is None
+                          and corr.ratio_mask is None and d is None
+                          and not (kl.in_reward and has_reference)))
+
+
+def _distill_term(d) -> DistillTerm:
+    if d.dense:
+        divergence = distillation.DIVERGENCES[d.divergence]
+        if d.divergence == "jsd":
+            divergence = functools.partial(divergence, beta=d.beta)
+        return DistillTerm(teacher_inputs=functools.partial(_teacher_top_k, d.top_k),
+                           advantage=None, task_coef=d.task_coef, names=tuple(d.names()),
+                           loss=functools.partial(_dense_divergence, d.divergence, divergence))
+    return DistillTerm(teacher_inputs=_teacher_logprobs, loss=None, task_coef=0.0,
+                       advantage=functools.partial(distill_advantages, d.mode, d.coef,
+                                                   d.baseline, tuple(d.names())),
+                       names=tuple(d.names()))
+
+
+def _teacher_logprobs(teacher, batch: TensorDict, temperature: float) -> dict[str, Tensor]:
+    return {"teacher_logprobs": teacher.logprobs(batch, temperature)}
+
+
+def _teacher_top_k(k: int, teacher, batch: TensorDict, temperature: float) -> dict[str, Tensor]:
+    """The teacher's top-k next tokens and their logprobs at every response position."""
+    top = teacher.top_k(batch, k, temperature)
+    return {"teacher_top_ids": top["ids"], "teacher_top_logprobs": top["logprobs"]}
 
 # ----------------------------------------------------------------------------- advantages
 
@@ -47,20 +219,13 @@ def _penalised_outcomes(rewards: Tensor, mask: Tensor, kl: Tensor | None, kl_coe
 
 
 def _turn_inputs(batch: TensorDict, kl: Tensor | None, kl_coef: float) -> tuple[Tensor, Tensor]:
-    """(turn_rewards [B, K], turn_ids [B, T]). Without `turn_rewards` the scalar reward goes on
-    each row's last turn; a KL penalty is summed over each turn's tokens."""
-    mask = batch["response_mask"]
-    keys = batch.keys()
-    turn_ids = batch["turn_ids"] if "turn_ids" in keys else single_turn_ids(mask)
-    K = int(turn_ids.max().clamp_min(0)) + 1
-    if "turn_rewards" in keys:
-        turn_rewards = batch["turn_rewards"].float()
-    else:
-        last = turn_ids.max(-1).values.clamp_min(0)
-        turn_rewards = torch.zeros(mask.shape[0], K).scatter(1, last[:, None],
-                                                             batch["rewards"][:, None].float())
+    """(turn_rewards [B, K], turn_ids [B, T]), a KL penalty summed over each turn's tokens. (A
+    single-turn response is one turn holding its reward: `RLBatch`.)"""
+    mask, turn_ids = batch["response_mask"], batch["turn_ids"]
+    turn_rewards = batch["turn_rewards"].float()
     if kl is not None:
-        turn_rewards = turn_rewards - kl_coef * algorithms.turn_sums(kl * mask, turn_ids, K)
+        turn_rewards = turn_rewards - kl_coef * algorithms.turn_sums(kl * mask, turn_ids,
+                                                                     turn_rewards.shape[1])
     return turn_rewards, turn_ids
 
 
@@ -112,13 +277,11 @@ def _rebn(cfg, batch, group_size, kl, kl_coef):
 
 
 def _gigpo(cfg, batch, group_size, kl, kl_coef):
+    # Without environment states (`state_ids` -1), turn k of each episode of a group is one
+    # anchor state.
     turn_rewards, turn_ids = _turn_inputs(batch, kl, kl_coef)
-    if "state_ids" in batch.keys():
-        state_ids = batch["state_ids"]
-    else:  # no environment states: turn k of each episode of a group is one anchor state
-        state_ids = torch.arange(turn_rewards.shape[1]).expand_as(turn_rewards)
     return algorithms.gigpo_advantages(
-        turn_rewards, turn_ids, state_ids, group_size, gamma=cfg.gamma,
+        turn_rewards, turn_ids, batch["state_ids"], group_size, gamma=cfg.gamma,
         step_weight=cfg.step_weight, scale_by_std=cfg.scale_by_std, eps=cfg.eps)
 
 
@@ -128,7 +291,7 @@ def _ipa_chunk(cfg, batch, group_size, kl, kl_coef):
 
 
 # name -> fn(advantage config, batch, group_size, token_kl or None, kl_coef)
-#         -> (advantages [B, T], returns [B, T] or None)
+#         -> (advantages [B, T], returns [B, T] or None). `custom`: `plugins.custom_estimator`.
 ESTIMATORS: dict[str, Callable] = {
     "grpo": _outcome(lambda c, r, g: algorithms.normalize_rewards(
         r, g, mean_level=c.mean, std_level=c.std, eps=c.eps)),
@@ -144,39 +307,48 @@ ESTIMATORS: dict[str, Callable] = {
 }
 
 
-def estimate_advantages(config: AlgorithmConfig, batch: TensorDict, group_size: int, *,
+def estimate_advantages(obj: Objective, batch: TensorDict, *,
                         kl_coef: float = 0.0) -> tuple[Tensor, Tensor | None]:
     """Advantages [B, T] (0 off the response) and returns [B, T] (token-level estimators) or None.
 
     Order: reward clip -> estimator (with the KL reward penalty `batch["token_kl"]` x `kl_coef`
-    when present) -> whitening -> advantage clip. The clip applies to every reward an estimator
-    may read: the scalar `rewards` and, in multi-turn batches, each turn's `turn_rewards`.
+    in `kl.mode: reward`) -> whitening -> advantage clip. The clip applies to every reward an
+    estimator may read: the scalar `rewards` and each turn's `turn_rewards`.
     """
-    norm = config.normalize
     mask = batch["response_mask"]
-    if norm.reward_clip is not None:
+    if obj.reward_clip is not None:
         batch = batch.clone(recurse=False)
         for key in ("rewards", "turn_rewards"):
-            if key in batch.keys():
-                batch[key] = algorithms.clip_rewards(batch[key], *norm.reward_clip)
-    kl = batch["token_kl"] if "token_kl" in batch.keys() and kl_coef > 0 else None
-    advantages, returns = ESTIMATORS[config.advantage.name](config.advantage, batch, group_size,
-                                                            kl, kl_coef)
-    if norm.whiten_advantages:
+            batch[key] = algorithms.clip_rewards(batch[key], *obj.reward_clip)
+    kl = batch["token_kl"] if obj.kl.in_reward and kl_coef > 0 else None
+    advantages, returns = obj.estimate(batch, obj.group_size, kl, kl_coef)
+    if obj.whiten_advantages:
         advantages = algorithms.whiten_advantages(advantages, mask)
-    if norm.advantage_clip is not None:
-        advantages = algorithms.clip_advantages(advantages, norm.advantage_clip)
+    if obj.advantage_clip is not None:
+        advantages = algorithms.clip_advantages(advantages, obj.advantage_clip)
     return advantages * mask, returns
 
 
-def compute_advantages(config: AlgorithmConfig, rewards: Tensor, group_size: int,
-                       response_mask: Tensor) -> Tensor:
-    """Scalar rewards [B] -> per-token advantages [B, L] on response tokens (estimators that need
-    nothing but the rewards; see `estimate_advantages` for the rest)."""
-    batch = TensorDict({"rewards": rewards, "response_mask": response_mask},
-                       batch_size=[rewards.shape[0]])
-    return estimate_advantages(config, batch, group_size)[0]
-
+def distill_advantages(mode: str, coef: float, baseline: str, names: tuple[str | None, ...],
+                       batch: TensorDict, has_old_logprobs: bool) -> dict[str, float]:
+    """On-policy distillation (`pure`/`mixed`): the teacher's per-token advantage on the
+    student's own tokens (log pi_T - log pi_old, less the batch mean with `baseline: mean`)
+    replaces (`pure`) or joins (`mixed`, x `coef`) the task's. `distill/reverse_kl` is the mean
+    of the raw log-ratio (and, with several teachers, of each one's on its samples)."""
+    student = batch["old_logprobs"] if has_old_logprobs else batch["behaviour_logprobs"]
+    mask = batch["response_mask"]
+    advantage = algorithms.on_policy_distill_advantages(batch["teacher_logprobs"], student, mask,
+                                                        baseline)
+    batch["advantages"] = advantage if mode == "pure" else batch["advantages"] + coef * advantage
+    log_ratio = (batch["teacher_logprobs"] - student) * mask  # before any baseline
+    metrics = {"distill/reverse_kl": float(algorithms.masked_mean(-log_ratio, mask))}
+    if names != (None,):
+        for i, name in enumerate(names):
+            rows = batch["teacher_route"] == i
+            if bool(rows.any()):
+                metrics[f"distill/reverse_kl/{name or 'default'}"] = float(
+                    algorithms.masked_mean(-log_ratio[rows], mask[rows]))
+    return metrics
 
 # ----------------------------------------------------------------------------- policy losses
 
@@ -185,7 +357,8 @@ def _knobs(loss, *names: str) -> dict:
     return {name: getattr(loss, name) for name in names}
 
 
-# name -> fn(loss config, micro-batch) -> keyword arguments beyond the shared ones
+# name -> (fn, knobs(loss config, micro-batch) -> keyword arguments beyond the shared ones).
+# `custom`: `plugins.custom_policy_loss`.
 POLICY_LOSSES: dict[str, tuple[Callable, Callable[..., dict]]] = {
     "ppo": (algorithms.ppo_clip_loss,
             lambda c, m: _knobs(c, "clip_low", "clip_high", "dual_clip")),
@@ -198,188 +371,128 @@ POLICY_LOSSES: dict[str, tuple[Callable, Callable[..., dict]]] = {
                                            "behaviour_cap_mode")
                       | {"behaviour_logprobs": m["behaviour_logprobs"]}),
     "ipa_chunk": (algorithms.ipa_chunk_loss,
-                  lambda c, m: _knobs(c, "clip_low", "clip_high") | {"turn_ids": _turn_ids(m)}),
+                  lambda c, m: _knobs(c, "clip_low", "clip_high") | {"turn_ids": m["turn_ids"]}),
 }
 
 
-def _turn_ids(micro: TensorDict) -> Tensor:
-    keys = micro.keys()
-    return micro["turn_ids"] if "turn_ids" in keys else single_turn_ids(micro["response_mask"])
-
-
-def policy_loss_fn(config: AlgorithmConfig) -> Callable:
-    """fn(logprobs, old_logprobs, advantages, mask, micro, **agg) -> (loss, metrics)."""
-    loss = config.policy_loss
+def _builtin_policy_loss(loss) -> Callable:
+    """fn(logprobs, old_logprobs, advantages, mask, micro, is_weights, **agg) -> (loss, metrics)."""
     fn, knobs = POLICY_LOSSES[loss.name]
 
-    def policy_loss(logprobs, old, advantages, mask, micro, **agg):
-        weights = micro["is_weights"] if "is_weights" in micro.keys() else None
-        return fn(logprobs, old, advantages, mask, **knobs(loss, micro), is_weights=weights, **agg)
+    def policy_loss(logprobs, old, advantages, mask, micro, is_weights, **agg):
+        return fn(logprobs, old, advantages, mask, **knobs(loss, micro), is_weights=is_weights,
+                  **agg)
 
     return policy_loss
 
 
-def needs_old_logprobs(config: AlgorithmConfig) -> bool:
-    """Whether pi_old must be computed before the update: several updates (or passes) per batch, or something
-    that compares it with the behaviour or reference policy before the loss."""
-    return (config.updates_per_batch > 1 or config.epochs > 1
-            or config.policy_loss.name == "decoupled_ppo"
-            or config.correction.tis is not None or config.correction.ratio_mask is not None
-            or (config.kl.in_reward and config.kl.coef > 0))
-
-
-def make_rl_loss(config: AlgorithmConfig, batch: TensorDict, temperature: float,
-                 max_response_len: int, *, kl_coef: float | None = None
+def make_rl_loss(obj: Objective, batch: TensorDict, *, kl_coef: float | None = None
                  ) -> Callable[[torch.nn.Module, TensorDict], tuple]:
     """The loss over one micro-batch, normalised by counts over the whole `batch`, so summing
-    micro-batch losses gives the full-batch loss (and gradient). `kl_coef` is the controller's
-    current value (default `config.kl.coef`). With `distill.mode: dense` it is the dense
-    distillation loss instead (`make_dense_distill_loss`)."""
-    if config.distill is not None and config.distill.dense:
-        return make_dense_distill_loss(config, batch, temperature, max_response_len,
-                                       kl_coef=kl_coef)
-    loss_key = "loss_mask" if "loss_mask" in batch.keys() else "response_mask"
-    entropy_key = "entropy_mask" if "entropy_mask" in batch.keys() else loss_key
-    # Ratio masks and AsyPPO's masks zero a token's weight but leave it in the count (IcePop's
-    # 1/sum|y_i|, AsyPPO's masked advantage); `normaliser_mask` is the loss mask before them.
-    has_count = "normaliser_mask" in batch.keys()
-    count_mask = batch["normaliser_mask"] if has_count else batch[loss_key]
-    tokens = _normalisers(config, count_mask, max_response_len)
-    entropy_norm = _normalisers(config, count_mask if has_count else batch[entropy_key],
-                                max_response_len)
-    policy = policy_loss_args(config, batch, count_mask, tokens)
-    policy_loss = policy_loss_fn(config)
-    kl_coef = config.kl.coef if kl_coef is None else kl_coef
-    kl_in_loss = config.kl.in_loss and kl_coef > 0
+    micro-batch losses gives the full-batch loss (and gradient). Its terms: the policy loss on
+    the advantages (with `distill.mode: dense`, the divergence instead, and the policy loss x
+    `task_coef` beside it when > 0), the KL to the reference (`kl_coef`: the controller's current
+    value, default `kl.coef`) when it is in the loss, and the entropy bonus.
+
+    Ratio masks and AsyPPO's masks zero a token's weight but leave it in the count (IcePop's
+    1/sum|y_i|, AsyPPO's masked advantage): `normaliser_mask` is the loss mask before them."""
+    count_mask = batch["normaliser_mask"]
+    tokens = _normalisers(obj, count_mask)
+    agg = {"agg": tokens["mode"], **{k: v for k, v in tokens.items() if k != "mode"}}
+    policy_agg = dict(agg)
+    if obj.counts_chunks:  # ipa_chunk: its token_mean normaliser counts chunks
+        policy_agg["num_tokens"] = algorithms.chunk_count(batch["turn_ids"], count_mask)
+    kl_coef = obj.kl.coef if kl_coef is None else kl_coef
+    kl_in_loss = obj.kl.in_loss and kl_coef > 0
+    dense = obj.distill.loss if obj.distill is not None else None
+    whole = batch.batch_size[0]
 
     def loss_fn(model: torch.nn.Module, micro: TensorDict) -> tuple[torch.Tensor, dict]:
-        mask, response = micro[loss_key], micro["response_mask"]
-        logprobs, entropy = forward_logprobs(
-            model, micro["input_ids"], micro["attention_mask"], temperature, with_entropy=True,
-            response_mask=response, entropy_grad=config.entropy_coef > 0)
-        old = pi_old(micro, logprobs)
-        loss, raw = policy_loss(logprobs, old, micro["advantages"], mask, micro, **policy)
-        metrics = {f"actor/{k}": v for k, v in raw.items()}
+        mask, response = micro["loss_mask"], micro["response_mask"]
+        if dense is not None:  # the student at the teacher's top-k ids and the sampled token
+            ids = torch.cat([micro["teacher_top_ids"], micro["input_ids"][..., None]], -1)
+            student, entropy = logprobs_at(model, micro["input_ids"], micro["attention_mask"],
+                                           response, ids, obj.temperature)
+            logprobs = student[..., -1]
+        else:
+            logprobs, entropy = forward_logprobs(
+                model, micro["input_ids"], micro["attention_mask"], obj.temperature,
+                with_entropy=True, response_mask=response, entropy_grad=obj.entropy_coef > 0)
+        old = pi_old(obj, micro, logprobs)
         # Train/inference mismatch: how far the engine's sampling distribution is from the policy.
-        metrics["actor/behaviour_kl_k3"] = algorithms.masked_mean(
-            algorithms.behaviour_kl_k3(old.detach(), micro["behaviour_logprobs"], response),
-            response)
-        metrics["actor/entropy"] = algorithms.masked_mean(entropy.detach(), response)
+        metrics = {"actor/behaviour_kl_k3": algorithms.masked_mean(
+                       algorithms.behaviour_kl_k3(old.detach(), micro["behaviour_logprobs"],
+                                                  response), response),
+                   "actor/entropy": algorithms.masked_mean(entropy.detach(), response)}
+        loss = None
+        if obj.policy_loss is not None:
+            weights = micro["is_weights"] if obj.sets_is_weights else None
+            loss, raw = obj.policy_loss(logprobs, old, micro["advantages"], mask, micro,
+                                        weights, **policy_agg)
+            metrics |= {f"actor/{k}": v for k, v in raw.items()}
+        if dense is not None:
+            divergence, parts = dense(student[..., :-1], micro, mask, agg)
+            metrics |= parts
+            if loss is None:
+                loss = divergence
+            else:  # task_coef > 0: the task's policy loss joins the divergence
+                loss, parts = algorithms.dense_distill_with_task_loss(divergence, loss,
+                                                                      obj.distill.task_coef)
+                # Each part is this micro-batch's share of the batch's; the trainer averages
+                # metrics weighted by micro-batch size, so scaled back they log the batch's.
+                scale = whole / micro.batch_size[0]
+                metrics |= {f"distill/{k}": v * scale for k, v in parts.items()}
         if kl_in_loss:
-            kl = algorithms.kl_estimate(logprobs, micro["ref_logprobs"], config.kl.estimator)
+            kl = algorithms.kl_estimate(logprobs, micro["ref_logprobs"], obj.kl.estimator)
             loss = loss + kl_coef * algorithms.aggregate_loss(kl, mask, **tokens)
             metrics["actor/kl_ref"] = algorithms.masked_mean(kl.detach(), mask)
-        if config.entropy_coef > 0:
-            bonus = algorithms.aggregate_loss(entropy, micro[entropy_key], **entropy_norm)
-            loss = loss - config.entropy_coef * bonus
+        if obj.entropy_coef > 0:
+            bonus = algorithms.aggregate_loss(entropy, micro["entropy_mask"], **tokens)
+            loss = loss - obj.entropy_coef * bonus
         return loss, metrics
 
     return loss_fn
 
 
-def policy_loss_args(config: AlgorithmConfig, batch: TensorDict, count_mask: Tensor,
-                     tokens: dict) -> dict:
-    """The aggregation keywords of `policy_loss_fn(config)` over the whole `batch` (`tokens`:
-    `_normalisers`), with ipa_chunk's count of chunks as its token_mean normaliser."""
-    policy = {"agg": tokens["mode"], **{k: v for k, v in tokens.items() if k != "mode"}}
-    if config.policy_loss.name == "ipa_chunk":
-        policy["num_tokens"] = algorithms.chunk_count(_turn_ids(batch), count_mask)
-    return policy
+def _dense_divergence(name: str, divergence: Callable, student: Tensor, micro: TensorDict,
+                      mask: Tensor, agg: dict) -> tuple[Tensor, dict]:
+    """`mode: dense` (GKD): the divergence between the teacher's top-k (`teacher_top_logprobs`
+    [B, T, k]) and the student's distribution at its ids, at every loss token. The student's
+    logprobs are gathered a chunk of positions at a time (`reroll.models.top_k`), never as
+    [B, T, V]."""
+    loss, raw = algorithms.dense_distill_loss(student, micro["teacher_top_logprobs"], mask,
+                                              divergence, **agg)
+    return loss, {f"distill/{name}": raw["divergence"]}
 
 
-def pi_old(micro: TensorDict, logprobs: Tensor) -> Tensor:
+def pi_old(obj: Objective, micro: TensorDict, logprobs: Tensor) -> Tensor:
     """The micro-batch's stored old logprobs; without them the update is on-policy and pi_old is
     the current policy (`logprobs`, detached)."""
-    return micro["old_logprobs"] if "old_logprobs" in micro.keys() else logprobs.detach()
+    return micro["old_logprobs"] if obj.needs_old_logprobs else logprobs.detach()
 
 
-def make_dense_distill_loss(config: AlgorithmConfig, batch: TensorDict, temperature: float,
-                            max_response_len: int, *, kl_coef: float | None = None
-                            ) -> Callable[[torch.nn.Module, TensorDict], tuple]:
-    """On-policy distillation, `mode: dense` (GKD): the chosen divergence between the teacher's
-    top-k (`teacher_top_ids`, `teacher_top_logprobs` [B, T, k]) and the student's distribution
-    at every loss token, aggregated by `loss_agg` over the whole `batch`, plus the KL-to-reference
-    term when `kl` is in the loss. The student's logprobs are gathered at the teacher's ids (and
-    the sampled token, for the KL and the train/inference mismatch) a chunk of positions at a
-    time (`reroll.models.top_k`), never as [B, T, V]. With `task_coef` > 0 the policy loss on
-    the task's `advantages` (at the sampled tokens, as `make_rl_loss` computes it) is added,
-    times `task_coef`."""
-    d = config.distill
-    divergence = distillation.DIVERGENCES[d.divergence]
-    if d.divergence == "jsd":
-        divergence = functools.partial(divergence, beta=d.beta)
-    loss_key = "loss_mask" if "loss_mask" in batch.keys() else "response_mask"
-    count_mask = batch["normaliser_mask"] if "normaliser_mask" in batch.keys() else batch[loss_key]
-    tokens = _normalisers(config, count_mask, max_response_len)
-    agg = {"agg": tokens["mode"], **{k: v for k, v in tokens.items() if k != "mode"}}
-    kl_coef = config.kl.coef if kl_coef is None else kl_coef
-    kl_in_loss = config.kl.in_loss and kl_coef > 0
-    policy = policy_loss_args(config, batch, count_mask, tokens) if d.with_task else {}
-    policy_loss = policy_loss_fn(config) if d.with_task else None
-
-    def loss_fn(model: torch.nn.Module, micro: TensorDict) -> tuple[torch.Tensor, dict]:
-        mask, response = micro[loss_key], micro["response_mask"]
-        ids = torch.cat([micro["teacher_top_ids"], micro["input_ids"][..., None]], -1)
-        student, entropy = logprobs_at(model, micro["input_ids"], micro["attention_mask"],
-                                       response, ids, temperature)
-        loss, raw = algorithms.dense_distill_loss(student[..., :-1], micro["teacher_top_logprobs"],
-                                                  mask, divergence, **agg)
-        sampled = student[..., -1]
-        metrics = {f"distill/{d.divergence}": raw["divergence"],
-                   "actor/entropy": algorithms.masked_mean(entropy, response),
-                   "actor/behaviour_kl_k3": algorithms.masked_mean(
-                       algorithms.behaviour_kl_k3(sampled.detach(), micro["behaviour_logprobs"],
-                                                  response), response)}
-        if policy_loss is not None:  # task_coef > 0: the task's policy loss joins the divergence
-            task, raw = policy_loss(sampled, pi_old(micro, sampled), micro["advantages"], mask,
-                                    micro, **policy)
-            loss, parts = algorithms.dense_distill_with_task_loss(loss, task, d.task_coef)
-            # Each part is this micro-batch's share of the batch's; the trainer averages metrics
-            # weighted by micro-batch size, so scaled back they log the batch's two parts.
-            whole = batch.batch_size[0] / micro.batch_size[0]
-            metrics |= {f"distill/{k}": v * whole for k, v in parts.items()}
-            metrics |= {f"actor/{k}": v for k, v in raw.items()}
-        if kl_in_loss:
-            kl = algorithms.kl_estimate(sampled, micro["ref_logprobs"], config.kl.estimator)
-            loss = loss + kl_coef * algorithms.aggregate_loss(kl, mask, **tokens)
-            metrics["actor/kl_ref"] = algorithms.masked_mean(kl.detach(), mask)
-        return loss, metrics
-
-    return loss_fn
-
-
-def advantages_before_logprobs(config: AlgorithmConfig, has_reference: bool) -> bool:
-    """Whether the advantages can be estimated before the logprobs and values (they read no KL
-    penalty and no critic value, and no ratio mask will change the normalisers), so pi_old is
-    needed only on the samples that `samples_with_gradient` keeps."""
-    return (config.skip_zero_advantage and config.critic is None
-            and config.correction.ratio_mask is None
-            and not (config.kl.in_reward and has_reference))
-
-
-def samples_with_gradient(config: AlgorithmConfig, batch: TensorDict, kl_coef: float,
+def samples_with_gradient(obj: Objective, batch: TensorDict, kl_coef: float,
                           multiple: int = 1) -> Tensor:
     """Indices of the samples the update must run on: with `skip_zero_advantage`, those whose
     advantage is non-zero on some loss token (the others' gradient is exactly 0), topped up with
     skipped ones to a non-zero multiple of `multiple` (the data-parallel ranks, which each need an
-    equal share). Every sample when a KL term in the loss or an entropy bonus depends on them."""
+    equal share). Every sample when a KL term in the loss, an entropy bonus or a dense
+    distillation divergence depends on them."""
     size = batch.batch_size[0]
-    exact = not (config.kl.in_loss and kl_coef > 0) and config.entropy_coef == 0 \
-        and not (config.distill is not None and config.distill.dense)  # (no advantage there)
-    if not (config.skip_zero_advantage and exact):
+    exact = not (obj.kl.in_loss and kl_coef > 0) and obj.entropy_coef == 0 \
+        and not (obj.distill is not None and obj.distill.loss is not None)
+    if not (obj.skip_zero_advantage and exact):
         return torch.arange(size)
-    loss_key = "loss_mask" if "loss_mask" in batch.keys() else "response_mask"
-    signal = ((batch["advantages"] != 0) & (batch[loss_key] > 0)).any(-1)
+    signal = ((batch["advantages"] != 0) & (batch["loss_mask"] > 0)).any(-1)
     keep, skip = signal.nonzero().squeeze(-1), (~signal).nonzero().squeeze(-1)
     wanted = min(size, max(multiple, -(-len(keep) // multiple) * multiple))
     return torch.cat([keep, skip[:wanted - len(keep)]]).sort().values
 
 
-def _normalisers(config: AlgorithmConfig, mask: Tensor, max_len: int) -> dict:
+def _normalisers(obj: Objective, mask: Tensor) -> dict:
     num_tokens, num_seqs = algorithms.loss_normalisers(mask)
-    return {"mode": config.loss_agg, "num_tokens": num_tokens, "num_seqs": num_seqs,
-            "max_len": max_len}
-
+    return {"mode": obj.loss_agg, "num_tokens": num_tokens, "num_seqs": num_seqs,
+            "max_len": obj.max_new_tokens}
 
 # ----------------------------------------------------------------------------- KL, AsyPPO
 
@@ -392,11 +505,10 @@ def kl_controller(config: KLConfig) -> algorithms.FixedKLController | algorithms
     return algorithms.FixedKLController(config.coef)
 
 
-def reward_kl(config: KLConfig, old_logprobs: Tensor, ref_logprobs: Tensor,
-              mask: Tensor) -> Tensor:
+def reward_kl(kl: KLTerm, old_logprobs: Tensor, ref_logprobs: Tensor, mask: Tensor) -> Tensor:
     """Per-token KL(pi_old || pi_ref) for the reward penalty, detached, 0 off the response."""
-    kl = algorithms.kl_estimate(old_logprobs, ref_logprobs, config.estimator)
-    return torch.where(mask.bool(), kl, torch.zeros_like(kl)).detach()
+    value = algorithms.kl_estimate(old_logprobs, ref_logprobs, kl.estimator)
+    return torch.where(mask.bool(), value, torch.zeros_like(value)).detach()
 
 
 def asyppo_masks(config: AsyPPOConfig, critic_values: Tensor, loss_mask: Tensor,
@@ -422,6 +534,44 @@ def asyppo_masks(config: AsyPPOConfig, critic_values: Tensor, loss_mask: Tensor,
         "critic/advantage_masked_frac": 1 - float(policy_mask.sum()) / kept,
         "critic/entropy_masked_frac": 1 - float(entropy_mask.sum()) / kept,
     }
+
+
+# ----------------------------------------------------------------------------- corrections
+
+
+def apply_corrections(config: CorrectionConfig, batch: TensorDict,
+                      rows: Tensor | None = None) -> dict[str, float]:
+    """Ratio masks shrink `loss_mask` (and `entropy_mask` with it); truncated IS sets
+    `is_weights`. Compares `old_logprobs` (pi_old) with `behaviour_logprobs` (mu, recorded by
+    the engine) and logs the mismatch, over `rows` only when pi_old was computed on those only."""
+    old, behaviour = batch["old_logprobs"], batch["behaviour_logprobs"]
+    response, mask = batch["response_mask"], batch["loss_mask"]
+    if rows is not None:
+        computed = torch.zeros(response.shape[0], 1, dtype=response.dtype)
+        computed[rows] = 1
+        response = response * computed
+    metrics = {f"correction/{k}": float(v)
+               for k, v in algorithms.off_policy_metrics(old, behaviour, response).items()}
+    ratio_mask = config.ratio_mask
+    if ratio_mask is not None:
+        before = float(mask.sum())
+        if ratio_mask.level == "token":
+            mask = algorithms.ratio_mask_token(old, behaviour, mask, low=ratio_mask.low,
+                                               high=ratio_mask.high)
+        else:
+            mask = algorithms.ratio_mask_sequence(old, behaviour, mask, low=ratio_mask.low,
+                                                  high=ratio_mask.high,
+                                                  geometric=ratio_mask.geometric)
+        metrics["correction/masked_frac"] = 1 - float(mask.sum()) / max(before, 1.0)
+        batch["loss_mask"] = mask
+        batch["entropy_mask"] = mask.clone()
+    if config.tis is not None:
+        weights = algorithms.TIS_LEVELS[config.tis.level](old, behaviour, mask, cap=config.tis.cap,
+                                                          turn_ids=batch["turn_ids"])
+        batch["is_weights"] = weights
+        metrics["correction/tis_weight_mean"] = float(algorithms.masked_mean(
+            weights, mask if rows is None else mask * response))
+    return metrics
 
 
 # ----------------------------------------------------------------------------- SFT

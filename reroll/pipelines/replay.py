@@ -49,7 +49,7 @@ def replay_step(run_dir: str | Path, step: int, overrides: list[str] | None = No
         raise ConfigError(f"{run}: replay recomputes RL steps; this is a {config.pipeline} run")
     with tempfile.TemporaryDirectory(prefix="reroll-replay-") as scratch:
         config = _scratch_config(config, scratch, start)
-        pipeline = _pipeline_class(config.pipeline)(config)
+        pipeline = _pipeline_builder(config.pipeline)(config)
         try:
             metrics = pipeline.train(trajectories, step)
             metrics |= rollout_metrics(trajectories, config.rollout.group_size)
@@ -81,14 +81,14 @@ def compare(recorded: dict[str, Any], replayed: dict[str, Any], atol: float) -> 
     return {"matches": matches, "max_abs_diff": worst, "metrics": rows}
 
 
-def _pipeline_class(name: str):
+def _pipeline_builder(name: str):
     if name == "agentic":
-        from reroll.pipelines.agentic import AgenticPipeline
+        from reroll.pipelines.agentic import agentic_pipeline
 
-        return AgenticPipeline
-    from reroll.pipelines.rlvr import RLVRPipeline
+        return agentic_pipeline
+    from reroll.pipelines.rlvr import rlvr_pipeline
 
-    return RLVRPipeline
+    return rlvr_pipeline
 
 
 def _recorded_metrics(run: Path, step: int) -> dict[str, Any]:

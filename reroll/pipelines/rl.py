@@ -9,8 +9,8 @@ takes the batch and returns it with its metrics, nothing passes between phases a
 the new weights to the engine (verified) -> metrics, evaluation, records, checkpoint.
 `RLPipeline.run` reads top to bottom; the task is passed in (`rlvr.PromptTask`,
 `agentic.EnvTask`), never subclassed. Which function each phase calls for the `algorithm:`
-config is decided in `objective.py` (the pure mapping); the tensor maths is in
-`reroll.algorithms`.
+config is decided once at start (`objective.build`: the `Objective` the step functions take);
+the tensor maths is in `reroll.algorithms`.
 
 The files one batch passes through, from prompt to optimizer step (DESIGN §1 order). Sync: these
 8; async adds a 9th between 2 and 3, the producer and its buffer (`reroll/rollout/async_source.py`):
@@ -21,7 +21,7 @@ The files one batch passes through, from prompt to optimizer step (DESIGN §1 or
 4. `reroll/engines/hf.py` (or `vllm.py`, `remote.py`): token ids in, completions out
 5. `reroll/rewards/runner.py`: each completion's reward as it finishes (isolated, timed out)
 6. `reroll/data/batch.py`: Trajectory and `collate` into the padded Batch
-7. `reroll/pipelines/objective.py`: the config's estimator, loss and KL as functions
+7. `reroll/pipelines/objective.py`: the Objective built at start: estimator, loss terms, KL
 8. `reroll/training/local.py` (or `fsdp2.py` behind `workers/policy.py`): the optimizer step
 Records and leaves they use: the group records and request seeds (`reroll/rollout/groups.py`),
 the prompt order and templating (`reroll/rollout/stream.py`), the engine's Request/Completion
@@ -29,24 +29,10 @@ the prompt order and templating (`reroll/rollout/stream.py`), the engine's Reque
 (`reroll/rollout/tail_batching.py`), the reward function (`reroll/rewards/`), the pure tensor
 functions of `reroll/algorithms/`, the model forward of `reroll/models/logprobs.py`.
 
-Keys this step adds to the Batch of `reroll.data.batch.collate`:
-- `task_rewards` [B]: the task's reward, as the reward function (or env) gave it; `rewards` [B]
-  becomes the shaped reward (overlong penalty), and so does `turn_rewards` [B, K] in multi-turn
-  batches (each turn's own penalty).
-- `loss_mask` [B, T]: the response tokens that enter the policy loss (overlong filter, ratio
-  masks and AsyPPO's mask remove tokens from it; `response_mask` keeps every sampled token).
-- `normaliser_mask` [B, T]: the tokens the loss normalisers count: `loss_mask` after the
-  overlong filter, before the ratio and AsyPPO masks (which zero a token's weight only).
-- `turn_ids` [B, T]: 0 on response tokens, -1 elsewhere (a single-turn response is one turn);
-  multi-turn trajectories bring their own (see `reroll.data.batch`).
-- `index_in_group` [B]: the response's position in its group (AsyPPO's critic shards).
-- `ref_logprobs`, `old_logprobs` [B, T]: the reference's and pi_old's logprobs.
-- `teacher_logprobs` [B, T]: on-policy distillation's teacher's logprobs of the sampled tokens;
-  with `mode: dense`, `teacher_top_ids` / `teacher_top_logprobs` [B, T, k] instead: its top-k
-  next tokens and their logprobs at every response position.
-- `is_weights` [B, T]: truncated importance-sampling weights, when `correction.tis` is on.
-- `token_kl` [B, T]: KL(pi_old || pi_ref) per token, when `kl.mode` is `reward`.
-- `values`, `old_values_{m}` [B, T]: the critics' values (mean, each); `advantages`, `returns`.
+The step's batch is a `reroll.data.batch.RLBatch`: its required fields (the collated tokens,
+rewards, turns, loss masks and advantages) exist from `collate_for_rl` on, checked there; the
+optional ones (pi_old, reference and teacher logprobs, IS weights, the KL penalty, values and
+returns) are set by the phases exactly when the `Objective` says they are read.
 """
 
 from __future__ import annotations
@@ -62,9 +48,8 @@ import torch
 from tensordict import TensorDict
 
 from reroll import algorithms
-from reroll.config.algorithm import AlgorithmConfig, CorrectionConfig, DynamicSamplingConfig
 from reroll.config.schema import RLRunConfig
-from reroll.data.batch import Trajectory, collate
+from reroll.data.batch import RLBatch, Trajectory, collate, turn_tensors
 from reroll.distributed.colocation import take_turns
 from reroll.engines.base import SamplingParams
 from reroll.models.loading import load_tokenizer
@@ -72,7 +57,8 @@ from reroll.pipelines import objective
 from reroll.pipelines.checkpoints import checkpoint_due, prune_checkpoints
 from reroll.pipelines.common import RunDir, Stopwatch, UpdateGuard, seed_everything, set_threads
 from reroll.pipelines.inputs import TaskInputs
-from reroll.pipelines.roles import RoutedTeacher, build_roles, check_teachers, weight_sync_to
+from reroll.pipelines.objective import Objective
+from reroll.pipelines.roles import build_roles, check_teachers, weight_sync_to
 from reroll.pipelines.supervisor import supervise
 from reroll.pipelines.task import Task, rollout_row
 from reroll.rollout.metrics import rollout_metrics
@@ -97,6 +83,10 @@ class RLPipeline:
         seed_everything(c.seed)
         self.run_dir = RunDir.for_run(c.run_dir(), c.resume, c.overwrite)
         (inputs or TaskInputs()).write_files(self.run_dir.path)
+        # The objective, once: a user's estimator or loss that does not import fails here.
+        self.objective = objective.build(c.algorithm, group_size=c.rollout.group_size,
+                                         temperature=c.rollout.temperature,
+                                         max_new_tokens=c.rollout.max_new_tokens)
         self.tokenizer = load_tokenizer(c.model.path)
         self.stop_ids = (self.tokenizer.eos_token_id,)
         check_teachers(c, self.tokenizer)
@@ -110,9 +100,9 @@ class RLPipeline:
         self.critic: Critic | None = self.roles.critic
         self.restarts = 0  # set by the supervisor when this pipeline resumes after a failure
         objective.announce_correction(c.algorithm, c.off_policy_reasons())
-        self.learner = Learner(self.policy, self.reference, self.critic,
-                                    objective.kl_controller(c.algorithm.kl),
-                                    UpdateGuard(c.train.max_skipped_updates), self.roles.teacher)
+        self.learner = Learner(self.objective, self.policy, self.reference, self.critic,
+                               self.objective.new_kl_controller(),
+                               UpdateGuard(c.train.max_skipped_updates), self.roles.teacher)
         self.engine = self.task.start(self.roles.engine)
         self.weight_sync = weight_sync_to(self.roles, self.engine)
         # Rollout colocated with the policy: they take turns on the devices at phase boundaries.
@@ -165,8 +155,7 @@ class RLPipeline:
     def train(self, trajectories: list[Trajectory], n: int) -> dict[str, float]:
         """The training step on the devices the policy has (its turn when colocated)."""
         self.turns.train_turn()
-        return train_on(trajectories, self.config, self.learner,
-                             self.tokenizer.pad_token_id, n)
+        return train_on(trajectories, self.learner, self.tokenizer.pad_token_id, n)
 
     def sync_weights(self, version: int) -> dict[str, float]:
         """Push the policy's weights to the engine and check that they arrived intact (a
@@ -196,8 +185,7 @@ class RLPipeline:
                               self.stop_ids)
 
     def method_name(self) -> str:
-        a = self.config.algorithm
-        method = f"{a.advantage.name}/{a.policy_loss.name}"
+        method = self.objective.label
         return f"{self.task.label} {method}" if self.task.label else method
 
     def eval_due(self, n: int) -> bool:
@@ -275,14 +263,16 @@ def train(config: RLRunConfig, make_task: TaskFactory, inputs: TaskInputs | None
     return supervise(functools.partial(RLPipeline, make_task=make_task, inputs=inputs), config)
 
 
-# The training step: one batch of trajectories in, one optimizer step out.
+# The training step: one batch of trajectories in, one optimizer step out. The step functions
+# below take the `Objective` (built once at start, `objective.build`), never the config.
 
 
 @dataclass
 class Learner:
-    """What a step trains and reads: the roles, and the two controllers that carry over from
-    one step to the next (the KL coefficient, the count of skipped updates)."""
+    """What a step trains and reads: the objective, the roles, and the two controllers that
+    carry over from one step to the next (the KL coefficient, the count of skipped updates)."""
 
+    objective: Objective
     policy: Policy
     reference: Reference | None
     critic: Critic | None
@@ -293,275 +283,194 @@ class Learner:
     """Response tokens the teacher has scored so far (on-policy distillation's cost)."""
 
 
-def train_on(trajectories: list[Trajectory], config: RLRunConfig, learner: Learner,
-             pad_token_id: int, step: int) -> dict[str, float]:
+def train_on(trajectories: list[Trajectory], learner: Learner, pad_token_id: int,
+             step: int) -> dict[str, float]:
     """The whole step: the batch of `trajectories`, then the update. Returns its metrics."""
-    batch, metrics = make_batch(trajectories, config, learner, pad_token_id)
-    return metrics | update(batch, config, learner, step)
+    batch, metrics = make_batch(trajectories, learner, pad_token_id)
+    return metrics | update(batch, learner, step)
 
 
-def make_batch(trajectories: list[Trajectory], config: RLRunConfig, learner: Learner,
-               pad_token_id: int) -> tuple[TensorDict, dict[str, float]]:
+def make_batch(trajectories: list[Trajectory], learner: Learner,
+               pad_token_id: int) -> tuple[RLBatch, dict[str, float]]:
     """Collate and shape the rewards, drop groups without signal, the per-token logprobs and
-    values (reference, pi_old, critic, corrections), then the advantages."""
-    a, group_size = config.algorithm, config.rollout.group_size
-    batch, metrics = collate_for_rl(trajectories, pad_token_id, a, group_size,
-                                    config.rollout.max_new_tokens)
-    if isinstance(learner.teacher, RoutedTeacher):  # each sample's teacher, by its row's tag
+    values (reference, pi_old, critic, corrections, teacher), then the advantages."""
+    obj = learner.objective
+    batch, metrics = collate_for_rl(trajectories, pad_token_id, obj)
+    if obj.distill is not None and obj.distill.routed:  # each sample's teacher, by its row's tag
         batch["teacher_route"] = learner.teacher.routes([t.tag for t in trajectories])
-    batch, filtered = filter_groups(batch, a.dynamic_sampling, group_size)
+    batch, filtered = filter_groups(batch, obj)
     if not batch.batch_size[0]:
         return batch, metrics | filtered
     kl_coef = learner.kl.value
-    if objective.advantages_before_logprobs(a, learner.reference is not None) \
-            and learner.teacher is None:
-        # pi_old is then needed only on the samples the update will run on.
-        batch, estimated = estimate(batch, a, group_size, kl_coef)
-        rows = objective.samples_with_gradient(a, batch, kl_coef,
+    if obj.advantages_first:  # pi_old is then needed only on the samples the update runs on
+        batch, estimated = estimate(batch, obj, kl_coef)
+        rows = objective.samples_with_gradient(obj, batch, kl_coef,
                                                learner.policy.data_parallel_size)
-        batch, logprobs = compute_logprobs_and_values(batch, config, learner, rows)
+        batch, logprobs = compute_logprobs_and_values(batch, learner, rows)
     else:
-        batch, logprobs = compute_logprobs_and_values(batch, config, learner)
-        if a.distill is not None and a.distill.dense and not a.distill.with_task:
-            estimated = {}  # no advantage: the divergence is the loss (objective.py)
-        else:
-            batch, estimated = estimate(batch, a, group_size, kl_coef)
-            if a.distill is not None and not a.distill.dense:
-                estimated |= distill_advantages(batch, a.distill)
+        batch, logprobs = compute_logprobs_and_values(batch, learner)
+        batch, estimated = estimate(batch, obj, kl_coef)
     return batch, metrics | logprobs | estimated | filtered
-
-
-def distill_advantages(batch: TensorDict, cfg) -> dict[str, float]:
-    """On-policy distillation: the teacher's per-token advantage on the student's own tokens
-    (log pi_T - log pi_old, less the batch mean with `baseline: mean`) replaces (`pure`) or joins
-    (`mixed`, x `coef`) the task's. `distill/reverse_kl` is the mean of the raw log-ratio."""
-    student = batch["old_logprobs"] if "old_logprobs" in batch.keys() \
-        else batch["behaviour_logprobs"]
-    mask = batch["response_mask"]
-    advantage = algorithms.on_policy_distill_advantages(batch["teacher_logprobs"], student, mask,
-                                                        cfg.baseline)
-    batch["advantages"] = advantage if cfg.mode == "pure" else \
-        batch["advantages"] + cfg.coef * advantage
-    log_ratio = (batch["teacher_logprobs"] - student) * mask  # before any baseline
-    metrics = {"distill/reverse_kl": float(algorithms.masked_mean(-log_ratio, mask))}
-    if "teacher_route" in batch.keys():  # several teachers: each one's reverse KL on its samples
-        for i, name in enumerate(cfg.names()):
-            rows = batch["teacher_route"] == i
-            if bool(rows.any()):
-                metrics[f"distill/reverse_kl/{name or 'default'}"] = float(
-                    algorithms.masked_mean(-log_ratio[rows], mask[rows]))
-    return metrics
 
 
 # -- collate and filter -------------------------------------------------------------------------
 
 
-def collate_for_rl(trajectories: list[Trajectory], pad_token_id: int, config: AlgorithmConfig,
-                   group_size: int, max_new_tokens: int) -> tuple[TensorDict, dict[str, float]]:
-    """Collate, then shape the rewards and mark the loss tokens (overlong handling)."""
-    batch, _ = collate(trajectories, pad_token_id)
-    mask = batch["response_mask"]
-    size = batch.batch_size[0]
-    batch["task_rewards"] = batch["rewards"].clone()
-    if "turn_ids" not in batch.keys():
-        batch["turn_ids"] = objective.single_turn_ids(mask)
-    batch["index_in_group"] = torch.arange(size) % group_size
-    metrics = shape_rewards(batch, config, max_new_tokens)
-    overlong = config.overlong
-    truncated = torch.tensor([t.finish_reason == "length" for t in trajectories])
-    batch["loss_mask"] = algorithms.overlong_filter_mask(mask, truncated) if overlong.filter \
-        else mask.clone()
-    # The loss normalisers count these tokens: a truncated sample leaves the step (as a filtered
-    # group does), while later masks (ratio masks, AsyPPO) only zero a token's weight.
-    batch["normaliser_mask"] = batch["loss_mask"].clone()
-    if overlong.filter:
+def collate_for_rl(trajectories: list[Trajectory], pad_token_id: int,
+                   obj: Objective) -> tuple[RLBatch, dict[str, float]]:
+    """The step's typed batch (`RLBatch`, every required field checked): collate, the turn
+    fields (a single-turn response is one turn), the shaped rewards and the loss tokens
+    (overlong handling)."""
+    tensors, _ = collate(trajectories, pad_token_id)
+    tensors.update(turn_tensors(trajectories, tensors["input_ids"].shape[1]))
+    batch = RLBatch.derived(tensors, obj.group_size)
+    metrics = shape_rewards(batch, obj)
+    if obj.overlong_filter:
+        truncated = torch.tensor([t.finish_reason == "length" for t in trajectories])
+        batch["loss_mask"] = algorithms.overlong_filter_mask(batch["response_mask"], truncated)
+        # The loss normalisers count these tokens: a truncated sample leaves the step (as a
+        # filtered group does), while later masks (ratio masks, AsyPPO) only zero its weight.
+        batch["normaliser_mask"] = batch["loss_mask"].clone()
+        batch["entropy_mask"] = batch["loss_mask"].clone()
         metrics["filter/overlong_dropped"] = float(truncated.sum())
     return batch, metrics
 
 
-def shape_rewards(batch: TensorDict, config: AlgorithmConfig,
-                  max_new_tokens: int) -> dict[str, float]:
+def shape_rewards(batch: TensorDict, obj: Objective) -> dict[str, float]:
     """DAPO's soft overlong penalty, on every reward an estimator may read: each turn's length
     against `max_new_tokens` (a turn's limit; a single-turn response is one turn) gives that
-    turn's penalty, added to `turn_rewards` (multi-turn batches) and, summed, to `rewards`.
-    (The reward clip is the estimator's first step, `objective.estimate_advantages`.)"""
-    overlong = config.overlong
-    if overlong.soft_penalty_cache is None:
+    turn's penalty, added to `turn_rewards` and, summed, to `rewards`. (The reward clip is the
+    estimator's first step, `objective.estimate_advantages`.)"""
+    if obj.soft_penalty is None:
         return {}
-    turn_ids = batch["turn_ids"]
-    K = int(turn_ids.max().clamp_min(0)) + 1
-    if "turn_rewards" in batch.keys():
-        K = max(K, batch["turn_rewards"].shape[1])
+    cache, size = obj.soft_penalty
+    turn_ids, turn_rewards = batch["turn_ids"], batch["turn_rewards"]
+    K = max(int(turn_ids.max().clamp_min(0)) + 1, turn_rewards.shape[1])
     lengths = algorithms.turn_sums(batch["response_mask"].float(), turn_ids, K)
-    penalty = algorithms.dapo_overlong_penalty(lengths, max_new_tokens,
-                                               overlong.soft_penalty_cache,
-                                               penalty=overlong.soft_penalty)
+    penalty = algorithms.dapo_overlong_penalty(lengths, obj.max_new_tokens, cache, penalty=size)
     penalty = torch.where(algorithms.turn_valid(turn_ids, K), penalty, torch.zeros_like(penalty))
-    if "turn_rewards" in batch.keys():
-        turn_rewards = batch["turn_rewards"]
-        batch["turn_rewards"] = turn_rewards + penalty[:, : turn_rewards.shape[1]]
+    batch["turn_rewards"] = turn_rewards + penalty[:, : turn_rewards.shape[1]]
     batch["rewards"] = batch["rewards"] + penalty.sum(-1)
     return {"train/overlong_penalty_mean": float(penalty.sum(-1).mean())}
 
 
-def filter_groups(batch: TensorDict, config: DynamicSamplingConfig | None,
-                  group_size: int) -> tuple[TensorDict, dict[str, float]]:
+def filter_groups(batch: RLBatch, obj: Objective) -> tuple[RLBatch, dict[str, float]]:
     """Dynamic sampling: keep only the groups that pass the filters (judged on the task reward).
 
     The dropped groups leave the step entirely, so batch-level statistics (Lite PPO's std,
     REINFORCE++'s whitening) and loss normalisers are over the kept groups, as in DAPO.
     """
-    if config is None:
+    if obj.keep_groups is None:
         return batch, {}
-    keep = algorithms.dynamic_sampling_keep(
-        batch["task_rewards"], group_size, drop_all_equal=config.drop_all_equal,
-        min_mean=config.min_mean, max_mean=config.max_mean, min_std=config.min_std,
-        max_std=config.max_std, atol=config.atol)
+    keep = obj.keep_groups(batch["task_rewards"])
     metrics = {"filter/groups_kept": float(keep.sum()),
                "filter/groups_dropped": float((~keep).sum())}
-    return batch[keep.repeat_interleave(group_size)], metrics
+    return batch[keep.repeat_interleave(obj.group_size)], metrics
 
 
 # -- logprobs and values ------------------------------------------------------------------------
 
 
-def compute_logprobs_and_values(batch: TensorDict, config: RLRunConfig, learner: Learner,
-                                rows: torch.Tensor | None = None
-                                ) -> tuple[TensorDict, dict[str, float]]:
+def compute_logprobs_and_values(batch: RLBatch, learner: Learner, rows: torch.Tensor | None = None
+                                ) -> tuple[RLBatch, dict[str, float]]:
     """Per-token inputs of the objective: reference and pi_old logprobs, the KL reward penalty,
-    off-policy corrections, critic values (and AsyPPO's masks). With `rows`, pi_old is computed
-    on those samples only; the others (no gradient) keep the behaviour logprobs (ratio 1)."""
-    a, temperature = config.algorithm, config.rollout.temperature
+    off-policy corrections, the teacher's inputs, critic values (and AsyPPO's masks). With
+    `rows`, pi_old is computed on those samples only; the others (no gradient) keep the
+    behaviour logprobs (ratio 1)."""
+    obj = learner.objective
     policy, reference, critic = learner.policy, learner.reference, learner.critic
     metrics: dict[str, float] = {}
     if reference is not None:
-        batch["ref_logprobs"] = reference.logprobs(batch, temperature)
-    if learner.teacher is not None:
-        if a.distill.dense:  # the teacher's top-k at every response position
-            top = learner.teacher.top_k(batch, a.distill.top_k, temperature)
-            batch["teacher_top_ids"], batch["teacher_top_logprobs"] = top["ids"], top["logprobs"]
-        else:
-            batch["teacher_logprobs"] = learner.teacher.logprobs(batch, temperature)
+        batch["ref_logprobs"] = reference.logprobs(batch, obj.temperature)
+    if obj.distill is not None:
+        batch.update(obj.distill.teacher_inputs(learner.teacher, batch, obj.temperature))
         learner.teacher_tokens += int(batch["response_mask"].sum())
         metrics["distill/teacher_tokens"] = float(learner.teacher_tokens)
-        if isinstance(learner.teacher, RoutedTeacher):
+        if obj.distill.routed:
             metrics |= {f"distill/samples/{name or 'default'}": float(n)
                         for name, n in learner.teacher.samples.items()}
-    if objective.needs_old_logprobs(a):
+    if obj.needs_old_logprobs:
         if rows is None:
-            batch["old_logprobs"] = policy.forward_logprobs(batch, temperature)
+            batch["old_logprobs"] = policy.forward_logprobs(batch, obj.temperature)
         else:
             batch["old_logprobs"] = batch["behaviour_logprobs"].clone()
-            batch["old_logprobs"][rows] = policy.forward_logprobs(batch[rows], temperature)
-    if a.kl.in_reward and reference is not None:
-        batch["token_kl"] = objective.reward_kl(a.kl, batch["old_logprobs"],
+            batch["old_logprobs"][rows] = policy.forward_logprobs(batch[rows], obj.temperature)
+    if obj.kl.in_reward and reference is not None:
+        batch["token_kl"] = objective.reward_kl(obj.kl, batch["old_logprobs"],
                                                 batch["ref_logprobs"], batch["response_mask"])
         metrics["kl/reward_kl_mean"] = float(algorithms.masked_mean(batch["token_kl"],
                                                                     batch["response_mask"]))
-    if a.correction.tis is not None or a.correction.ratio_mask is not None:
-        metrics |= apply_corrections(batch, a.correction, rows)
+    if obj.correct is not None:
+        metrics |= obj.correct(batch, rows)
     if critic is not None:
         values = critic.values(batch)
         for m in range(critic.num_critics):
             batch[f"old_values_{m}"] = values[m]
         batch["values"] = algorithms.critic_ensemble_mean(values)
-        if critic.num_critics > 1:
-            batch["loss_mask"], batch["entropy_mask"], asy = objective.asyppo_masks(
-                a.critic.asyppo, values, batch["loss_mask"], batch["response_mask"])
+        if obj.asyppo is not None:
+            batch["loss_mask"], batch["entropy_mask"], asy = obj.asyppo(
+                values, batch["loss_mask"], batch["response_mask"])
             metrics |= asy
     return batch, metrics
-
-
-def apply_corrections(batch: TensorDict, config: CorrectionConfig,
-                      rows: torch.Tensor | None = None) -> dict[str, float]:
-    """Ratio masks shrink `loss_mask`; truncated IS sets `is_weights`. Compares `old_logprobs`
-    (pi_old) with `behaviour_logprobs` (mu, recorded by the engine) and logs the mismatch, over
-    `rows` only when pi_old was computed on those only."""
-    old, behaviour = batch["old_logprobs"], batch["behaviour_logprobs"]
-    response, mask = batch["response_mask"], batch["loss_mask"]
-    if rows is not None:
-        computed = torch.zeros(response.shape[0], 1, dtype=response.dtype)
-        computed[rows] = 1
-        response = response * computed
-    metrics = {f"correction/{k}": float(v)
-               for k, v in algorithms.off_policy_metrics(old, behaviour, response).items()}
-    ratio_mask = config.ratio_mask
-    if ratio_mask is not None:
-        before = float(mask.sum())
-        if ratio_mask.level == "token":
-            mask = algorithms.ratio_mask_token(old, behaviour, mask, low=ratio_mask.low,
-                                               high=ratio_mask.high)
-        else:
-            mask = algorithms.ratio_mask_sequence(old, behaviour, mask, low=ratio_mask.low,
-                                                  high=ratio_mask.high,
-                                                  geometric=ratio_mask.geometric)
-        metrics["correction/masked_frac"] = 1 - float(mask.sum()) / max(before, 1.0)
-        batch["loss_mask"] = mask
-    if config.tis is not None:
-        weights = algorithms.TIS_LEVELS[config.tis.level](old, behaviour, mask, cap=config.tis.cap,
-                                                          turn_ids=batch["turn_ids"])
-        batch["is_weights"] = weights
-        metrics["correction/tis_weight_mean"] = float(algorithms.masked_mean(
-            weights, mask if rows is None else mask * response))
-    return metrics
 
 
 # -- advantages ---------------------------------------------------------------------------------
 
 
-def estimate(batch: TensorDict, config: AlgorithmConfig, group_size: int,
-             kl_coef: float) -> tuple[TensorDict, dict[str, float]]:
-    """Advantages (and returns, for token-level estimators) of the batch."""
-    advantages, returns = objective.estimate_advantages(config, batch, group_size,
-                                                        kl_coef=kl_coef)
+def estimate(batch: RLBatch, obj: Objective, kl_coef: float) -> tuple[RLBatch, dict[str, float]]:
+    """Advantages (and returns, for token-level estimators) of the batch, with on-policy
+    distillation's advantage term (`pure`/`mixed`). With `mode: dense` and no task, nothing
+    reads an advantage: they stay 0."""
+    if obj.estimate is None:
+        return batch, {}
+    advantages, returns = objective.estimate_advantages(obj, batch, kl_coef=kl_coef)
     batch["advantages"] = advantages
     mask = batch["response_mask"]
     metrics = {"train/advantage_abs_mean": float(algorithms.masked_mean(advantages.abs(), mask))}
     if returns is not None:
         batch["returns"] = returns
-    if "values" in batch.keys():
+    if obj.has_critic:
         residual = algorithms.masked_var(returns - batch["values"], mask)
         metrics["critic/explained_var"] = float(1 - residual / algorithms.masked_var(
             returns, mask).clamp_min(1e-8))
+    if obj.distill is not None and obj.distill.advantage is not None:
+        metrics |= obj.distill.advantage(batch, obj.needs_old_logprobs)
     return batch, metrics
 
 
 # -- update -------------------------------------------------------------------------------------
 
 
-def update(batch: TensorDict, config: RLRunConfig, learner: Learner,
-           step: int) -> dict[str, float]:
+def update(batch: RLBatch, learner: Learner, step: int) -> dict[str, float]:
     """The critic's update, then the policy's (one optimizer step per mini-batch), then the KL
     coefficient. The policy waits out the critic's warm-up steps; a step whose batch has no
     token left in the loss (every group filtered) updates nothing."""
-    a, t0 = config.algorithm, time.perf_counter()
+    obj, t0 = learner.objective, time.perf_counter()
     metrics: dict[str, float] = {}
     if batch.batch_size[0] and learner.critic is not None:
-        for _ in range(a.epochs):  # the last pass's metrics
-            critic_metrics = learner.critic.update(batch, a.updates_per_batch)
+        for _ in range(obj.epochs):  # the last pass's metrics
+            critic_metrics = learner.critic.update(batch, obj.updates_per_batch)
         metrics |= critic_metrics
-    warmup = a.critic.warmup_steps if a.critic else 0
-    if step > warmup and batch.batch_size[0] and float(batch["loss_mask"].sum()) > 0:
-        metrics |= update_policy(batch, config, learner, step)
+    if step > obj.critic_warmup_steps and batch.batch_size[0] \
+            and float(batch["loss_mask"].sum()) > 0:
+        metrics |= update_policy(batch, learner, step)
     else:
         metrics["train/policy_skipped"] = 1.0
-    metrics |= update_kl_coef(metrics, batch, a, learner.kl)
+    metrics |= update_kl_coef(metrics, batch, obj, learner.kl)
     return metrics | {"time/train_s": time.perf_counter() - t0}
 
 
-def update_policy(batch: TensorDict, config: RLRunConfig, learner: Learner,
-                  step: int) -> dict[str, float]:
-    """One optimizer step per mini-batch, `algorithm.epochs` passes over them (metrics: the mean
-    over all the steps); one skipped for a non-finite loss or gradient norm is counted, and too
-    many in a row stop the run (`UpdateGuard`)."""
-    a, kl_coef = config.algorithm, learner.kl.value
-    minis = split_mini_batches(batch, a.updates_per_batch) * a.epochs
+def update_policy(batch: RLBatch, learner: Learner, step: int) -> dict[str, float]:
+    """One optimizer step per mini-batch, `epochs` passes over them (metrics: the mean over all
+    the steps); one skipped for a non-finite loss or gradient norm is counted, and too many in a
+    row stop the run (`UpdateGuard`)."""
+    obj, kl_coef = learner.objective, learner.kl.value
+    minis = split_mini_batches(batch, obj.updates_per_batch) * obj.epochs
     metrics: dict[str, float] = {}
     for mini in minis:
         # Normalised over the whole mini-batch, run on the samples that carry a gradient.
-        loss_fn = objective.make_rl_loss(a, mini, config.rollout.temperature,
-                                         config.rollout.max_new_tokens, kl_coef=kl_coef)
-        trained = objective.samples_with_gradient(a, mini, kl_coef,
+        loss_fn = objective.make_rl_loss(obj, mini, kl_coef=kl_coef)
+        trained = objective.samples_with_gradient(obj, mini, kl_coef,
                                                   learner.policy.data_parallel_size)
         skipped = {"train/zero_advantage_skipped": 1 - len(trained) / mini.batch_size[0]}
         result = learner.policy.train_step(mini[trained], loss_fn)
@@ -571,21 +480,21 @@ def update_policy(batch: TensorDict, config: RLRunConfig, learner: Learner,
     return metrics | learner.guard.metrics()
 
 
-def update_kl_coef(metrics: dict[str, float], batch: TensorDict, config: AlgorithmConfig,
+def update_kl_coef(metrics: dict[str, float], batch: RLBatch, obj: Objective,
                    kl: KLController) -> dict[str, float]:
     """Feed the measured per-token KL to the controller (a no-op for a fixed coefficient):
     the sampled responses' KL penalty in reward mode, the loss term's KL in loss mode."""
-    if not config.kl.coef:
+    if not obj.kl.coef:
         return {}
     current = metrics.get("actor/kl_ref")
-    if "token_kl" in batch.keys() and batch.batch_size[0]:
+    if obj.kl.in_reward and batch.batch_size[0]:
         current = float(algorithms.masked_mean(batch["token_kl"], batch["response_mask"]))
     if current is not None:
         kl.update(current, batch.batch_size[0])
     return {"kl/coef": kl.value}
 
 
-def split_mini_batches(batch: TensorDict, updates: int) -> list[TensorDict]:
+def split_mini_batches(batch: RLBatch, updates: int) -> list[RLBatch]:
     """`updates` consecutive mini-batches of (nearly) equal size; fewer if the batch is smaller."""
     size = -(-batch.batch_size[0] // updates)
     return [batch[start : start + size] for start in range(0, batch.batch_size[0], size)]

@@ -142,10 +142,6 @@ def rlvr_pipeline(config: RLConfig, inputs: TaskInputs | None = None) -> rl.RLPi
     return rl.RLPipeline(config, functools.partial(prompt_task, inputs=inputs), inputs)
 
 
-RLVRPipeline = rlvr_pipeline
-"""The name callers used when RLVR had a pipeline class of its own."""
-
-
 def train(config: RLConfig, inputs: TaskInputs | None = None) -> dict:
     """Run RLVR under the restart supervisor (`rl.train`); `inputs`: a reward and datasets
     passed as Python objects (`reroll.api.train`)."""

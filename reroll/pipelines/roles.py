@@ -49,10 +49,9 @@ from reroll.models.devices import RoleDevice, machine_devices, plan_devices
 from reroll.models.files import read_config
 from reroll.models.loading import load_model, load_tokenizer
 from reroll.rewards.base import RewardFn
-from reroll.training.critic import Critic
+from reroll.training.critic import LocalCritic
 from reroll.training.local import LocalStrategy
-from reroll.training.protocols import AdapterOffReference, Policy, Reference, Teacher
-from reroll.training.protocols import Critic as CriticRole
+from reroll.training.protocols import AdapterOffReference, Critic, Policy, Reference, Teacher
 from reroll.workers.critic import CriticWorker
 from reroll.workers.policy import PolicyWorker
 from reroll.workers.reference import ReferenceWorker
@@ -62,7 +61,7 @@ from reroll.workers.reference import ReferenceWorker
 class Roles:
     policy: Policy
     reference: Reference | None
-    critic: CriticRole | None
+    critic: Critic | None
     engine: Engine
     clusters: list[Cluster]
     weight_sync: WeightSync
@@ -239,7 +238,7 @@ def _local_roles(c: RLConfig, total_steps: int, pad_token_id: int, plan: Plan) -
     if c.algorithm.kl.coef:
         reference = AdapterOffReference(policy) if c.model.lora else \
             ReferenceGroup(Cluster(reference_spec(c, plan), 1, LocalExecutor()))
-    critic = Critic(c.algorithm.critic, c.model.path, c.model.dtype, c.optimizer, c.train,
+    critic = LocalCritic(c.algorithm.critic, c.model.path, c.model.dtype, c.optimizer, c.train,
                     total_steps, plan["critic"].device, plan["critic"].autocast_bf16) \
         if c.algorithm.critic else None
     engine = _local_engine(c, pad_token_id, plan)

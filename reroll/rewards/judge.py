@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import re
-import string
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
@@ -30,11 +29,6 @@ NUMBER = re.compile(r"-?\d+(?:\.\d+)?")
 
 class VerdictError(ValueError):
     """The judge's reply holds no verdict the parser accepts."""
-
-
-def template_fields(template: str) -> set[str]:
-    """The `{name}` fields of a judge template."""
-    return {name for _, name, _, _ in string.Formatter().parse(template) if name}
 
 
 def parse_score(text: str, low: float, high: float, pattern: str | None = None) -> float:

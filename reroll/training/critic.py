@@ -6,7 +6,7 @@ backbone's hidden state at position t-1; position 0 holds 0. A GAE step from tok
 therefore reads values[t] and values[t+1], and the state after the last response token is
 terminal.
 
-`Critic` holds one value model, or several (AsyPPO's mini-critics), each with its own optimizer
+`LocalCritic` holds one value model, or several (AsyPPO's mini-critics), each with its own optimizer
 (`LocalStrategy`). Mini-critic m trains on the responses whose index within their group is m
 modulo M, so every critic sees every prompt but a disjoint share of its responses (AsyPPO's
 group-level split); the value estimate is the mean over the critics.
@@ -86,7 +86,7 @@ def load_value_model(path: str, dtype: str = "float32") -> ValueModel:
     return ValueModel(AutoModel.from_pretrained(path, dtype=DTYPES[dtype]))
 
 
-class Critic:
+class LocalCritic:
     """One value model, or AsyPPO's M mini-critics, each with its own AdamW and schedule."""
 
     def __init__(self, config: CriticConfig, policy_path: str, dtype: str,

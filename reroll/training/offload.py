@@ -17,12 +17,6 @@ def optimizer_state_tensors(optimizer: torch.optim.Optimizer
                 yield state, key, value
 
 
-def optimizer_state_bytes(optimizer: torch.optim.Optimizer, device_type: str | None = None) -> int:
-    """Bytes of optimizer state (on devices of `device_type` only, when given)."""
-    return sum(t.numel() * t.element_size() for _, _, t in optimizer_state_tensors(optimizer)
-               if device_type is None or t.device.type == device_type)
-
-
 class OptimizerOffload:
     """Moves an optimizer's state off the accelerator and back, to the very devices it came from."""
 

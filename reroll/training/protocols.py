@@ -1,6 +1,6 @@
 """What the RL step asks of its trained and frozen models, whatever hosts them.
 
-A role is one object in this process (`LocalStrategy`, `training.critic.Critic`) or a group of
+A role is one object in this process (`LocalStrategy`, `training.critic.LocalCritic`) or a group of
 workers behind a `Cluster` (local or Ray actors); the step (`reroll.pipelines.rl`) sees only
 these protocols, so go-to-definition on `policy.train_step` lands here, and a new host only has
 to provide these methods.

@@ -1,4 +1,4 @@
-"""CriticWorker: hosts `reroll.training.critic.Critic` (one process; values and its update)."""
+"""CriticWorker: hosts `reroll.training.critic.LocalCritic` (one process; values and its update)."""
 
 from __future__ import annotations
 
@@ -7,12 +7,12 @@ from pathlib import Path
 import torch
 from tensordict import TensorDict
 
-from reroll.training.critic import Critic
+from reroll.training.critic import LocalCritic
 
 
 class CriticWorker:
     def __init__(self, *, rank: int, world_size: int, **critic_kwargs):
-        self.critic = Critic(**critic_kwargs)
+        self.critic = LocalCritic(**critic_kwargs)
 
     def num_critics(self) -> int:
         return self.critic.num_critics

@@ -110,6 +110,19 @@ def reward_module_that_raises_at_import(tmp, tiny, data):
     return ["train", config], str(tmp / "broken_reward_import.py")
 
 
+def advantage_estimator_that_does_not_import(tmp, tiny, data):
+    config = rl_config(tmp, tiny, data["eval"], algorithm={"advantage": {
+        "name": "custom", "function": "no_such_estimators:centred"}})
+    return ["train", config], "algorithm.advantage.function 'no_such_estimators:centred' cannot"
+
+
+def policy_loss_with_the_wrong_signature(tmp, tiny, data):
+    (tmp / "short_loss.py").write_text("def loss(logprobs, advantages):\n    return 0.0, {}\n")
+    config = rl_config(tmp, tiny, data["eval"], algorithm={"policy_loss": {
+        "name": "custom", "function": "short_loss:loss"}})
+    return ["train", config], "algorithm.policy_loss.function 'short_loss:loss' does not fit"
+
+
 def math_reward_without_an_answer_column(tmp, tiny, data):
     path = rows(tmp, [json.dumps({"prompt": "Say hi."})] * 4)
     return ["train", rl_config(tmp, tiny, path)], f"{path}:1"
@@ -245,7 +258,8 @@ CASES: list[Callable] = [
     corrupt_config_json, truncated_safetensors, weights_do_not_match_the_config,
     corrupt_tokenizer_json, output_dir_is_a_file, output_dir_not_writable,
     dataset_with_non_utf8_bytes, corrupt_parquet, reward_module_with_a_syntax_error,
-    reward_module_that_raises_at_import, math_reward_without_an_answer_column,
+    reward_module_that_raises_at_import, advantage_estimator_that_does_not_import,
+    policy_loss_with_the_wrong_signature, math_reward_without_an_answer_column,
     prompt_longer_than_max_prompt_tokens_in_a_late_row, prompt_longer_than_the_model_context,
     max_new_tokens_past_the_model_context, long_row_in_the_eval_set,
     missing_model_path_shaped_like_a_hub_id, sft_dataset_with_non_utf8_bytes,

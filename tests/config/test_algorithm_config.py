@@ -17,7 +17,7 @@ from reroll.pipelines.objective import ESTIMATORS
 pytestmark = pytest.mark.unit
 ROOT = Path(__file__).resolve().parents[2]
 MINIMAL = {"steps": 2, "model": {"path": "no/such/model"}, "data": {"train": "t.jsonl"}}
-LOSSES = ["ppo", "gspo", "cispo", "topr", "reinforce", "decoupled_ppo", "ipa_chunk"]
+LOSSES = ["ppo", "gspo", "cispo", "topr", "reinforce", "decoupled_ppo", "ipa_chunk"]  # + custom
 
 
 def load(tmp_path, algorithm: dict, **sections):
@@ -34,14 +34,17 @@ def error_of(tmp_path, algorithm: dict, **sections) -> str:
 
 def test_the_estimator_names_are_the_catalogue_and_each_has_a_function():
     assert set(ADVANTAGE_NAMES) == {"grpo", "dr_grpo", "lite_ppo", "rloo", "reinforce_pp",
-                                    "reinforce_pp_baseline", "gae", "rebn", "gigpo", "ipa_chunk"}
-    assert set(ESTIMATORS) == set(ADVANTAGE_NAMES)
+                                    "reinforce_pp_baseline", "gae", "rebn", "gigpo", "ipa_chunk",
+                                    "custom"}
+    # `custom` is the user's own function, resolved by its import path (pipelines/plugins.py)
+    assert set(ESTIMATORS) | {"custom"} == set(ADVANTAGE_NAMES)
 
 
 @pytest.mark.parametrize("name", ADVANTAGE_NAMES)
 def test_every_estimator_is_one_name_away(tmp_path, name):
     extra = {"critic": {}} if name == "gae" else {}
-    config = load(tmp_path, {"advantage": {"name": name}, **extra})
+    function = {"function": "my_module:my_estimator"} if name == "custom" else {}
+    config = load(tmp_path, {"advantage": {"name": name, **function}, **extra})
     assert config.algorithm.advantage.name == name
 
 

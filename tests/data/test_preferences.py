@@ -126,8 +126,13 @@ def sample(prompt, response, reward, finish="stop"):
     return {"prompt": prompt, "response": response, "reward": reward, "finish_reason": finish}
 
 
+def sample_preference_rows(samples, threshold=1.0, pairs_per_prompt=2, seed=0) -> list[dict]:
+    from reroll.data.preferences import sample_preference_pairs
+
+    return [row for _, row in sample_preference_pairs(samples, threshold, pairs_per_prompt, seed)]
+
+
 def test_pairs_from_verified_samples_pair_right_with_wrong_of_the_same_prompt():
-    from reroll.data.preferences import sample_preference_rows
     samples = [sample("p1", "r1", 1.0), sample("p1", "w1", 0.0), sample("p1", "w1", 0.0),
                sample("p1", "r2", 1.0), sample("p1", "w2", 0.0), sample("p1", "w3", 0.0),
                sample("p2", "r", 1.0), sample("p2", "r", 1.0),            # all right: no pair

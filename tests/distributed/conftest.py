@@ -7,8 +7,10 @@ import pytest
 
 @pytest.fixture(scope="session")
 def ray_session():
-    from reroll.distributed.ray_runtime import ensure_ray, shutdown_ray
+    import ray
+
+    from reroll.distributed.ray_runtime import ensure_ray
 
     ensure_ray(num_cpus=4)
     yield
-    shutdown_ray()
+    ray.shutdown()

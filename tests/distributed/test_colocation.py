@@ -10,9 +10,15 @@ import torch
 import yaml
 
 from reroll.config import load_config
-from reroll.pipelines.rlvr import RLVRPipeline
+from reroll.pipelines.rlvr import rlvr_pipeline
 from reroll.tracking import read_metrics
-from reroll.training.offload import OptimizerOffload, optimizer_state_bytes
+from reroll.training.offload import OptimizerOffload, optimizer_state_tensors
+
+
+def optimizer_state_bytes(optimizer: torch.optim.Optimizer, device_type: str) -> int:
+    """Bytes of optimizer state on devices of `device_type`."""
+    return sum(t.numel() * t.element_size() for _, _, t in optimizer_state_tensors(optimizer)
+               if t.device.type == device_type)
 
 
 def adam_after_one_step(device: str) -> tuple[torch.nn.Module, torch.optim.AdamW]:
@@ -84,9 +90,9 @@ def run_config(tmp_path: Path, tiny_model: str, arithmetic: dict, name: str, **d
 @pytest.mark.e2e
 def test_colocated_run_takes_turns_in_order_and_matches_the_separate_run(tmp_path, tiny_model,
                                                                           arithmetic):
-    separate = RLVRPipeline(run_config(tmp_path, tiny_model, arithmetic, "separate"))
+    separate = rlvr_pipeline(run_config(tmp_path, tiny_model, arithmetic, "separate"))
     separate.run()
-    colocated = RLVRPipeline(run_config(tmp_path, tiny_model, arithmetic, "colocated",
+    colocated = rlvr_pipeline(run_config(tmp_path, tiny_model, arithmetic, "colocated",
                                         rollout={"colocate_with": "policy"}))
     colocated.run()
     # The first evaluation is the rollout's turn; then every step: score and train, sync and

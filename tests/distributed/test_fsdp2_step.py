@@ -8,10 +8,11 @@ from tensordict import TensorDict
 
 from reroll.config.algorithm import AlgorithmConfig
 from reroll.config.schema import OptimizerConfig, TrainConfig
+from reroll.data.batch import RLBatch
 from reroll.distributed.cluster import Cluster, Dispatch, RayExecutor
 from reroll.distributed.groups import PolicyGroup, combine_rank_metrics
 from reroll.models.loading import load_model
-from reroll.pipelines.objective import make_rl_loss
+from reroll.pipelines.objective import build, make_rl_loss
 from reroll.training.local import LocalStrategy
 from reroll.workers.policy import PolicyWorker
 
@@ -32,14 +33,15 @@ def rl_batch(model: torch.nn.Module, size: int = 8, length: int = 14, response: 
     old = LocalStrategy(model, OptimizerConfig(), TrainConfig(), 1).forward_logprobs(batch)
     batch["old_logprobs"] = old
     batch["behaviour_logprobs"] = old
-    return batch
+    batch["rewards"], batch["group_ids"] = torch.zeros(size), torch.arange(size)
+    return RLBatch.derived(batch)
 
 
 @pytest.mark.parametrize("loss_agg", ["token_mean", "seq_mean_token_sum"])
 def test_two_rank_fsdp2_step_equals_the_single_process_step(ray_session, tiny_model, loss_agg):
     optimizer, train = OptimizerConfig(lr=1e-2, grad_clip=0.5), TrainConfig(micro_batch_size=2)
     batch = rl_batch(load_model(tiny_model))
-    loss_fn = make_rl_loss(AlgorithmConfig(loss_agg=loss_agg), batch, 1.0, 6)
+    loss_fn = make_rl_loss(build(AlgorithmConfig(loss_agg=loss_agg), max_new_tokens=6), batch)
 
     local = LocalStrategy(load_model(tiny_model), optimizer, train, total_steps=1)
     local_metrics = local.train_step(batch, loss_fn)
@@ -87,7 +89,7 @@ def test_a_non_finite_loss_on_one_rank_skips_the_update_on_every_rank(ray_sessio
     optimizer, train = OptimizerConfig(lr=1e-2), TrainConfig(micro_batch_size=2)
     batch = rl_batch(load_model(tiny_model))
     batch["poison"] = torch.tensor([0.0] * 4 + [1.0] * 4)  # the second half: rank 1's shard
-    rl_loss = make_rl_loss(AlgorithmConfig(), batch, 1.0, 6)
+    rl_loss = make_rl_loss(build(AlgorithmConfig(), max_new_tokens=6), batch)
 
     def loss_fn(model, micro):
         loss, metrics = rl_loss(model, micro)

@@ -41,10 +41,10 @@ def cluster():
     import ray
     from ray.cluster_utils import Cluster
 
-    from reroll.distributed.ray_runtime import ensure_ray, shutdown_ray
+    from reroll.distributed.ray_runtime import ensure_ray
 
     single_node = ray.is_initialized()  # the ray tier's session instance, in a run of both
-    shutdown_ray()
+    ray.shutdown()
     nodes = Cluster(initialize_head=True, head_node_args={
         "num_cpus": NODE_CPUS, "resources": {"train": 1}, "include_dashboard": False})
     try:

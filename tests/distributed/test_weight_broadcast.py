@@ -16,7 +16,7 @@ from reroll.distributed.groups import PolicyGroup
 from reroll.distributed.weight_sync import BroadcastSync, actor_weight_sync
 from reroll.engines.base import Request, SamplingParams
 from reroll.models.loading import load_model
-from reroll.pipelines.objective import make_rl_loss
+from reroll.pipelines.objective import build, make_rl_loss
 from reroll.workers.policy import PolicyWorker
 
 pytestmark = pytest.mark.ray
@@ -44,12 +44,12 @@ def test_broadcast_sync_delivers_the_policy_weights_in_buckets(ray_session, tiny
         sync = actor_weight_sync(policy, engine, config)
         assert isinstance(sync, BroadcastSync) and sync.backend == "gloo"
         batch = rl_batch(load_model(tiny_model))
-        policy.train_step(batch, make_rl_loss(AlgorithmConfig(), batch, 1.0, 6))
+        policy.train_step(batch, make_rl_loss(build(AlgorithmConfig(), max_new_tokens=6), batch))
         trained = policy_fingerprint(cluster)
         assert engine.weights_fingerprint() != trained
         metrics = sync(version=1)  # the tiny model's ~3.4 MB travel in 4 buckets of 1 MiB
         assert engine.weights_fingerprint() == trained and metrics["time/weight_sync_s"] > 0
-        policy.train_step(batch, make_rl_loss(AlgorithmConfig(), batch, 1.0, 6))
+        policy.train_step(batch, make_rl_loss(build(AlgorithmConfig(), max_new_tokens=6), batch))
         sync(version=2)  # the group is reused
         assert engine.weights_fingerprint() == policy_fingerprint(cluster)
         params = SamplingParams(max_new_tokens=3, temperature=0.0)

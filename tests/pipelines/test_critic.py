@@ -7,13 +7,13 @@ from tensordict import TensorDict
 from reroll.config.algorithm import CriticConfig
 from reroll.config.schema import OptimizerConfig, TrainConfig
 from reroll.models.loading import load_model
-from reroll.training.critic import Critic, is_saved_critic, load_value_model
+from reroll.training.critic import LocalCritic, is_saved_critic, load_value_model
 
 pytestmark = pytest.mark.unit
 
 
-def make_critic(path, **config) -> Critic:
-    return Critic(CriticConfig(**config), path, "float32", OptimizerConfig(lr=1e-3),
+def make_critic(path, **config) -> LocalCritic:
+    return LocalCritic(CriticConfig(**config), path, "float32", OptimizerConfig(lr=1e-3),
                   TrainConfig(micro_batch_size=4), total_steps=10)
 
 

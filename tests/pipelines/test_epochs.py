@@ -21,7 +21,8 @@ def learner_for(tiny_model: str, epochs: int) -> tuple[RLConfig, rl.Learner]:
                  algorithm={"epochs": epochs, "correction": {"tis": {"level": "token"}}},
                  optimizer={"lr": 1e-2}, train={"micro_batch_size": 2, "num_threads": 1})
     roles = build_roles(c, total_steps=4, pad_token_id=0)  # the same schedule for both
-    return c, rl.Learner(roles.policy, None, None, objective.kl_controller(c.algorithm.kl),
+    built = objective.build(c.algorithm, group_size=2, max_new_tokens=8)
+    return c, rl.Learner(built, roles.policy, None, None, built.new_kl_controller(),
                          UpdateGuard(c.train.max_skipped_updates))
 
 
@@ -37,12 +38,12 @@ def test_two_epochs_are_the_one_pass_update_twice_against_the_first_pi_old(tiny_
     assert all(torch.equal(a, b) for a, b in zip(weights(two), weights(one), strict=True))
     start = weights(one)
 
-    batch, _ = rl.make_batch(trajectories, c2, two, pad_token_id=0)
-    metrics = rl.update(batch, c2, two, step=1)
-    batch, _ = rl.make_batch(trajectories, c1, one, pad_token_id=0)  # pi_old: the start weights
-    rl.update(batch, c1, one, step=1)
+    batch, _ = rl.make_batch(trajectories, two, pad_token_id=0)
+    metrics = rl.update(batch, two, step=1)
+    batch, _ = rl.make_batch(trajectories, one, pad_token_id=0)  # pi_old: the start weights
+    rl.update(batch, one, step=1)
     after_one_pass = weights(one)
-    rl.update(batch, c1, one, step=1)  # again, against the same pi_old
+    rl.update(batch, one, step=1)  # again, against the same pi_old
 
     assert any(not torch.equal(a, b) for a, b in zip(start, after_one_pass, strict=True))
     assert any(not torch.equal(a, b) for a, b in zip(after_one_pass, weights(one), strict=True))

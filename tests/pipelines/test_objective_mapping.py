@@ -10,7 +10,7 @@ from tensordict import TensorDict
 
 from reroll import algorithms
 from reroll.config.algorithm import AlgorithmConfig, AsyPPOConfig, KLConfig
-from reroll.data.batch import Trajectory
+from reroll.data.batch import RLBatch, Trajectory
 from reroll.models.logprobs import forward_logprobs
 from reroll.pipelines import objective, rl
 
@@ -20,14 +20,20 @@ pytestmark = pytest.mark.unit
 def batch_of(rewards, mask, **extra) -> TensorDict:
     rewards = torch.tensor(rewards, dtype=torch.float32)
     mask = torch.tensor(mask, dtype=torch.float32)
-    data = {"rewards": rewards, "response_mask": mask,
-            "group_ids": torch.arange(len(rewards)), **extra}
-    return TensorDict(data, batch_size=[len(rewards)])
+    size, width = mask.shape
+    data = {"rewards": rewards, "response_mask": mask, "group_ids": torch.arange(size),
+            "input_ids": torch.zeros(size, width, dtype=torch.long),
+            "attention_mask": torch.ones(size, width, dtype=torch.long),
+            "behaviour_logprobs": torch.zeros(size, width), **extra}
+    return RLBatch.derived(TensorDict(data, batch_size=[size]))
+
+
+KL_IN_REWARD = {"kl": {"coef": 0.1, "mode": "reward"}}
 
 
 def advantages(algorithm: dict, batch, group_size, kl_coef=0.0):
-    return objective.estimate_advantages(AlgorithmConfig(**algorithm), batch, group_size,
-                                         kl_coef=kl_coef)
+    built = objective.build(AlgorithmConfig(**algorithm), group_size=group_size)
+    return objective.estimate_advantages(built, batch, kl_coef=kl_coef)
 
 
 # ----------------------------------------------------------------------------- advantages
@@ -36,10 +42,9 @@ ONE_RIGHT = [1.0, 0.0, 0.0, 0.0]
 MASK4 = [[1, 1, 0]] * 4
 
 
-def test_grpo_by_hand_through_the_legacy_entry_point():
+def test_grpo_by_hand():
     # mean 0.25, unbiased std 0.5 -> (1.5, -0.5, -0.5, -0.5) on every response token
-    adv = objective.compute_advantages(AlgorithmConfig(), torch.tensor(ONE_RIGHT), 4,
-                                       torch.tensor(MASK4, dtype=torch.float32))
+    adv, _ = advantages({}, batch_of(ONE_RIGHT, MASK4), 4)
     expected = torch.tensor([1.5, -0.5, -0.5, -0.5])[:, None] * torch.tensor([1.0, 1.0, 0.0])
     assert torch.allclose(adv, expected, atol=1e-5)
 
@@ -70,13 +75,17 @@ def test_kl_reward_penalty_reaches_outcome_estimators_as_a_sequence_sum():
     kl = torch.tensor([[0.5, 0.5, 9.0], [0.0, 1.0, 9.0]])  # the 9s are off the response
     batch = batch_of([1.0, 1.0], [[1, 1, 0], [1, 1, 0]], token_kl=kl)
     # scores: 1 - 0.1 * 1.0 = 0.9 and 1 - 0.1 * 1.0 = 0.9 -> equal, advantage 0
-    adv, _ = advantages({"advantage": {"name": "dr_grpo"}}, batch, 2, kl_coef=0.1)
+    dr_grpo = {"advantage": {"name": "dr_grpo"}} | KL_IN_REWARD
+    adv, _ = advantages(dr_grpo, batch, 2, kl_coef=0.1)
     assert torch.allclose(adv, torch.zeros(2, 3))
     batch["token_kl"] = torch.tensor([[0.0, 0.0, 0.0], [1.0, 1.0, 0.0]])
-    adv, _ = advantages({"advantage": {"name": "dr_grpo"}}, batch, 2, kl_coef=0.1)
+    adv, _ = advantages(dr_grpo, batch, 2, kl_coef=0.1)
     assert torch.allclose(adv[:, 0], torch.tensor([0.1, -0.1]))
-    # without a coefficient the penalty is ignored even when present
-    adv, _ = advantages({"advantage": {"name": "dr_grpo"}}, batch, 2, kl_coef=0.0)
+    # without a coefficient (the controller's value) the penalty is ignored even when present
+    adv, _ = advantages(dr_grpo, batch, 2, kl_coef=0.0)
+    assert torch.allclose(adv, torch.zeros(2, 3))
+    # in kl.mode loss the penalty is not a reward's
+    adv, _ = advantages({"advantage": {"name": "dr_grpo"}}, batch, 2, kl_coef=0.1)
     assert torch.allclose(adv, torch.zeros(2, 3))
 
 
@@ -85,7 +94,7 @@ def test_gae_by_hand_with_kl_in_the_token_rewards():
     batch = batch_of([1.0], [[0, 1, 1]], values=torch.tensor([[9.0, 0.5, 0.2]]),
                      token_kl=torch.tensor([[0.0, 1.0, 0.0]]))
     config = {"advantage": {"name": "gae", "gamma": 1.0, "lam": 0.5, "whiten": False},
-              "critic": {}}
+              "critic": {}} | KL_IN_REWARD
     adv, returns = advantages(config, batch, 1)
     # delta_2 = 1 - 0.2 = 0.8; delta_1 = 0.2 - 0.5 = -0.3; A_1 = -0.3 + 0.5 * 0.8 = 0.1
     assert torch.allclose(adv, torch.tensor([[0.0, 0.1, 0.8]]), atol=1e-6)
@@ -97,7 +106,8 @@ def test_gae_by_hand_with_kl_in_the_token_rewards():
 def test_reinforce_pp_takes_the_kl_penalty_per_token():
     kl = torch.tensor([[0.2, 0.0], [0.0, 0.0]])
     batch = batch_of([1.0, 0.0], [[1, 1], [1, 1]], token_kl=kl)
-    adv, returns = advantages({"advantage": {"name": "reinforce_pp"}}, batch, 1, kl_coef=1.0)
+    adv, returns = advantages({"advantage": {"name": "reinforce_pp"}} | KL_IN_REWARD, batch, 1,
+                              kl_coef=1.0)
     assert torch.allclose(returns, torch.tensor([[0.8, 1.0], [0.0, 0.0]]))
     assert torch.allclose(adv, algorithms.masked_whiten(returns, batch["response_mask"]))
 
@@ -116,14 +126,14 @@ def test_multi_turn_estimators_on_single_turn_responses():
 def test_multi_turn_inputs_from_turn_ids():
     turn_ids = torch.tensor([[-1, 0, 0, -1, 1]])
     mask = (turn_ids >= 0).float()
-    config = {"advantage": {"name": "ipa_chunk", "gamma": 0.5}}
+    config = {"advantage": {"name": "ipa_chunk", "gamma": 0.5}} | KL_IN_REWARD
     # explicit per-turn rewards (1, 2): G_1 = 2, G_0 = 1 + 0.5 * 2 = 2
-    batch = TensorDict({"rewards": torch.tensor([3.0]), "response_mask": mask,
-                        "turn_ids": turn_ids, "turn_rewards": torch.tensor([[1.0, 2.0]])}, [1])
+    batch = batch_of([3.0], mask.tolist(), turn_ids=turn_ids,
+                     turn_rewards=torch.tensor([[1.0, 2.0]]))
     adv, _ = advantages(config, batch, 1)
     assert torch.allclose(adv, torch.tensor([[0.0, 2.0, 2.0, 0.0, 2.0]]))
-    # without turn rewards the scalar reward lands on the last turn: G = (1.5, 3)
-    del batch["turn_rewards"]
+    # the scalar reward on the last turn: G = (1.5, 3)
+    batch["turn_rewards"] = torch.tensor([[0.0, 3.0]])
     adv, _ = advantages(config, batch, 1)
     assert torch.allclose(adv, torch.tensor([[0.0, 1.5, 1.5, 0.0, 3.0]]))
     # a KL penalty is summed over each turn's tokens: turn 0 loses 0.2 + 0.2
@@ -172,17 +182,28 @@ def loss_batch(seed: int = 0, size: int = 6, width: int = 7) -> TensorDict:
     noise = lambda: 0.3 * torch.randn(size, width, generator=g) * response  # noqa: E731
     logprobs, _ = forward_logprobs(FakeLM(), ids, attention)
     turn_ids = torch.where(response > 0, (torch.arange(width) >= 4).long(), -1)
-    return TensorDict({
+    loss_mask = response * (torch.rand(size, width, generator=g) > 0.2)
+    return RLBatch.derived(TensorDict({
         "input_ids": ids, "attention_mask": attention, "response_mask": response,
-        "loss_mask": response * (torch.rand(size, width, generator=g) > 0.2),
+        "rewards": torch.zeros(size), "group_ids": torch.arange(size),
+        "loss_mask": loss_mask, "normaliser_mask": loss_mask.clone(),
         "advantages": torch.randn(size, width, generator=g) * response,
         "old_logprobs": (logprobs.detach() + noise()) * response,
         "behaviour_logprobs": (logprobs.detach() + noise()) * response,
         "ref_logprobs": (logprobs.detach() + noise()) * response,
         "is_weights": torch.rand(size, width, generator=g) * response,
         "entropy_mask": response * (torch.rand(size, width, generator=g) > 0.3),
-        "turn_ids": turn_ids,
-    }, batch_size=[size])
+        "turn_ids": turn_ids, "turn_rewards": torch.zeros(size, 2),
+    }, batch_size=[size]))
+
+
+def loss_objective(algorithm: dict | None = None) -> objective.Objective:
+    """The objective of `algorithm` reading the batch's old logprobs (two updates per batch)
+    and, but for decoupled_ppo (which weights by itself), its truncated IS weights."""
+    algorithm = {"updates_per_batch": 2} | (algorithm or {})
+    if algorithm.get("policy_loss", {}).get("name") != "decoupled_ppo":
+        algorithm = {"correction": {"tis": {}}} | algorithm
+    return objective.build(AlgorithmConfig(**algorithm), max_new_tokens=9)
 
 
 LOSS_CONFIGS = [
@@ -201,13 +222,13 @@ def test_each_policy_loss_config_calls_its_function_with_its_knobs(algorithm):
     config = AlgorithmConfig(**algorithm)
     batch = loss_batch()
     model = FakeLM()
-    loss, metrics = objective.make_rl_loss(config, batch, 1.0, 9)(model, batch)
+    loss, metrics = objective.make_rl_loss(loss_objective(algorithm), batch)(model, batch)
     logprobs, _ = forward_logprobs(model, batch["input_ids"], batch["attention_mask"])
     knobs = {k: v for k, v in algorithm["policy_loss"].items() if k != "name"}
     name = config.policy_loss.name
     if name == "decoupled_ppo":
         knobs["behaviour_logprobs"] = batch["behaviour_logprobs"]
-        weights = batch["is_weights"]
+        weights = None
     elif name == "ipa_chunk":
         knobs["turn_ids"] = batch["turn_ids"]
         weights = batch["is_weights"]
@@ -226,11 +247,11 @@ def test_each_policy_loss_config_calls_its_function_with_its_knobs(algorithm):
 
 def test_reinforce_on_policy_by_hand():
     batch = loss_batch()
-    for key in ("old_logprobs", "is_weights", "loss_mask"):
-        del batch[key]
-    config = AlgorithmConfig(policy_loss={"name": "reinforce"})
+    batch["loss_mask"] = batch["normaliser_mask"] = batch["response_mask"]
+    config = AlgorithmConfig(policy_loss={"name": "reinforce"})  # reads no old logprobs, no IS
     model = FakeLM()
-    loss, metrics = objective.make_rl_loss(config, batch, 1.0, 9)(model, batch)
+    loss, metrics = objective.make_rl_loss(objective.build(config, max_new_tokens=9),
+                                           batch)(model, batch)
     logprobs, _ = forward_logprobs(model, batch["input_ids"], batch["attention_mask"])
     mask = batch["response_mask"]
     assert torch.allclose(loss, -(batch["advantages"] * logprobs * mask).sum() / mask.sum())
@@ -239,34 +260,34 @@ def test_reinforce_on_policy_by_hand():
 
 def test_kl_term_is_in_the_loss_only_in_loss_mode_and_entropy_uses_its_mask():
     batch, model = loss_batch(), FakeLM()
-    base = AlgorithmConfig()
-    plain, _ = objective.make_rl_loss(base, batch, 1.0, 9)(model, batch)
+    plain, _ = objective.make_rl_loss(loss_objective(), batch)(model, batch)
     logprobs, entropy = forward_logprobs(model, batch["input_ids"], batch["attention_mask"],
                                          with_entropy=True)
     mask = batch["loss_mask"]
     kl = algorithms.kl_estimate(logprobs, batch["ref_logprobs"], "k2")
-    with_kl = AlgorithmConfig(kl={"coef": 0.3, "estimator": "k2"})
-    loss, metrics = objective.make_rl_loss(with_kl, batch, 1.0, 9)(model, batch)
+    with_kl = loss_objective({"kl": {"coef": 0.3, "estimator": "k2"}})
+    loss, metrics = objective.make_rl_loss(with_kl, batch)(model, batch)
     assert torch.allclose(loss, plain + 0.3 * (kl * mask).sum() / mask.sum(), atol=1e-6)
     assert "actor/kl_ref" in metrics
     # the controller's current value replaces the configured coefficient
-    loss, _ = objective.make_rl_loss(with_kl, batch, 1.0, 9, kl_coef=0.1)(model, batch)
+    loss, _ = objective.make_rl_loss(with_kl, batch, kl_coef=0.1)(model, batch)
     assert torch.allclose(loss, plain + 0.1 * (kl * mask).sum() / mask.sum(), atol=1e-6)
-    in_reward = AlgorithmConfig(kl={"coef": 0.3, "mode": "reward"})
-    loss, metrics = objective.make_rl_loss(in_reward, batch, 1.0, 9)(model, batch)
+    in_reward = loss_objective({"kl": {"coef": 0.3, "mode": "reward"}})
+    loss, metrics = objective.make_rl_loss(in_reward, batch)(model, batch)
     assert torch.allclose(loss, plain) and "actor/kl_ref" not in metrics
-    bonus = AlgorithmConfig(entropy_coef=0.2)
-    loss, _ = objective.make_rl_loss(bonus, batch, 1.0, 9)(model, batch)
+    bonus = loss_objective({"entropy_coef": 0.2})
+    loss, _ = objective.make_rl_loss(bonus, batch)(model, batch)
+    # the bonus is over the entropy mask's tokens, normalised by the loss normaliser's count
     emask = batch["entropy_mask"]
-    assert torch.allclose(loss, plain - 0.2 * (entropy * emask).sum() / emask.sum(), atol=1e-6)
+    assert torch.allclose(loss, plain - 0.2 * (entropy * emask).sum() / mask.sum(), atol=1e-6)
 
 
 @pytest.mark.parametrize("algorithm", LOSS_CONFIGS + [
     {"loss_agg": "seq_mean_token_mean", "kl": {"coef": 0.1}, "entropy_coef": 0.01}],
     ids=lambda a: a.get("policy_loss", {"name": "ppo+kl+entropy"})["name"])
 def test_micro_batch_losses_add_up_to_the_full_batch_loss(algorithm):
-    config, batch, model = AlgorithmConfig(**algorithm), loss_batch(seed=3, size=8), FakeLM()
-    loss_fn = objective.make_rl_loss(config, batch, 1.0, 9)
+    batch, model = loss_batch(seed=3, size=8), FakeLM()
+    loss_fn = objective.make_rl_loss(loss_objective(algorithm), batch)
     full, _ = loss_fn(model, batch)
     parts = sum(loss_fn(model, batch[i : i + 3])[0] for i in range(0, 8, 3))
     assert torch.allclose(parts, full, atol=1e-6)
@@ -303,12 +324,12 @@ def test_asyppo_masks_by_hand():
 
 
 def test_old_logprobs_are_computed_only_when_something_reads_them():
-    assert not objective.needs_old_logprobs(AlgorithmConfig())
-    assert not objective.needs_old_logprobs(AlgorithmConfig(kl={"coef": 0.1}))
+    assert not objective.build(AlgorithmConfig()).needs_old_logprobs
+    assert not objective.build(AlgorithmConfig(kl={"coef": 0.1})).needs_old_logprobs
     for algorithm in ({"updates_per_batch": 2}, {"epochs": 2}, {"policy_loss": {"name": "decoupled_ppo"}},
                       {"correction": {"tis": {}}}, {"correction": {"ratio_mask": {}}},
                       {"kl": {"coef": 0.1, "mode": "reward"}}):
-        assert objective.needs_old_logprobs(AlgorithmConfig(**algorithm)), algorithm
+        assert objective.build(AlgorithmConfig(**algorithm)).needs_old_logprobs, algorithm
 
 
 # ----------------------------------------------------------------------------- batch shaping
@@ -326,7 +347,7 @@ def test_collate_applies_the_soft_overlong_penalty_and_the_overlong_filter():
     # max 10 tokens, cache 4: lengths 6 -> 0, 8 -> -0.5, 10 -> -1
     batch, metrics = rl.collate_for_rl(
         trajectories([1.0, 1.0, 0.0, 0.0], [6, 8, 10, 3], ["stop", "stop", "length", "stop"]),
-        0, config, group_size=2, max_new_tokens=10)
+        0, objective.build(config, group_size=2, max_new_tokens=10))
     assert batch["rewards"].tolist() == [1.0, 0.5, -1.0, 0.0]
     assert batch["task_rewards"].tolist() == [1.0, 1.0, 0.0, 0.0]
     assert batch["loss_mask"][2].sum() == 0 and batch["loss_mask"][1].sum() == 8
@@ -337,12 +358,13 @@ def test_collate_applies_the_soft_overlong_penalty_and_the_overlong_filter():
 
 def test_dynamic_sampling_drops_whole_groups_judged_on_the_task_reward():
     batch, _ = rl.collate_for_rl(trajectories([1.0, 0.0, 1.0, 1.0, 0.0, 0.0], [3] * 6),
-                                       0, AlgorithmConfig(), 2, 10)
-    kept, metrics = rl.filter_groups(batch, AlgorithmConfig(dynamic_sampling={})
-                                           .dynamic_sampling, 2)
+                                 0, objective.build(AlgorithmConfig(), group_size=2))
+    sampling = objective.build(AlgorithmConfig(dynamic_sampling={}), group_size=2)
+    kept, metrics = rl.filter_groups(batch, sampling)
     assert kept.batch_size[0] == 2 and kept["task_rewards"].tolist() == [1.0, 0.0]
+    assert isinstance(kept, RLBatch)
     assert metrics == {"filter/groups_kept": 1.0, "filter/groups_dropped": 2.0}
-    same, metrics = rl.filter_groups(batch, None, 2)
+    same, metrics = rl.filter_groups(batch, objective.build(AlgorithmConfig(), group_size=2))
     assert same is batch and metrics == {}
 
 
@@ -355,7 +377,7 @@ def test_corrections_mask_then_weight():
                         "turn_ids": torch.zeros(2, 3, dtype=torch.long)}, [2])
     config = AlgorithmConfig(correction={"ratio_mask": {"level": "token", "low": 0.5, "high": 2.0},
                                          "tis": {"level": "token", "cap": 1.2}}).correction
-    metrics = rl.apply_corrections(batch, config)
+    metrics = objective.apply_corrections(config, batch)
     assert batch["loss_mask"].tolist() == [[1, 0, 1], [1, 1, 1]]  # ratio 3 is masked
     assert torch.allclose(batch["is_weights"], torch.tensor([[1.0, 0.0, 1.2], [1.0, 1.0, 1.0]]))
     assert metrics["correction/masked_frac"] == pytest.approx(1 / 6)

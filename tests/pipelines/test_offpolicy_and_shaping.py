@@ -13,6 +13,7 @@ from reroll import algorithms
 from reroll.config.agentic import AgenticConfig
 from reroll.config.algorithm import AlgorithmConfig, TISConfig
 from reroll.config.schema import RLConfig
+from reroll.data.batch import RLBatch
 from reroll.pipelines import objective
 from reroll.pipelines import rl as pipeline
 
@@ -23,6 +24,18 @@ BASE = {"steps": 1, "model": {"path": "m"}, "data": {"train": "t.jsonl"}}
 
 def rl(**sections) -> RLConfig:
     return RLConfig.model_validate(BASE | sections)
+
+
+def rl_batch(fields: dict) -> RLBatch:
+    """The RL batch of these fields, the ones the test does not care about made up (token ids
+    0, every position attended, behaviour logprobs 0, one group per sample)."""
+    mask = fields["response_mask"]
+    size, width = mask.shape
+    made = {"input_ids": torch.zeros(size, width, dtype=torch.long),
+            "attention_mask": torch.ones(size, width, dtype=torch.long),
+            "behaviour_logprobs": torch.zeros(size, width), "rewards": torch.zeros(size),
+            "group_ids": torch.arange(size)}
+    return RLBatch.derived(TensorDict(made | fields, batch_size=[size]))
 
 
 # ----------------------------------------------------------------------------- 1. correction
@@ -36,7 +49,7 @@ def test_off_policy_samples_get_token_tis_by_default(sections):
     config = rl(**sections)
     assert config.off_policy_reasons()
     assert config.algorithm.correction.tis == TISConfig(level="token", cap=2.0)
-    assert objective.needs_old_logprobs(config.algorithm)
+    assert objective.build(config.algorithm).needs_old_logprobs
     # the resolved config (what config.yaml holds) loads to the same correction
     again = RLConfig.model_validate(config.model_dump(mode="json"))
     assert again.algorithm.correction == config.algorithm.correction
@@ -81,7 +94,7 @@ def test_async_default_applies_is_weights_that_are_not_all_one():
     batch = TensorDict({"old_logprobs": old, "behaviour_logprobs": behaviour,
                         "response_mask": mask, "loss_mask": mask.clone(),
                         "turn_ids": torch.zeros(2, 4, dtype=torch.long)}, [2])
-    metrics = pipeline.apply_corrections(batch, config.correction)
+    metrics = objective.apply_corrections(config.correction, batch)
     want = torch.tensor([[1.0, 2.0, 2 / 3, 0.25], [1.0, 2.0, 1.0, 1.0]])  # min(old/mu, 2)
     torch.testing.assert_close(batch["is_weights"], want)
     assert metrics["correction/tis_weight_mean"] == pytest.approx(float(want.mean()))
@@ -113,11 +126,10 @@ def test_actor_behaviour_kl_k3_is_kl_mu_pi_old_on_tokens_sampled_from_mu():
     ids = ids.reshape(rows, width)
     response = torch.ones(rows, width)
     response[:, 0] = 0
-    batch = TensorDict({"input_ids": ids, "attention_mask": torch.ones_like(ids),
-                        "response_mask": response, "advantages": torch.zeros(rows, width),
-                        "behaviour_logprobs": log_mu[ids] * response}, [rows])
-    loss_fn = objective.make_rl_loss(AlgorithmConfig(policy_loss={"name": "reinforce"}), batch,
-                                     1.0, width)
+    batch = rl_batch({"input_ids": ids, "attention_mask": torch.ones_like(ids),
+                      "response_mask": response, "behaviour_logprobs": log_mu[ids] * response})
+    loss_fn = objective.make_rl_loss(objective.build(
+        AlgorithmConfig(policy_loss={"name": "reinforce"}), max_new_tokens=width), batch)
     _, metrics = loss_fn(ConstantLM(log_pi), batch)
     assert metrics["actor/behaviour_kl_k3"] == pytest.approx(true_kl, abs=0.01)
     old = log_pi[ids] * response
@@ -149,15 +161,15 @@ def episode_batch(turn_rewards, rewards=None) -> TensorDict:
     rewards = turn_rewards.sum(-1) if rewards is None else torch.tensor(rewards)
     g = torch.Generator().manual_seed(1)
     mask = (turn_ids >= 0).float()
-    return TensorDict({"rewards": rewards, "turn_rewards": turn_rewards, "turn_ids": turn_ids,
-                       "response_mask": mask, "values": torch.randn(6, 10, generator=g) * mask,
-                       "state_ids": torch.tensor([[0, 1]] * 6)}, [6])
+    return rl_batch({"rewards": rewards, "turn_rewards": turn_rewards, "turn_ids": turn_ids,
+                     "response_mask": mask, "values": torch.randn(6, 10, generator=g) * mask,
+                     "state_ids": torch.tensor([[0, 1]] * 6)})
 
 
 def estimate(name: str, batch: TensorDict, **extra) -> torch.Tensor:
     config = AlgorithmConfig(advantage={"name": name, **ESTIMATORS[name]},
                              critic={} if name == "gae" else None, **extra)
-    return objective.estimate_advantages(config, batch, group_size=3)[0]
+    return objective.estimate_advantages(objective.build(config, group_size=3), batch)[0]
 
 
 @pytest.mark.parametrize("name", ESTIMATORS)
@@ -176,7 +188,7 @@ def test_reward_clip_reaches_the_reward_each_estimator_reads(name):
 def test_overlong_penalty_reaches_the_reward_each_estimator_reads(name):
     batch = episode_batch(TURN_REWARDS)
     config = AlgorithmConfig(overlong={"soft_penalty_cache": 2, "soft_penalty": 1.0})
-    metrics = pipeline.shape_rewards(batch, config, max_new_tokens=4)
+    metrics = pipeline.shape_rewards(batch, objective.build(config, max_new_tokens=4))
     # a turn's limit is 4 tokens, cache 2: lengths <= 2 -> 0, 3 -> -0.5, 4 -> -1
     penalty = [[0.0, -1.0], [-0.5, 0.0], [-1.0, 0.0], [0.0, -0.5], [0.0, 0.0], [-1.0, -0.5]]
     shaped = [[r + p for r, p in zip(rs, ps, strict=True)]
@@ -192,9 +204,9 @@ def test_overlong_penalty_reaches_the_reward_each_estimator_reads(name):
 def test_single_turn_overlong_penalty_is_unchanged():
     # one turn = the whole response: DAPO's penalty on the response length, as before
     mask = torch.tensor([[1.0] * 3 + [0.0] * 3, [1.0] * 6])
-    batch = TensorDict({"rewards": torch.tensor([1.0, 1.0]), "response_mask": mask,
-                        "turn_ids": objective.single_turn_ids(mask)}, [2])
-    pipeline.shape_rewards(batch, AlgorithmConfig(overlong={"soft_penalty_cache": 3}), 6)
+    batch = rl_batch({"rewards": torch.tensor([1.0, 1.0]), "response_mask": mask})
+    pipeline.shape_rewards(batch, objective.build(
+        AlgorithmConfig(overlong={"soft_penalty_cache": 3}), max_new_tokens=6))
     torch.testing.assert_close(batch["rewards"], torch.tensor([1.0, 0.0]))  # 3 -> 0, 6 -> -1
 
 
@@ -206,15 +218,14 @@ def test_per_turn_rewards_land_on_each_turn_s_last_token_for_token_level_estimat
     # G_3 = 2, G_1 = 1 + 0.5 * 2 = 2, G_0 = 0.5 * 2 = 1 (the env token does not discount).
     turn_ids = torch.tensor([[0, 0, -1, 1]])
     mask = (turn_ids >= 0).float()
-    batch = TensorDict({"rewards": torch.tensor([3.0]), "turn_rewards": torch.tensor([[1.0, 2.0]]),
-                        "turn_ids": turn_ids, "response_mask": mask,
-                        "values": torch.zeros(1, 4)}, [1])
-    _, returns = objective.estimate_advantages(
-        AlgorithmConfig(advantage={"name": "reinforce_pp", "gamma": 0.5}), batch, 1)
+    batch = rl_batch({"rewards": torch.tensor([3.0]), "turn_rewards": torch.tensor([[1.0, 2.0]]),
+                      "turn_ids": turn_ids, "response_mask": mask, "values": torch.zeros(1, 4)})
+    _, returns = objective.estimate_advantages(objective.build(
+        AlgorithmConfig(advantage={"name": "reinforce_pp", "gamma": 0.5})), batch)
     torch.testing.assert_close(returns, torch.tensor([[1.0, 2.0, 0.0, 2.0]]))
-    _, returns = objective.estimate_advantages(
+    _, returns = objective.estimate_advantages(objective.build(
         AlgorithmConfig(advantage={"name": "gae", "gamma": 0.5, "lam": 1.0, "whiten": False},
-                        critic={}), batch, 1)
+                        critic={})), batch)
     torch.testing.assert_close(returns, torch.tensor([[1.0, 2.0, 0.0, 2.0]]))
 
 
@@ -228,13 +239,12 @@ def test_ratio_masked_tokens_stay_in_the_loss_normaliser():
     response = torch.tensor([[0.0, 1.0, 1.0, 1.0], [0.0, 1.0, 1.0, 1.0]])
     loss_mask = response.clone()
     loss_mask[0, 2] = 0  # ratio-masked
-    batch = TensorDict({"input_ids": ids, "attention_mask": torch.ones_like(ids),
-                        "response_mask": response, "loss_mask": loss_mask,
-                        "normaliser_mask": response.clone(),
-                        "advantages": torch.ones(2, 4) * response,
-                        "behaviour_logprobs": torch.zeros(2, 4)}, [2])
+    batch = rl_batch({"input_ids": ids, "attention_mask": torch.ones_like(ids),
+                      "response_mask": response, "loss_mask": loss_mask,
+                      "normaliser_mask": response.clone(),
+                      "advantages": torch.ones(2, 4) * response})
     model = ConstantLM(torch.tensor([0.0, 1.0, 2.0, 3.0, 4.0]))
-    loss, _ = objective.make_rl_loss(AlgorithmConfig(policy_loss={"name": "reinforce"}), batch,
-                                     1.0, 4)(model, batch)
+    loss, _ = objective.make_rl_loss(objective.build(
+        AlgorithmConfig(policy_loss={"name": "reinforce"}), max_new_tokens=4), batch)(model, batch)
     logp = torch.log_softmax(model.logits.detach(), -1)[ids] * response
     assert float(loss) == pytest.approx(float(-(logp * loss_mask).sum() / 6))

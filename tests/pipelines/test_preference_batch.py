@@ -59,9 +59,9 @@ def test_packed_micro_batches_give_the_unpacked_batch_loss(pairs, tokenizer, tin
 
 
 def test_pairs_scored_in_length_order_come_back_in_their_order(pairs, tokenizer, tiny_model):
-    """`score_pairs` forwards the pairs shortest first, packed, in micro-batches; each pair's
+    """`pair_logprobs` forwards the pairs shortest first, packed, in micro-batches; each pair's
     sums are those of its own two rows forwarded alone, unpacked, and in the pairs' order."""
-    from reroll.pipelines.dpo import score_pairs
+    from reroll.pipelines.dpo import pair_logprobs
     from reroll.pipelines.preference import by_length, packed_length
 
     torch.manual_seed(0)
@@ -70,7 +70,7 @@ def test_pairs_scored_in_length_order_come_back_in_their_order(pairs, tokenizer,
     order = by_length(shuffled)
     assert [packed_length(shuffled[i]) for i in order] == sorted(map(packed_length, shuffled))
     assert order != list(range(6))  # the arithmetic pairs differ in length: a real reordering
-    scored = score_pairs(model, shuffled, tokenizer.pad_token_id, 4)
+    scored = pair_logprobs(model, shuffled, tokenizer.pad_token_id, 4)
     assert scored.shape == (6, 2) and not scored.is_inference()
     for pair, sums in zip(shuffled, scored, strict=True):
         for ids, value in ((pair.chosen_ids, sums[0]), (pair.rejected_ids, sums[1])):

@@ -14,7 +14,7 @@ from safetensors.torch import load_file
 
 from reroll.config import load_config
 from reroll.engines.base import WeightSyncError
-from reroll.pipelines.rlvr import RLVRPipeline, train
+from reroll.pipelines.rlvr import rlvr_pipeline, train
 from reroll.pipelines.sft import train_sft
 from reroll.tracking import read_metrics
 
@@ -103,7 +103,7 @@ def test_resume_reproduces_the_uninterrupted_run(tmp_path, warm_model):
 
 
 def test_weight_sync_mismatch_stops_the_run(tmp_path, warm_model):
-    pipeline = RLVRPipeline(load_config(write_config(
+    pipeline = rlvr_pipeline(load_config(write_config(
         tmp_path / "rl.yaml", rl_config(tmp_path, warm_model, steps=2))))
     pipeline.engine.load_weights = lambda named, version: None  # an engine that drops updates
     with pytest.raises(WeightSyncError, match="fingerprint"):

@@ -8,7 +8,6 @@ import pytest
 
 from reroll.config.schema import RLConfig
 from reroll.distributed.engine_actor import ActorEngine
-from reroll.distributed.ray_runtime import shutdown_ray
 from reroll.distributed.weight_sync import InProcessSync, PublishedSync
 from reroll.engines.base import fingerprint
 from reroll.pipelines.rlvr import build_source
@@ -66,4 +65,4 @@ def test_engine_process_runs_the_builders_engine_in_an_actor_that_the_source_use
     finally:
         roles.shutdown()
         if started:
-            shutdown_ray()
+            ray.shutdown()

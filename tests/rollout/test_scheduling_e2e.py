@@ -11,7 +11,7 @@ from reroll.data.datasets import PromptSampler, load_prompts
 from reroll.engines.base import SamplingParams
 from reroll.engines.hf import HFEngine
 from reroll.models.loading import load_model
-from reroll.pipelines.rlvr import RLVRPipeline
+from reroll.pipelines.rlvr import rlvr_pipeline
 from reroll.rewards import RewardRunner
 from reroll.rewards.base import RewardResult
 from reroll.rollout.scheduler import RolloutScheduler, SyncSource
@@ -177,7 +177,7 @@ def test_async_training_trains_within_the_staleness_bound(tmp_path, tiny_model, 
     config = rl_config(tmp_path, tiny_model, arithmetic,
                        async_training={"enabled": True, "max_staleness": 1},
                        algorithm={"correction": {"tis": {"level": "token", "cap": 2.0}}})
-    pipeline = RLVRPipeline(config)
+    pipeline = rlvr_pipeline(config)
     before = {k: v.clone() for k, v in pipeline.policy.state_dict_for_sync()}
     summary = pipeline.run()
     rows = read_metrics(summary["run_dir"])
@@ -198,7 +198,7 @@ def test_async_training_without_a_configured_correction_applies_tis(tmp_path, ti
     config = rl_config(tmp_path, tiny_model, arithmetic,
                        async_training={"enabled": True, "max_staleness": 1})
     assert config.algorithm.correction.tis is not None
-    summary = RLVRPipeline(config).run()
+    summary = rlvr_pipeline(config).run()
     rows = read_metrics(summary["run_dir"])
     assert any(r["staleness/max"] == 1 for r in rows)
     assert all("correction/tis_weight_mean" in r for r in rows)
@@ -212,7 +212,7 @@ def test_async_training_with_in_flight_updates(tmp_path, tiny_model, arithmetic,
                        async_training={"enabled": True, "max_staleness": 1,
                                        "in_flight_updates": True},
                        algorithm={"correction": {"tis": {"level": "token", "cap": 2.0}}})
-    summary = RLVRPipeline(config).run()
+    summary = rlvr_pipeline(config).run()
     rows = read_metrics(summary["run_dir"])
     assert [r["step"] for r in rows] == [1, 2, 3, 4]
     assert all(r["staleness/max"] <= 1 and r["rollout/resumed_samples"] == 0 for r in rows)
@@ -221,7 +221,7 @@ def test_async_training_with_in_flight_updates(tmp_path, tiny_model, arithmetic,
 
 def trained_prompts(config) -> list[list[str]]:
     """Run the pipeline; the prompts of each step's batch, one per group, in order."""
-    pipeline, steps = RLVRPipeline(config), []
+    pipeline, steps = rlvr_pipeline(config), []
     next_batch = pipeline.task.source.next_batch
 
     def recorded(*args):
@@ -257,7 +257,7 @@ def test_dynamic_sampling_fills_the_batch_with_the_hf_engine(tmp_path, tiny_mode
     config = rl_config(tmp_path, tiny_model, arithmetic, steps=2,
                        algorithm={"dynamic_sampling": {"drop_all_equal": True}},
                        scheduler={"oversample": 1.5, "max_groups_factor": 8})
-    summary = RLVRPipeline(config).run()
+    summary = rlvr_pipeline(config).run()
     rows = read_metrics(summary["run_dir"])
     for r in rows:
         assert r["rollout/groups_kept"] == 4  # dropped groups were replaced

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from reroll.config.schema import AlgorithmConfig, OptimizerConfig, TrainConfig
-from reroll.data.batch import Trajectory, collate
+from reroll.data.batch import RLBatch, Trajectory, collate
 from reroll.models.loading import load_model
 from reroll.pipelines import objective
 from reroll.training.local import LocalStrategy, accumulate_gradients, lr_lambda, read_once
@@ -21,8 +21,9 @@ def random_batch(seed: int, size: int = 8):
         trajectories.append(Trajectory(prompt.tolist(), response.tolist(), [-1.0] * len(response),
                                        "stop", group_id=i // 4, reward=float(i % 3 == 0)))
     batch, _ = collate(trajectories, pad_token_id=0)
-    batch["advantages"] = objective.compute_advantages(AlgorithmConfig(), batch["rewards"], 4,
-                                                       batch["response_mask"])
+    batch = RLBatch.derived(batch, group_size=4)
+    grpo = objective.build(AlgorithmConfig(), group_size=4)
+    batch["advantages"] = objective.estimate_advantages(grpo, batch)[0]
     return batch
 
 
@@ -36,7 +37,7 @@ def test_micro_batches_give_the_full_batch_update(tiny_model, agg):
         torch.manual_seed(0)
         strategy = LocalStrategy(load_model(tiny_model), OptimizerConfig(lr=1e-3, grad_clip=None),
                                  TrainConfig(micro_batch_size=micro), total_steps=1)
-        loss_fn = objective.make_rl_loss(config, batch, temperature=1.0, max_response_len=16)
+        loss_fn = objective.make_rl_loss(objective.build(config, max_new_tokens=16), batch)
         metrics = strategy.train_step(batch, loss_fn)
         grads = [p.grad.clone() for p in strategy.model.parameters()]
         results.append((metrics["train/loss"], grads))
@@ -115,8 +116,8 @@ def batch_with_a_silent_group():
     """Two groups of 4: rewards (1, 0, 0, 1) carry signal, (0, 0, 0, 0) have advantage 0."""
     batch = random_batch(seed=3)
     batch["rewards"] = torch.tensor([1.0, 0, 0, 1, 0, 0, 0, 0])
-    batch["advantages"] = objective.compute_advantages(AlgorithmConfig(), batch["rewards"], 4,
-                                                       batch["response_mask"])
+    grpo = objective.build(AlgorithmConfig(), group_size=4)
+    batch["advantages"] = objective.estimate_advantages(grpo, batch)[0]
     return batch
 
 
@@ -129,11 +130,11 @@ def test_skipping_zero_advantage_samples_gives_the_same_gradient(tiny_model, los
     grads = {}
     for skip in (False, True):
         config = AlgorithmConfig(policy_loss={"name": loss}, loss_agg=agg, skip_zero_advantage=skip)
-        trained = objective.samples_with_gradient(config, batch, kl_coef=0.0)
+        trained = objective.samples_with_gradient(objective.build(config), batch, kl_coef=0.0)
         assert trained.tolist() == ([0, 1, 2, 3] if skip else list(range(8)))
         strategy = LocalStrategy(load_model(tiny_model), OptimizerConfig(grad_clip=None),
                                  TrainConfig(micro_batch_size=8), total_steps=1)
-        loss_fn = objective.make_rl_loss(config, batch, temperature=1.0, max_response_len=16)
+        loss_fn = objective.make_rl_loss(objective.build(config, max_new_tokens=16), batch)
         strategy.train_step(batch[trained], loss_fn)  # normalised over all 8 either way
         grads[skip] = torch.cat([p.grad.flatten() for p in strategy.model.parameters()])
     assert grads[False].abs().max() > 0
@@ -144,17 +145,17 @@ def test_skipped_samples_top_up_to_the_data_parallel_size_and_respect_exactness(
     batch = batch_with_a_silent_group()
     config = AlgorithmConfig()
     # 4 samples with signal over 3 ranks -> 6, topped up with the first silent ones.
-    assert objective.samples_with_gradient(config, batch, 0.0, multiple=3).tolist() == \
+    assert objective.samples_with_gradient(objective.build(config), batch, 0.0, multiple=3).tolist() == \
         [0, 1, 2, 3, 4, 5]
     silent = batch.clone()
     silent["advantages"] = torch.zeros_like(silent["advantages"])
     # Nothing carries signal: still one sample per rank, so the optimizer steps as it would.
-    assert objective.samples_with_gradient(config, silent, 0.0, multiple=2).tolist() == [0, 1]
+    assert objective.samples_with_gradient(objective.build(config), silent, 0.0, multiple=2).tolist() == [0, 1]
     # An entropy bonus or a KL term in the loss depends on every sample: nothing is skipped.
-    assert len(objective.samples_with_gradient(AlgorithmConfig(entropy_coef=0.01), batch, 0.0)) == 8
+    assert len(objective.samples_with_gradient(objective.build(AlgorithmConfig(entropy_coef=0.01)), batch, 0.0)) == 8
     in_loss = AlgorithmConfig(kl={"coef": 0.1, "mode": "loss"})
-    assert len(objective.samples_with_gradient(in_loss, batch, 0.1)) == 8
-    assert len(objective.samples_with_gradient(in_loss, batch, 0.0)) == 4
+    assert len(objective.samples_with_gradient(objective.build(in_loss), batch, 0.1)) == 8
+    assert len(objective.samples_with_gradient(objective.build(in_loss), batch, 0.0)) == 4
 
 
 def test_gradient_checkpointing_gives_the_same_update_and_only_in_the_policy(tiny_model):
@@ -165,15 +166,15 @@ def test_gradient_checkpointing_gives_the_same_update_and_only_in_the_policy(tin
         train = TrainConfig(micro_batch_size=4, gradient_checkpointing=checkpointing)
         strategy = LocalStrategy(load_model(tiny_model), OptimizerConfig(lr=1e-3), train, 1)
         assert strategy.model.is_gradient_checkpointing == checkpointing
-        strategy.train_step(batch, objective.make_rl_loss(AlgorithmConfig(), batch, 1.0, 16))
+        strategy.train_step(batch, objective.make_rl_loss(objective.build(AlgorithmConfig(), max_new_tokens=16), batch))
         weights.append({n: p.detach().clone() for n, p in strategy.model.named_parameters()})
     for name, value in weights[0].items():
         assert torch.allclose(weights[1][name], value, atol=1e-6), name
     # The critic (a value head on a backbone) trains as before: the option is the policy's.
     from reroll.config.algorithm import CriticConfig
-    from reroll.training.critic import Critic
+    from reroll.training.critic import LocalCritic
 
-    critic = Critic(CriticConfig(), tiny_model, "float32", OptimizerConfig(),
+    critic = LocalCritic(CriticConfig(), tiny_model, "float32", OptimizerConfig(),
                     TrainConfig(gradient_checkpointing=True), 1)
     assert not any(getattr(m, "gradient_checkpointing", False)
                    for m in critic.members[0].model.modules())

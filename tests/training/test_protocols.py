@@ -12,7 +12,7 @@ from reroll.distributed.groups import CriticProxy, PolicyGroup, ReferenceGroup
 from reroll.pipelines.agentic import EnvTask
 from reroll.pipelines.rlvr import PromptTask
 from reroll.pipelines.task import Task
-from reroll.training.critic import Critic as LocalCritic
+from reroll.training.critic import LocalCritic
 from reroll.training.local import LocalStrategy
 from reroll.training.protocols import Critic, Policy, Reference
 
