@@ -22,8 +22,6 @@ log = logging.getLogger(__name__)
 
 FLOAT32_MAX = 3.4028234663852886e38
 """Rewards are float32 in the batch: a larger score would become inf there."""
-BACKSTOP_S = 2.0
-"""Extra seconds the runner's own limit gives a reward that does not bound its calls itself."""
 
 
 @dataclass
@@ -57,10 +55,10 @@ class RewardRunner:
                  bounds: FailureBounds | None = None):
         self.reward_fn = reward_fn
         # A reward that bounds each call itself (a process pool that kills its worker, counting
-        # only the call, not the wait for a free worker) needs no second limit; for others this
-        # one is the backstop.
-        self.backstop_s = None if getattr(reward_fn, "times_itself", False) \
-            else timeout_s + BACKSTOP_S
+        # only the call, not the wait for a free worker) needs no second limit; for the others
+        # (a reward model's or a judge's batch, a trip to a reward actor) this one is the
+        # limit, the wait included, as `reward.timeout_s` says.
+        self.limit_s = None if getattr(reward_fn, "times_itself", False) else timeout_s
         self.failure_score = failure_score
         self.bounds = bounds or FailureBounds()
         self.counters = RewardCounters()
@@ -72,8 +70,8 @@ class RewardRunner:
         self.counters.calls += 1
         try:
             call = self.reward_fn(sample)
-            result = await (call if self.backstop_s is None
-                            else asyncio.wait_for(call, self.backstop_s))
+            result = await (call if self.limit_s is None
+                            else asyncio.wait_for(call, self.limit_s))
             return self._finite(result)
         except (TimeoutError, CallTimeout) as e:
             self.counters.timeouts += 1
