@@ -28,6 +28,7 @@ from reroll.models.devices import machine_devices, trainer_device
 from reroll.models.loading import load_tokenizer
 from reroll.pipelines.checkpoints import checkpoint_due, prune_checkpoints
 from reroll.pipelines.common import RunDir, Stopwatch, UpdateGuard, seed_everything, set_threads
+from reroll.pipelines.validation import check_max_tokens
 from reroll.rollout.stream import encode_prompt
 from reroll.tracking import ProgressBar, Tracker
 from reroll.training.local import LocalStrategy
@@ -110,6 +111,7 @@ class PreferencePipeline:
         seed_everything(c.seed)
         # A device this machine lacks stops the run before its directory is made.
         place = trainer_device(c.device, c.train.bf16_autocast, *machine_devices())
+        check_max_tokens(c)
         self.run_dir = RunDir.for_run(c.run_dir(), c.resume, c.overwrite)
         self.tokenizer = tokenizer
         self.train_set = self.load(c.data.train)

@@ -30,6 +30,7 @@ from reroll.pipelines.common import (
     set_threads,
 )
 from reroll.pipelines.inputs import TaskInputs
+from reroll.pipelines.validation import check_max_tokens
 from reroll.rollout.stream import encode_prompt
 from reroll.tracking import ProgressBar, Tracker
 from reroll.training.local import LocalStrategy
@@ -63,6 +64,7 @@ class SFTPipeline:
         seed_everything(c.seed)
         # A device this machine lacks stops the run before its directory is made.
         place = trainer_device(c.device, c.train.bf16_autocast, *machine_devices())
+        check_max_tokens(c)
         self.run_dir = RunDir.for_run(c.run_dir(), c.resume, c.overwrite)
         (inputs or TaskInputs()).write_files(self.run_dir.path)  # datasets passed as objects
         self.tokenizer = load_tokenizer(c.model.path)

@@ -241,6 +241,54 @@ def dpo_reference_missing(tmp, tiny, data):
     return ["dpo", str(config)], f"reference {tmp / 'no-reference'}: no Hugging Face model"
 
 
+def judge_score_pattern_that_is_not_a_regex(tmp, tiny, data):
+    config = rl_config(tmp, tiny, data["train"], reward={
+        "type": "judge", "model": tiny, "verdict": "score", "score_pattern": "score: ([0-9]"})
+    return ["train", config], "reward.score_pattern 'score: ([0-9]': not a valid regular"
+
+
+def reward_model_without_its_scalar_head(tmp, tiny, data):
+    model = model_copy(tmp, tiny)
+    config = json.loads((model / "config.json").read_text())
+    (model / "config.json").write_text(json.dumps({**config, "num_labels": 1}))
+    return ["train", rl_config(tmp, tiny, data["train"], reward={
+        "type": "model", "path": str(model)})], f"reward.path {model}: its scalar head"
+
+
+def reward_model_without_weights(tmp, tiny, data):
+    model = model_copy(tmp, tiny)
+    (model / "model.safetensors").unlink()
+    return ["train", rl_config(tmp, tiny, data["train"], reward={
+        "type": "model", "path": str(model)})], f"reward.path {model}: no weights there"
+
+
+def config_path_is_a_directory(tmp, tiny, data):
+    (tmp / "a-run").mkdir()
+    return ["train", str(tmp / "a-run")], f"config file {tmp / 'a-run'}: a directory"
+
+
+def preference_config(tmp, tiny, pipeline, **extra) -> str:
+    pairs = rows(tmp, [json.dumps({"prompt": "2 + 2?", "chosen": "4", "rejected": "5"})],
+                 "pairs.jsonl")
+    config = tmp / f"{pipeline}.yaml"
+    config.write_text(yaml.safe_dump({
+        "pipeline": pipeline, "output_dir": str(tmp / "run"), "model": {"path": tiny},
+        "data": {"train": str(pairs), **extra.pop("data", {})}, "batch_size": 1,
+        "train": {"micro_batch_size": 2}, "tracking": {"progress": False, "tensorboard": False},
+        **extra}))
+    return str(config)
+
+
+def dpo_max_tokens_past_the_model_context(tmp, tiny, data):
+    config = preference_config(tmp, tiny, "dpo", data={"max_tokens": 4096})
+    return ["dpo", config], "data.max_tokens=4096 is past the model's context of 1024 tokens"
+
+
+def rm_max_tokens_past_the_model_context(tmp, tiny, data):
+    config = preference_config(tmp, tiny, "rm", data={"max_tokens": 4096})
+    return ["rm", config], "data.max_tokens=4096 is past the model's context of 1024 tokens"
+
+
 CASES: list[Callable] = [
     corrupt_config_json, truncated_safetensors, weights_do_not_match_the_config,
     corrupt_tokenizer_json, output_dir_is_a_file, output_dir_not_writable,
@@ -253,6 +301,10 @@ CASES: list[Callable] = [
     replay_truncated_metrics, config_yaml_that_does_not_parse,
     dense_distillation_top_k_past_the_vocabulary, judge_model_missing, on_policy_teacher_missing,
     offline_teacher_missing, dpo_reference_missing,
+    # issue 49, the hostile pass
+    judge_score_pattern_that_is_not_a_regex, reward_model_without_its_scalar_head,
+    reward_model_without_weights, config_path_is_a_directory,
+    dpo_max_tokens_past_the_model_context, rm_max_tokens_past_the_model_context,
 ]
 
 
