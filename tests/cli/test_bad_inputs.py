@@ -289,6 +289,18 @@ def rm_max_tokens_past_the_model_context(tmp, tiny, data):
     return ["rm", config], "data.max_tokens=4096 is past the model's context of 1024 tokens"
 
 
+def domain_weight_that_is_infinite(tmp, tiny, data):
+    config = rl_config(tmp, tiny, data["train"], data={"domains": [
+        {"name": "a", "train": data["train"], "weight": float("inf")},
+        {"name": "b", "train": data["train"]}]})
+    return ["train", config], "data.domains.0.weight: Input should be a finite number"
+
+
+def lora_alpha_that_is_nan(tmp, tiny, data):
+    return ["train", rl_config(tmp, tiny, data["train"]), "model.lora.alpha=nan"], \
+        "model.lora.alpha: Input should be a finite number"
+
+
 CASES: list[Callable] = [
     corrupt_config_json, truncated_safetensors, weights_do_not_match_the_config,
     corrupt_tokenizer_json, output_dir_is_a_file, output_dir_not_writable,
@@ -305,6 +317,7 @@ CASES: list[Callable] = [
     judge_score_pattern_that_is_not_a_regex, reward_model_without_its_scalar_head,
     reward_model_without_weights, config_path_is_a_directory,
     dpo_max_tokens_past_the_model_context, rm_max_tokens_past_the_model_context,
+    domain_weight_that_is_infinite, lora_alpha_that_is_nan,
 ]
 
 
