@@ -301,6 +301,17 @@ def lora_alpha_that_is_nan(tmp, tiny, data):
         "model.lora.alpha: Input should be a finite number"
 
 
+def export_merge_under_a_regular_file(tmp, tiny, data):
+    (tmp / "notes.txt").write_text("a file")
+    return ["export", tiny, "--merge", "--out", str(tmp / "notes.txt" / "merged")], \
+        f"--out {tmp / 'notes.txt' / 'merged'}: cannot write there"
+
+
+def export_merge_where_nothing_can_be_written(tmp, tiny, data):
+    return ["export", tiny, "--merge", "--out", "/proc/self/merged"], \
+        "--out /proc/self/merged: cannot write there"
+
+
 CASES: list[Callable] = [
     corrupt_config_json, truncated_safetensors, weights_do_not_match_the_config,
     corrupt_tokenizer_json, output_dir_is_a_file, output_dir_not_writable,
@@ -317,7 +328,8 @@ CASES: list[Callable] = [
     judge_score_pattern_that_is_not_a_regex, reward_model_without_its_scalar_head,
     reward_model_without_weights, config_path_is_a_directory,
     dpo_max_tokens_past_the_model_context, rm_max_tokens_past_the_model_context,
-    domain_weight_that_is_infinite, lora_alpha_that_is_nan,
+    domain_weight_that_is_infinite, lora_alpha_that_is_nan, export_merge_under_a_regular_file,
+    export_merge_where_nothing_can_be_written,
 ]
 
 
