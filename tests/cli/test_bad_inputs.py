@@ -312,6 +312,39 @@ def export_merge_where_nothing_can_be_written(tmp, tiny, data):
         "--out /proc/self/merged: cannot write there"
 
 
+def grown_tokenizer(tiny: str, target: Path) -> str:
+    """The tiny model's tokenizer with 8 tokens past the model's embedding, saved in `target`;
+    returns the start of the message that refuses it."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny)
+    embedding = json.loads((Path(tiny) / "config.json").read_text())["vocab_size"]
+    assert len(tokenizer) == embedding
+    tokenizer.add_tokens([f"<extra_{i}>" for i in range(8)])
+    tokenizer.save_pretrained(target)
+    return f"the tokenizer has {embedding + 8} tokens, more than the {embedding} of the model's"
+
+
+def tokenizer_longer_than_the_embedding(tmp, tiny, data):
+    model = model_copy(tmp, tiny)
+    refused = grown_tokenizer(tiny, model)
+    return ["train", rl_config(tmp, model, data["train"])], f"model.path {model}: {refused}"
+
+
+def eval_of_an_adapter_whose_base_has_another_tokenizer(tmp, tiny, data):
+    from reroll.config.lora import LoRAConfig
+    from reroll.config.schema import OptimizerConfig, TrainConfig
+    from reroll.models.loading import load_model
+    from reroll.training.local import LocalStrategy
+
+    adapter = tmp / "adapter"
+    LocalStrategy(load_model(tiny), OptimizerConfig(), TrainConfig(), total_steps=1,
+                  lora=LoRAConfig(rank=2)).save(adapter, {})
+    refused = grown_tokenizer(tiny, adapter)  # trained on a base whose tokenizer was longer
+    return ["eval", "--model", str(adapter), "--task", data["eval"], "--out",
+            str(tmp / "r.json")], f"{adapter}: {refused}"
+
+
 CASES: list[Callable] = [
     corrupt_config_json, truncated_safetensors, weights_do_not_match_the_config,
     corrupt_tokenizer_json, output_dir_is_a_file, output_dir_not_writable,
@@ -329,7 +362,8 @@ CASES: list[Callable] = [
     reward_model_without_weights, config_path_is_a_directory,
     dpo_max_tokens_past_the_model_context, rm_max_tokens_past_the_model_context,
     domain_weight_that_is_infinite, lora_alpha_that_is_nan, export_merge_under_a_regular_file,
-    export_merge_where_nothing_can_be_written,
+    export_merge_where_nothing_can_be_written, tokenizer_longer_than_the_embedding,
+    eval_of_an_adapter_whose_base_has_another_tokenizer,
 ]
 
 
