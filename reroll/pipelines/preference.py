@@ -194,12 +194,11 @@ class PreferencePipeline:
         c = self.config
         if not checkpoint_due(c.checkpoint, step, self.steps):
             return
-        directory = self.run_dir.staging_dir(step)
-        self.objective.strategy.save(directory, {
-            "step": step, "order": list(self.order), "data_rng": self.data_rng.getstate(),
-            "eval_start": self.eval_start})
-        self.tokenizer.save_pretrained(directory)
-        self.run_dir.commit(step)
+        with self.run_dir.writing_checkpoint(step) as directory:  # step_N/ once complete
+            self.objective.strategy.save(directory, {
+                "step": step, "order": list(self.order), "data_rng": self.data_rng.getstate(),
+                "eval_start": self.eval_start})
+            self.tokenizer.save_pretrained(directory)
         prune_checkpoints(self.run_dir, c.checkpoint)
 
     def restore(self, step: int, directory: Path) -> None:
