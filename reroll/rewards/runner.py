@@ -62,6 +62,8 @@ class RewardRunner:
         self.failure_score = failure_score
         self.bounds = bounds or FailureBounds()
         self.counters = RewardCounters()
+        self.last_error = ""
+        """The latest failed call's error, quoted when the failures stop the run."""
         self._checked = RewardCounters()  # the counters at the last check: the step's window
 
     async def reward(self, sample: RewardSample) -> RewardResult:
@@ -75,12 +77,14 @@ class RewardRunner:
             return self._finite(result)
         except (TimeoutError, CallTimeout) as e:
             self.counters.timeouts += 1
-            return RewardResult(self.failure_score, {"error": f"timeout: {e or 'no result'}"})
+            self.last_error = f"timeout: {e or 'no result'}"
+            return RewardResult(self.failure_score, {"error": self.last_error})
         except Exception as e:  # noqa: BLE001 - a broken reward must not stop training
             self.counters.errors += 1
             self.counters.memory_errors += isinstance(e, MemoryError)
             log.warning("reward %s failed: %s: %s", self.reward_fn.name, type(e).__name__, e)
-            return RewardResult(self.failure_score, {"error": f"{type(e).__name__}: {e}"})
+            self.last_error = f"{type(e).__name__}: {e}"
+            return RewardResult(self.failure_score, {"error": self.last_error})
 
     def _finite(self, result: RewardResult) -> RewardResult:
         """A NaN or infinite score (or one past float32's range) is a failed call (counted,
@@ -93,6 +97,7 @@ class RewardRunner:
             return result
         self.counters.errors += 1
         self.counters.nonfinite += 1
+        self.last_error = f"non-finite score: {result.score!r}"
         log.warning("reward %s returned a non-finite score (%r)", self.reward_fn.name,
                     result.score)
         return RewardResult(self.failure_score,
@@ -121,7 +126,8 @@ class RewardRunner:
                     f"calls this {name} ({failed / calls:.0%}; {c.errors} errors, {c.timeouts} "
                     f"time-outs, {c.nonfinite} non-finite scores since the start), at or past "
                     f"the bound of {bound:.0%} (reward.max_failure_rate_"
-                    f"{'step' if name == 'step' else 'run'}); see the run's log for the errors")
+                    f"{'step' if name == 'step' else 'run'}); the last: "
+                    f"{self.last_error[:300] or 'in the run log'}")
 
     def counter_state(self) -> dict:
         """The counts a checkpoint keeps: the runner's, and the reward's own (a judge's

@@ -345,6 +345,17 @@ def eval_of_an_adapter_whose_base_has_another_tokenizer(tmp, tiny, data):
             str(tmp / "r.json")], f"{adapter}: {refused}"
 
 
+def dead_judge_endpoint(tmp, tiny, data):
+    import socket
+
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        url = f"http://127.0.0.1:{s.getsockname()[1]}/v1"
+    config = rl_config(tmp, tiny, data["train"], reward={
+        "type": "judge", "model": tiny, "engine": {"type": "remote", "endpoints": [url]}})
+    return ["train", config], f"reward.engine.endpoints: endpoint(s) unreachable: {url}"
+
+
 CASES: list[Callable] = [
     corrupt_config_json, truncated_safetensors, weights_do_not_match_the_config,
     corrupt_tokenizer_json, output_dir_is_a_file, output_dir_not_writable,
@@ -363,7 +374,7 @@ CASES: list[Callable] = [
     dpo_max_tokens_past_the_model_context, rm_max_tokens_past_the_model_context,
     domain_weight_that_is_infinite, lora_alpha_that_is_nan, export_merge_under_a_regular_file,
     export_merge_where_nothing_can_be_written, tokenizer_longer_than_the_embedding,
-    eval_of_an_adapter_whose_base_has_another_tokenizer,
+    eval_of_an_adapter_whose_base_has_another_tokenizer, dead_judge_endpoint,
 ]
 
 
