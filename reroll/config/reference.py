@@ -81,7 +81,8 @@ def render(model: type[BaseModel], prefix: str = "", seen: set | None = None) ->
 def render_markdown() -> str:
     parts = ["# Config reference", "",
              "Generated from the schemas in `reroll/config/` (`python -m reroll.config.reference`).",
-             "Unknown keys are errors; a union section picks its variant by `name` (or `type`).", ""]
+             "Unknown keys are errors; a union section picks its variant by `name` (or `type`). "
+             "Every float must be a finite number (NaN and infinities are refused).", ""]
     for title, model in (("`reroll train` (RLVR)", RLConfig), ("`reroll sft`", SFTConfig),
                          ("`reroll train` with `pipeline: agentic`", AgenticConfig),
                          ("`reroll dpo`", DPOConfig), ("`reroll rm`", RMConfig),
