@@ -19,6 +19,8 @@ from __future__ import annotations
 import copy
 import inspect
 import json
+import math
+import numbers
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -266,6 +268,10 @@ def _reward_funcs(funcs: Any, weights: Any) -> tuple[list[Callable], list[float]
         if not inspect.iscoroutinefunction(fn):
             ByValue(fn, f"reward_funcs[{i}] ({object_name(fn)})")  # sent to worker processes
     if weights is not None:
+        weights = list(weights) if isinstance(weights, (list, tuple)) else [weights]
+        for i, w in enumerate(weights):  # refused now, not as a NaN reward at step 1
+            if isinstance(w, bool) or not isinstance(w, numbers.Real) or not math.isfinite(w):
+                raise ConfigError(f"reward_weights[{i}]: {w!r} is not a finite number")
         weights = [float(w) for w in weights]
         if len(weights) != len(funcs):
             raise ConfigError(f"reward_weights: {len(weights)} weights for {len(funcs)} "

@@ -285,7 +285,7 @@ def _load_parts(path: str):
         raise ConfigError(f"{directory}: no tokenizer files (tokenizer.json, "
                           f"tokenizer_config.json) in the model directory")
     try:
-        tokenizer = load_tokenizer(str(directory))
+        tokenizer = load_tokenizer(str(directory), fits_embedding=False)
     except ConfigError:
         raise
     except Exception as e:  # noqa: BLE001 - any tokenizer failure is the user's broken file

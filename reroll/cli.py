@@ -140,14 +140,34 @@ def cmd_config(args: argparse.Namespace) -> None:
     show_summary(title, getattr(importlib.import_module(module), function)(config))
 
 
+def refuse_to_overwrite(out: str, files: list[str] | None, overwrite: bool) -> None:
+    """`--out` of make-model (`files` None: the whole folder) and make-data (the files it
+    writes): what is there already is kept unless `--overwrite`, as `export` and runs do."""
+    from pathlib import Path
+
+    target = Path(out).expanduser()
+    if overwrite or not target.exists():
+        return
+    if not target.is_dir():
+        raise ConfigError(f"--out {out}: a file is there, not a folder")
+    taken = [target / f for f in files if (target / f).exists()] if files is not None else \
+        ([target] if any(target.iterdir()) else [])
+    if taken:
+        what = "the folder is not empty" if files is None else \
+            f"{', '.join(p.name for p in taken)} exist{'s' if len(taken) == 1 else ''} there"
+        raise ConfigError(f"--out {out}: {what}; pass --overwrite to replace it, or choose "
+                          f"another folder")
+
+
 def cmd_make_model(args: argparse.Namespace) -> None:
+    refuse_to_overwrite(args.out, None, args.overwrite)
     if args.from_gguf:
         from reroll.models.gguf import import_gguf
 
         out = import_gguf(args.from_gguf, args.out)
         console.print(f"wrote the model of {args.from_gguf} (dequantised, float32) to [bold]{out}[/]")
         return
-    from reroll.models.factory import make_model
+    from reroll.models.factory import PRESETS, make_model
 
     sizes = {k: v for k, v in {"hidden_size": args.hidden_size, "num_layers": args.num_layers,
                                "vocab_size": args.vocab_size}.items() if v is not None}
@@ -157,6 +177,12 @@ def cmd_make_model(args: argparse.Namespace) -> None:
             corpus = [line for line in f]
     out = make_model(args.out, args.preset, corpus=corpus, seed=args.seed, **sizes)
     console.print(f"wrote a {args.preset} model and tokenizer to [bold]{out}[/]")
+    asked = sizes.get("vocab_size", PRESETS[args.preset].vocab_size)
+    vocab = json.loads((out / "config.json").read_text())["vocab_size"]
+    if vocab < asked:  # BPE stops merging when the corpus has no pair left to merge
+        console.print(f"[bold yellow]note:[/] the vocabulary has {vocab} tokens, not {asked}: "
+                      f"the tokenizer's corpus has no more merges to learn (a larger --corpus, "
+                      f"or --vocab-size {vocab} to say so)", highlight=False)
 
 
 def cmd_check_model(args: argparse.Namespace) -> None:
@@ -183,6 +209,7 @@ def cmd_check_model(args: argparse.Namespace) -> None:
 def cmd_make_data(args: argparse.Namespace) -> None:
     from reroll.data.tasks import write_arithmetic
 
+    refuse_to_overwrite(args.out, ["train.jsonl", "eval.jsonl"], args.overwrite)
     levels = tuple(int(x) for x in args.levels.split(","))
     if not set(levels) <= {1, 2, 3, 4}:
         raise ConfigError(f"--levels {args.levels}: levels are 1, 2, 3 and 4")
@@ -275,6 +302,8 @@ def _add_model_commands(sub) -> None:
     p.add_argument("--vocab-size", type=int)
     p.add_argument("--corpus", help="text file to train the tokenizer on (default: built-in task text)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace what --out holds (by default a non-empty folder is refused)")
     p.set_defaults(fn=cmd_make_model)
 
     p = sub.add_parser("check-model", help="will this model work? tokenizer, chat template, "
@@ -322,6 +351,9 @@ def _add_data_commands(sub) -> None:
                         "seeded random order, answer: the letter A or B of the right one) for "
                         "an RLVR run with `reward: {type: math}`")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace train.jsonl and eval.jsonl if --out holds them (by default "
+                        "refused)")
     p.set_defaults(fn=cmd_make_data)
 
     p = sub.add_parser("envs", help="list the environments `env.id` can name, with their kwargs")

@@ -47,9 +47,16 @@ def export(source: str, out: str, merge: bool, dtype: str = "float32") -> Path:
 
     checkpoint = resolve_source(source)
     target = Path(out).expanduser()
+    if target.exists() and not target.is_dir():
+        raise ConfigError(f"--out {out}: a file is there, not a folder")
     if target.exists() and any(target.iterdir()):
         raise ConfigError(f"--out {out}: the folder is not empty")
-    target.mkdir(parents=True, exist_ok=True)
+    try:  # a read-only place, or a path under a regular file: said before the model loads
+        target.mkdir(parents=True, exist_ok=True)
+        (target / ".reroll-write-check").touch()
+        (target / ".reroll-write-check").unlink()
+    except OSError as e:
+        raise ConfigError(f"--out {out}: cannot write there ({e.strerror or e})") from None
     if merge:
         model = load_model(str(checkpoint), dtype)  # an adapter folder loads merged
         model.config.use_cache = True  # as a released model has it (training turns it off)

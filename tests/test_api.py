@@ -94,6 +94,10 @@ def test_objects_a_pipeline_does_not_use_are_refused(tmp_path):
     with pytest.raises(ConfigError, match="reward_weights: 1 weights for 2"):
         reroll.train(base(tmp_path), reward_funcs=[contains_answer, contains_answer],
                      reward_weights=[1.0])
+    # issue 49: a NaN weight was taken, and the run stopped at step 1
+    for bad in ([float("nan")], [float("inf")], ["2"]):
+        with pytest.raises(ConfigError, match=r"reward_weights\[0\]: .* is not a finite number"):
+            reroll.train(base(tmp_path), reward_funcs=[contains_answer], reward_weights=bad)
 
 
 def test_objects_are_recorded_in_the_config_and_the_run_dir_inputs(tmp_path):

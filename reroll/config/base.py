@@ -11,7 +11,10 @@ from pydantic import BaseModel, ConfigDict, Discriminator, Tag, model_validator
 
 
 class Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True, frozen=False)
+    # allow_inf_nan=False: every float of every section (bounded or not, in lists and dicts)
+    # refuses NaN and +-inf, which `gt=0`/`ge=0` bounds would let through (`weight: .inf`).
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True, frozen=False,
+                              allow_inf_nan=False)
 
 
 class RunSection(Section):

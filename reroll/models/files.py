@@ -115,6 +115,16 @@ def model_context(path: str | Path) -> int | None:
     return None
 
 
+def vocab_size(path: Path) -> int | None:
+    """The size of the embedding the model at `path` declares (config.json's `vocab_size`, or
+    its text model's), or None."""
+    data, _ = read_config(path)
+    for section in (data or {}, (data or {}).get("text_config") or {}):
+        if isinstance(section.get("vocab_size"), int) and section["vocab_size"] > 0:
+            return section["vocab_size"]
+    return None
+
+
 def shape_mismatch(path: Path) -> str | None:
     """The first weight whose shape in the safetensors files differs from the one config.json
     gives it (the model is built on the meta device: no memory), or None."""

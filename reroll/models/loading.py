@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 
 from reroll.config.errors import ConfigError
-from reroll.models.files import model_path_problem, shape_mismatch
+from reroll.models.files import model_path_problem, shape_mismatch, vocab_size
 from reroll.models.lora import adapter_base_path, is_adapter_dir, merge_adapter_dir
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
@@ -73,7 +73,11 @@ def _load_failure(path: str, what: str, error: Exception) -> str:
 
 
 @_clear_load_errors("tokenizer")
-def load_tokenizer(path: str):
+def load_tokenizer(path: str, fits_embedding: bool = True):
+    """The tokenizer at `path`, with a pad token and a chat template. `fits_embedding`: one with
+    more tokens than the model's embedding (of the adapter's base model for an adapter folder)
+    is refused, as `reroll check-model` fails it: a token id past the embedding crashes the
+    forward at its first use (check-model passes False to report it among its checks)."""
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(path)
@@ -81,6 +85,13 @@ def load_tokenizer(path: str):
         tokenizer.pad_token = tokenizer.eos_token
     if tokenizer.chat_template is None:
         raise ModelDirError(path, "the tokenizer has no chat template")
+    model_dir = Path(adapter_base_path(path) if is_adapter_dir(path) else path).expanduser()
+    embedding = vocab_size(model_dir) if model_dir.is_dir() else None
+    if fits_embedding and embedding is not None and len(tokenizer) > embedding:
+        raise ModelDirError(path, f"the tokenizer has {len(tokenizer)} tokens, more than the "
+                                  f"{embedding} of the model's embedding (vocab_size in "
+                                  f"{model_dir / 'config.json'}): it is not this model's "
+                                  f"tokenizer (`reroll check-model` checks it)")
     return tokenizer
 
 

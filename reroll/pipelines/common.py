@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import json
 import logging
 import os
@@ -11,6 +13,7 @@ import shutil
 import tempfile
 import time
 import zipfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +32,23 @@ RUN_FILES = ("config.yaml", "metrics.jsonl", "summary.json", CHECKPOINTS)
 """What marks a directory as a reroll run directory (which `overwrite: true` may clear)."""
 
 log = logging.getLogger(__name__)
+
+
+def out_of_space(error: BaseException, path: Path) -> bool:
+    """Whether writing under `path` failed for want of space: ENOSPC or EDQUOT anywhere in the
+    error's chain, or (torch's serializer says only "file write failed") a write error with
+    less than 1 MiB left on the file system."""
+    seen: BaseException | None = error
+    while seen is not None:
+        if isinstance(seen, OSError) and seen.errno in (errno.ENOSPC, errno.EDQUOT):
+            return True
+        if "No space left on device" in str(seen):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    if isinstance(error, (OSError, RuntimeError)) and "write" in str(error).lower():
+        with contextlib.suppress(OSError):
+            return shutil.disk_usage(path if path.exists() else path.parent).free < 1 << 20
+    return False
 
 
 def seed_everything(seed: int) -> None:
@@ -120,6 +140,26 @@ class RunDir:
         if staging.exists():
             shutil.rmtree(staging)
         return staging
+
+    @contextlib.contextmanager
+    def writing_checkpoint(self, step: int) -> Iterator[Path]:
+        """`with run_dir.writing_checkpoint(N) as directory:` write step N's checkpoint into
+        `directory`; it becomes `step_N/` when the block ends. A full disk (or quota) stops the
+        run (RunStopped, exit 1) saying so, the partial checkpoint removed (it would only hold
+        space) and the complete ones kept; other failures propagate as they are."""
+        staging = self.staging_dir(step)
+        try:
+            yield staging
+        except Exception as e:
+            if not out_of_space(e, staging):
+                raise
+            shutil.rmtree(staging, ignore_errors=True)
+            complete = [p for _, p in self.checkpoints() if checkpoint_problem(p) is None]
+            kept = f"the last complete checkpoint, {complete[-1]}, is kept" if complete else \
+                "no earlier checkpoint was written"
+            raise RunStopped(f"no space left on device, checkpoint step {step} not written "
+                             f"({kept}); free space on {self.path} and resume") from None
+        self.commit(step)
 
     def commit(self, step: int) -> Path:
         final = self.checkpoint_dir(step)

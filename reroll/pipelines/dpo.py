@@ -7,6 +7,8 @@ loop is `reroll.pipelines.preference`; this module is the objective: which losse
 
 from __future__ import annotations
 
+import logging
+import os
 from collections.abc import Callable
 from pathlib import Path
 
@@ -28,6 +30,33 @@ from reroll.pipelines.preference import (
 from reroll.training.local import LocalStrategy
 
 REFERENCE_FILE = "reference_logprobs.pt"
+
+log = logging.getLogger(__name__)
+
+
+def load_reference_cache(path: Path) -> dict[str, Tensor]:
+    """The cached reference sums of a run (split -> [N, 2]); empty when there are none, or when
+    the file cannot be read (a run killed while writing it): they are then computed again,
+    from the same initial policy or `reference` model, so nothing is lost but the time."""
+    if not path.is_file():
+        return {}
+    try:
+        cache = torch.load(path)
+        if isinstance(cache, dict) and all(isinstance(v, Tensor) for v in cache.values()):
+            return cache
+        problem = "not a dict of tensors"
+    except Exception as e:  # noqa: BLE001 - a truncated or foreign file: recomputed
+        problem = f"{type(e).__name__}: {(str(e).strip().splitlines() or [''])[0][:200]}"
+    log.warning("%s cannot be read (%s): the reference log-probabilities are computed again",
+                path, problem)
+    return {}
+
+
+def save_reference_cache(cache: dict[str, Tensor], path: Path) -> None:
+    """Written beside, then renamed: a kill during the write leaves the old file or none."""
+    partial = path.with_name(path.name + ".partial")
+    torch.save(cache, partial)
+    os.replace(partial, path)
 
 
 def _sigmoid(cfg, sums, counts, ref, num_pairs):
@@ -98,7 +127,7 @@ class DPOObjective:
                                       device=place.device, autocast_bf16=place.autocast_bf16,
                                       lora=c.model.lora)
         self.cache_path = run_dir / REFERENCE_FILE
-        self.cache = torch.load(self.cache_path) if self.cache_path.is_file() else {}
+        self.cache = load_reference_cache(self.cache_path)
         self.reference: dict[str, Tensor] = {}
 
     def prepare(self, name: str, pairs: list[Pair]) -> None:
@@ -118,7 +147,7 @@ class DPOObjective:
         self.reference[name] = pair_logprobs(model, pairs, self.pad_id,
                                            SCORE_MICRO_FACTOR * c.train.micro_batch_size)
         self.cache[name] = self.reference[name]
-        torch.save(self.cache, self.cache_path)
+        save_reference_cache(self.cache, self.cache_path)
 
     def add_inputs(self, batch: TensorDict, name: str, indices: list[int]) -> None:
         batch["ref_sums"] = self.reference[name][indices].reshape(-1)

@@ -58,7 +58,7 @@ def build_judge(config: JudgeReward, seed: int = 0) -> JudgeRewardFn:
     # bf16 where the GPU computes in it, as the rollout engine's default
     dtype = "bfloat16" if device != "cpu" and bf16 else "float32"
     engine = build_engine(config, config.model, dtype, pad_token_id=tokenizer.pad_token_id,
-                          seed=seed, device=device)
+                          seed=seed, device=device, section="reward")
     params = SamplingParams(config.max_new_tokens, config.temperature,
                             stop_token_ids=(tokenizer.eos_token_id,))
 

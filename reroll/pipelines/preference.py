@@ -28,6 +28,7 @@ from reroll.models.devices import machine_devices, trainer_device
 from reroll.models.loading import load_tokenizer
 from reroll.pipelines.checkpoints import checkpoint_due, prune_checkpoints
 from reroll.pipelines.common import RunDir, Stopwatch, UpdateGuard, seed_everything, set_threads
+from reroll.pipelines.validation import check_max_tokens
 from reroll.rollout.stream import encode_prompt
 from reroll.tracking import ProgressBar, Tracker
 from reroll.training.local import LocalStrategy
@@ -110,6 +111,7 @@ class PreferencePipeline:
         seed_everything(c.seed)
         # A device this machine lacks stops the run before its directory is made.
         place = trainer_device(c.device, c.train.bf16_autocast, *machine_devices())
+        check_max_tokens(c)
         self.run_dir = RunDir.for_run(c.run_dir(), c.resume, c.overwrite)
         self.tokenizer = tokenizer
         self.train_set = self.load(c.data.train)
@@ -192,12 +194,11 @@ class PreferencePipeline:
         c = self.config
         if not checkpoint_due(c.checkpoint, step, self.steps):
             return
-        directory = self.run_dir.staging_dir(step)
-        self.objective.strategy.save(directory, {
-            "step": step, "order": list(self.order), "data_rng": self.data_rng.getstate(),
-            "eval_start": self.eval_start})
-        self.tokenizer.save_pretrained(directory)
-        self.run_dir.commit(step)
+        with self.run_dir.writing_checkpoint(step) as directory:  # step_N/ once complete
+            self.objective.strategy.save(directory, {
+                "step": step, "order": list(self.order), "data_rng": self.data_rng.getstate(),
+                "eval_start": self.eval_start})
+            self.tokenizer.save_pretrained(directory)
         prune_checkpoints(self.run_dir, c.checkpoint)
 
     def restore(self, step: int, directory: Path) -> None:

@@ -207,15 +207,14 @@ class RLPipeline:
         c = self.config
         if not checkpoint_due(c.checkpoint, n, c.steps):
             return
-        directory = self.run_dir.staging_dir(n)  # renamed to step_N/ once complete
-        if self.critic is not None:
-            self.critic.save(directory)
-        self.policy.save(directory, {"step": n, **self.task.state_dict(),
-                                     "eval_start": self.eval_start,
-                                     "kl_coef": self.learner.kl.value,
-                                     "teacher_tokens": self.learner.teacher_tokens})
-        self.tokenizer.save_pretrained(directory)
-        self.run_dir.commit(n)
+        with self.run_dir.writing_checkpoint(n) as directory:  # step_N/ once complete
+            if self.critic is not None:
+                self.critic.save(directory)
+            self.policy.save(directory, {"step": n, **self.task.state_dict(),
+                                         "eval_start": self.eval_start,
+                                         "kl_coef": self.learner.kl.value,
+                                         "teacher_tokens": self.learner.teacher_tokens})
+            self.tokenizer.save_pretrained(directory)
         prune_checkpoints(self.run_dir, c.checkpoint)
 
     def restore(self, n: int, directory: Path) -> None:

@@ -33,6 +33,7 @@ from reroll.pipelines.common import (
     set_threads,
 )
 from reroll.pipelines.inputs import TaskInputs
+from reroll.pipelines.validation import check_max_tokens
 from reroll.rollout.stream import encode_prompt
 from reroll.tracking import ProgressBar, Tracker
 from reroll.training.local import LocalStrategy
@@ -69,6 +70,7 @@ class SFTPipeline:
         seed_everything(c.seed)
         # A device this machine lacks stops the run before its directory is made.
         place = trainer_device(c.device, c.train.bf16_autocast, *machine_devices())
+        check_max_tokens(c)
         self.run_dir = RunDir.for_run(c.run_dir(), c.resume, c.overwrite)
         (inputs or TaskInputs()).write_files(self.run_dir.path)  # datasets passed as objects
         self.tokenizer = load_tokenizer(c.model.path)
@@ -139,13 +141,12 @@ class SFTPipeline:
         c = self.config
         if not checkpoint_due(c.checkpoint, step, self.steps):
             return
-        directory = self.run_dir.staging_dir(step)  # renamed to step_N/ once complete
-        self.policy.save(directory, {"step": step, "order": list(self.order),
-                                     "data_rng": self.data_rng.getstate(),
-                                     "eval_nll_start": self.eval_start,
-                                     "step_state": self.step.state_dict() if self.step else None})
-        self.tokenizer.save_pretrained(directory)
-        self.run_dir.commit(step)
+        with self.run_dir.writing_checkpoint(step) as directory:  # step_N/ once complete
+            self.policy.save(directory, {
+                "step": step, "order": list(self.order), "data_rng": self.data_rng.getstate(),
+                "eval_nll_start": self.eval_start,
+                "step_state": self.step.state_dict() if self.step else None})
+            self.tokenizer.save_pretrained(directory)
         prune_checkpoints(self.run_dir, c.checkpoint)
 
     def restore(self, step: int, directory: Path) -> None:

@@ -36,6 +36,15 @@ def check_prompts(config, tokenizer, splits: dict[str, list[PromptRow]]) -> None
         check_lengths(field, rows, lengths, config.data.max_prompt_tokens, max_new, context)
 
 
+def check_max_tokens(config) -> None:
+    """`data.max_tokens` of SFT, DPO and RM (prompt + response) within the model's context: a
+    longer sequence would be trained on positions the model was never built for."""
+    context = model_context(config.model.path)
+    if context is not None and config.data.max_tokens > context:
+        raise ConfigError(f"data.max_tokens={config.data.max_tokens} is past the model's "
+                          f"context of {context} tokens ({config.model.path}/config.json)")
+
+
 def check_teacher_tags(distill, field: str, rows: list[PromptRow]) -> None:
     """On-policy distillation with `teachers`: a training row's `tag` must name one of them (a
     misspelt tag is refused, not sent to the default teacher); a row without a tag needs the

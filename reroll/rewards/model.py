@@ -19,6 +19,8 @@ from torch import Tensor
 from reroll.config.errors import ConfigError
 from reroll.rewards.base import RewardResult, RewardSample
 
+WEIGHT_FILES = ("*.safetensors", "pytorch_model*.bin")
+
 
 def sequence_scores(model: torch.nn.Module, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
     """[B] scalar scores of right-padded sequences: the score head at each row's last token."""
@@ -136,19 +138,36 @@ class ModelRewardFn:
 
 
 def load_reward_model(path: str) -> tuple[torch.nn.Module, object]:
-    """The reward model and its tokenizer at `path`; a folder that is not one is a ConfigError."""
+    """The reward model and its tokenizer at `path`; a folder that is not one (no weights, no
+    scalar head in them, files that do not load) is a ConfigError."""
     from transformers import AutoConfig, AutoModelForSequenceClassification, AutoTokenizer
 
     if not (Path(path) / "config.json").is_file():
         raise ConfigError(f"reward.path {path}: no Hugging Face model there (config.json "
                           f"missing); train one with `reroll rm` (its run's `final/`)")
-    config = AutoConfig.from_pretrained(path)
-    if getattr(config, "num_labels", None) != 1:
-        raise ConfigError(f"reward.path {path}: not a reward model (num_labels is "
-                          f"{getattr(config, 'num_labels', None)}, expected 1); train one with "
-                          f"`reroll rm`")
-    model = AutoModelForSequenceClassification.from_pretrained(path).eval()
-    tokenizer = AutoTokenizer.from_pretrained(path)
+    if not any(next(Path(path).glob(pattern), None) for pattern in WEIGHT_FILES):
+        raise ConfigError(f"reward.path {path}: no weights there (no *.safetensors or "
+                          f"pytorch_model*.bin); train one with `reroll rm`")
+    try:
+        config = AutoConfig.from_pretrained(path)
+        if getattr(config, "num_labels", None) != 1:
+            raise ConfigError(f"reward.path {path}: not a reward model (num_labels is "
+                              f"{getattr(config, 'num_labels', None)}, expected 1); train one "
+                              f"with `reroll rm`")
+        model, info = AutoModelForSequenceClassification.from_pretrained(
+            path, output_loading_info=True)
+        tokenizer = AutoTokenizer.from_pretrained(path)
+    except ConfigError:
+        raise
+    except Exception as e:  # noqa: BLE001 - anything from reading the user's files
+        detail = (str(e).strip().splitlines() or [""])[0][:300]
+        raise ConfigError(f"reward.path {path}: cannot load the reward model "
+                          f"({type(e).__name__}: {detail})") from None
+    head = [k for k in info["missing_keys"] if k.split(".")[0] == "score"]
+    if head:  # transformers would initialise it at random: every score would be noise
+        raise ConfigError(f"reward.path {path}: its scalar head ({', '.join(sorted(head))}) is "
+                          f"not in the weights (a causal LM's folder with num_labels: 1?); "
+                          f"train a reward model with `reroll rm`")
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
-    return model, tokenizer
+    return model.eval(), tokenizer

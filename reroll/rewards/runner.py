@@ -22,8 +22,6 @@ log = logging.getLogger(__name__)
 
 FLOAT32_MAX = 3.4028234663852886e38
 """Rewards are float32 in the batch: a larger score would become inf there."""
-BACKSTOP_S = 2.0
-"""Extra seconds the runner's own limit gives a reward that does not bound its calls itself."""
 
 
 @dataclass
@@ -57,13 +55,15 @@ class RewardRunner:
                  bounds: FailureBounds | None = None):
         self.reward_fn = reward_fn
         # A reward that bounds each call itself (a process pool that kills its worker, counting
-        # only the call, not the wait for a free worker) needs no second limit; for others this
-        # one is the backstop.
-        self.backstop_s = None if getattr(reward_fn, "times_itself", False) \
-            else timeout_s + BACKSTOP_S
+        # only the call, not the wait for a free worker) needs no second limit; for the others
+        # (a reward model's or a judge's batch, a trip to a reward actor) this one is the
+        # limit, the wait included, as `reward.timeout_s` says.
+        self.limit_s = None if getattr(reward_fn, "times_itself", False) else timeout_s
         self.failure_score = failure_score
         self.bounds = bounds or FailureBounds()
         self.counters = RewardCounters()
+        self.last_error = ""
+        """The latest failed call's error, quoted when the failures stop the run."""
         self._checked = RewardCounters()  # the counters at the last check: the step's window
 
     async def reward(self, sample: RewardSample) -> RewardResult:
@@ -72,17 +72,19 @@ class RewardRunner:
         self.counters.calls += 1
         try:
             call = self.reward_fn(sample)
-            result = await (call if self.backstop_s is None
-                            else asyncio.wait_for(call, self.backstop_s))
+            result = await (call if self.limit_s is None
+                            else asyncio.wait_for(call, self.limit_s))
             return self._finite(result)
         except (TimeoutError, CallTimeout) as e:
             self.counters.timeouts += 1
-            return RewardResult(self.failure_score, {"error": f"timeout: {e or 'no result'}"})
+            self.last_error = f"timeout: {e or 'no result'}"
+            return RewardResult(self.failure_score, {"error": self.last_error})
         except Exception as e:  # noqa: BLE001 - a broken reward must not stop training
             self.counters.errors += 1
             self.counters.memory_errors += isinstance(e, MemoryError)
             log.warning("reward %s failed: %s: %s", self.reward_fn.name, type(e).__name__, e)
-            return RewardResult(self.failure_score, {"error": f"{type(e).__name__}: {e}"})
+            self.last_error = f"{type(e).__name__}: {e}"
+            return RewardResult(self.failure_score, {"error": self.last_error})
 
     def _finite(self, result: RewardResult) -> RewardResult:
         """A NaN or infinite score (or one past float32's range) is a failed call (counted,
@@ -95,6 +97,7 @@ class RewardRunner:
             return result
         self.counters.errors += 1
         self.counters.nonfinite += 1
+        self.last_error = f"non-finite score: {result.score!r}"
         log.warning("reward %s returned a non-finite score (%r)", self.reward_fn.name,
                     result.score)
         return RewardResult(self.failure_score,
@@ -123,7 +126,8 @@ class RewardRunner:
                     f"calls this {name} ({failed / calls:.0%}; {c.errors} errors, {c.timeouts} "
                     f"time-outs, {c.nonfinite} non-finite scores since the start), at or past "
                     f"the bound of {bound:.0%} (reward.max_failure_rate_"
-                    f"{'step' if name == 'step' else 'run'}); see the run's log for the errors")
+                    f"{'step' if name == 'step' else 'run'}); the last: "
+                    f"{self.last_error[:300] or 'in the run log'}")
 
     def counter_state(self) -> dict:
         """The counts a checkpoint keeps: the runner's, and the reward's own (a judge's

@@ -25,7 +25,7 @@ from reroll.config.schema import OptimizerConfig, TrainConfig
 from reroll.data.batch import split_micro_batches
 from reroll.models.files import share_like_siblings
 from reroll.models.logprobs import batched_logprobs, load_weights
-from reroll.models.lora import LoRAAdapter
+from reroll.models.lora import LoRAAdapter, is_adapter_dir
 from reroll.training.memory import limit_heap_fragmentation
 
 LossFn = Callable[[torch.nn.Module, TensorDict],
@@ -243,6 +243,9 @@ class LocalStrategy:
         """Restore everything `save` wrote; returns its `extra`."""
         if self.adapter is not None:
             self.adapter.load(directory)
+        elif is_adapter_dir(directory):
+            raise ConfigError(f"model.lora is null, but checkpoint {directory} holds a LoRA "
+                              f"adapter: resume the run with the model.lora it trained with")
         else:
             weights = {}
             for shard in sorted(directory.glob("*.safetensors")):

@@ -254,6 +254,121 @@ def dpo_reference_missing(tmp, tiny, data):
     return ["dpo", str(config)], f"reference {tmp / 'no-reference'}: no Hugging Face model"
 
 
+def judge_score_pattern_that_is_not_a_regex(tmp, tiny, data):
+    config = rl_config(tmp, tiny, data["train"], reward={
+        "type": "judge", "model": tiny, "verdict": "score", "score_pattern": "score: ([0-9]"})
+    return ["train", config], "reward.score_pattern 'score: ([0-9]': not a valid regular"
+
+
+def reward_model_without_its_scalar_head(tmp, tiny, data):
+    model = model_copy(tmp, tiny)
+    config = json.loads((model / "config.json").read_text())
+    (model / "config.json").write_text(json.dumps({**config, "num_labels": 1}))
+    return ["train", rl_config(tmp, tiny, data["train"], reward={
+        "type": "model", "path": str(model)})], f"reward.path {model}: its scalar head"
+
+
+def reward_model_without_weights(tmp, tiny, data):
+    model = model_copy(tmp, tiny)
+    (model / "model.safetensors").unlink()
+    return ["train", rl_config(tmp, tiny, data["train"], reward={
+        "type": "model", "path": str(model)})], f"reward.path {model}: no weights there"
+
+
+def config_path_is_a_directory(tmp, tiny, data):
+    (tmp / "a-run").mkdir()
+    return ["train", str(tmp / "a-run")], f"config file {tmp / 'a-run'}: a directory"
+
+
+def preference_config(tmp, tiny, pipeline, **extra) -> str:
+    pairs = rows(tmp, [json.dumps({"prompt": "2 + 2?", "chosen": "4", "rejected": "5"})],
+                 "pairs.jsonl")
+    config = tmp / f"{pipeline}.yaml"
+    config.write_text(yaml.safe_dump({
+        "pipeline": pipeline, "output_dir": str(tmp / "run"), "model": {"path": tiny},
+        "data": {"train": str(pairs), **extra.pop("data", {})}, "batch_size": 1,
+        "train": {"micro_batch_size": 2}, "tracking": {"progress": False, "tensorboard": False},
+        **extra}))
+    return str(config)
+
+
+def dpo_max_tokens_past_the_model_context(tmp, tiny, data):
+    config = preference_config(tmp, tiny, "dpo", data={"max_tokens": 4096})
+    return ["dpo", config], "data.max_tokens=4096 is past the model's context of 1024 tokens"
+
+
+def rm_max_tokens_past_the_model_context(tmp, tiny, data):
+    config = preference_config(tmp, tiny, "rm", data={"max_tokens": 4096})
+    return ["rm", config], "data.max_tokens=4096 is past the model's context of 1024 tokens"
+
+
+def domain_weight_that_is_infinite(tmp, tiny, data):
+    config = rl_config(tmp, tiny, data["train"], data={"domains": [
+        {"name": "a", "train": data["train"], "weight": float("inf")},
+        {"name": "b", "train": data["train"]}]})
+    return ["train", config], "data.domains.0.weight: Input should be a finite number"
+
+
+def lora_alpha_that_is_nan(tmp, tiny, data):
+    return ["train", rl_config(tmp, tiny, data["train"]), "model.lora.alpha=nan"], \
+        "model.lora.alpha: Input should be a finite number"
+
+
+def export_merge_under_a_regular_file(tmp, tiny, data):
+    (tmp / "notes.txt").write_text("a file")
+    return ["export", tiny, "--merge", "--out", str(tmp / "notes.txt" / "merged")], \
+        f"--out {tmp / 'notes.txt' / 'merged'}: cannot write there"
+
+
+def export_merge_where_nothing_can_be_written(tmp, tiny, data):
+    return ["export", tiny, "--merge", "--out", "/proc/self/merged"], \
+        "--out /proc/self/merged: cannot write there"
+
+
+def grown_tokenizer(tiny: str, target: Path) -> str:
+    """The tiny model's tokenizer with 8 tokens past the model's embedding, saved in `target`;
+    returns the start of the message that refuses it."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny)
+    embedding = json.loads((Path(tiny) / "config.json").read_text())["vocab_size"]
+    assert len(tokenizer) == embedding
+    tokenizer.add_tokens([f"<extra_{i}>" for i in range(8)])
+    tokenizer.save_pretrained(target)
+    return f"the tokenizer has {embedding + 8} tokens, more than the {embedding} of the model's"
+
+
+def tokenizer_longer_than_the_embedding(tmp, tiny, data):
+    model = model_copy(tmp, tiny)
+    refused = grown_tokenizer(tiny, model)
+    return ["train", rl_config(tmp, model, data["train"])], f"model.path {model}: {refused}"
+
+
+def eval_of_an_adapter_whose_base_has_another_tokenizer(tmp, tiny, data):
+    from reroll.config.lora import LoRAConfig
+    from reroll.config.schema import OptimizerConfig, TrainConfig
+    from reroll.models.loading import load_model
+    from reroll.training.local import LocalStrategy
+
+    adapter = tmp / "adapter"
+    LocalStrategy(load_model(tiny), OptimizerConfig(), TrainConfig(), total_steps=1,
+                  lora=LoRAConfig(rank=2)).save(adapter, {})
+    refused = grown_tokenizer(tiny, adapter)  # trained on a base whose tokenizer was longer
+    return ["eval", "--model", str(adapter), "--task", data["eval"], "--out",
+            str(tmp / "r.json")], f"{adapter}: {refused}"
+
+
+def dead_judge_endpoint(tmp, tiny, data):
+    import socket
+
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        url = f"http://127.0.0.1:{s.getsockname()[1]}/v1"
+    config = rl_config(tmp, tiny, data["train"], reward={
+        "type": "judge", "model": tiny, "engine": {"type": "remote", "endpoints": [url]}})
+    return ["train", config], f"reward.engine.endpoints: endpoint(s) unreachable: {url}"
+
+
 CASES: list[Callable] = [
     corrupt_config_json, truncated_safetensors, weights_do_not_match_the_config,
     corrupt_tokenizer_json, output_dir_is_a_file, output_dir_not_writable,
@@ -267,6 +382,13 @@ CASES: list[Callable] = [
     replay_truncated_metrics, config_yaml_that_does_not_parse,
     dense_distillation_top_k_past_the_vocabulary, judge_model_missing, on_policy_teacher_missing,
     offline_teacher_missing, dpo_reference_missing,
+    # issue 49, the hostile pass
+    judge_score_pattern_that_is_not_a_regex, reward_model_without_its_scalar_head,
+    reward_model_without_weights, config_path_is_a_directory,
+    dpo_max_tokens_past_the_model_context, rm_max_tokens_past_the_model_context,
+    domain_weight_that_is_infinite, lora_alpha_that_is_nan, export_merge_under_a_regular_file,
+    export_merge_where_nothing_can_be_written, tokenizer_longer_than_the_embedding,
+    eval_of_an_adapter_whose_base_has_another_tokenizer, dead_judge_endpoint,
 ]
 
 

@@ -1,4 +1,5 @@
 import json
+import shutil
 import subprocess
 import sys
 
@@ -55,3 +56,38 @@ def test_a_wrong_model_path_is_refused_before_torch_is_imported(command):
                             timeout=120, cwd=Path(__file__).resolve().parents[2])
     assert result.stdout.split() == ["2", "False", "False"], result.stdout + result.stderr
     assert "model.path /no/such/model: no Hugging Face model there" in result.stderr
+
+
+def test_make_model_keeps_a_model_already_there(tmp_path, tiny_model, capsys):
+    """Issue 49: `make-model --out` over a trained model replaced it with random weights."""
+    model = tmp_path / "model"
+    shutil.copytree(tiny_model, model)
+    weights = (model / "model.safetensors").read_bytes()
+    assert main(["make-model", "--out", str(model)]) == 2
+    assert "pass --overwrite" in capsys.readouterr().err
+    assert (model / "model.safetensors").read_bytes() == weights
+    assert main(["make-model", "--out", str(model), "--from-gguf", "x.gguf"]) == 2
+
+
+def test_make_model_says_when_the_vocabulary_is_smaller_than_asked(tmp_path, tiny_model, capsys):
+    """Issue 49: --vocab-size 600 wrote a 529-token model without a word (the built-in corpus
+    has no more merges); --overwrite replaces the folder."""
+    model = tmp_path / "model"
+    shutil.copytree(tiny_model, model)
+    assert main(["make-model", "--out", str(model), "--overwrite", "--vocab-size", "600",
+                 "--hidden-size", "32", "--num-layers", "1"]) == 0
+    vocab = json.loads((model / "config.json").read_text())["vocab_size"]
+    err = capsys.readouterr().err
+    assert vocab < 600 and f"the vocabulary has {vocab} tokens, not 600" in err
+
+
+def test_make_data_keeps_the_files_already_there(tmp_path, capsys):
+    """Issue 49: `make-data --out` rewrote existing train.jsonl and eval.jsonl."""
+    (tmp_path / "train.jsonl").write_text('{"prompt": "mine", "answer": "1"}\n')
+    (tmp_path / "notes.txt").write_text("other files in the folder are no reason to refuse")
+    args = ["make-data", "--out", str(tmp_path), "--train-size", "4", "--eval-size", "2"]
+    assert main(args) == 2
+    assert "train.jsonl exists there; pass --overwrite" in capsys.readouterr().err
+    assert "mine" in (tmp_path / "train.jsonl").read_text()
+    assert main([*args, "--overwrite"]) == 0
+    assert "mine" not in (tmp_path / "train.jsonl").read_text()

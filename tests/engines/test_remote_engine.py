@@ -3,7 +3,9 @@ the HF engine): same tokens and logprobs as in-process, least-loaded routing und
 cap, fail-over from a dead endpoint, endpoints added and removed while running, clear errors."""
 
 import asyncio
+import http.server
 import socket
+import threading
 
 import pytest
 from engine_checks import generate_all
@@ -131,3 +133,52 @@ def test_unreachable_endpoint_is_a_config_error_naming_the_fix():
     rollout = RolloutConfig(engine="remote", remote={"endpoints": [url]})
     with pytest.raises(ConfigError, match=r"unreachable: .*Start the server"):
         build_engine(rollout, "unused")
+
+
+class Garbling(http.server.BaseHTTPRequestHandler):
+    """An OpenAI-style server that lists its model but answers completions with broken JSON."""
+
+    def do_GET(self):
+        self._reply(b'{"data": [{"id": "garbled"}]}')
+
+    def do_POST(self):
+        self.rfile.read(int(self.headers["Content-Length"]))
+        self._reply(b'{"choices": [{"text": "4", ')
+
+    def _reply(self, body: bytes):
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args):
+        pass
+
+
+def test_a_malformed_reply_is_named_not_timed_out(tokenizer):
+    """Issue 49: a judge endpoint replying with broken JSON was backed off as a dead one by every
+    failing request at once, so its calls were counted as time-outs. The endpoint is up: each
+    request fails at once, saying the reply was malformed."""
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Garbling)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    remote = RemoteEngine([f"http://127.0.0.1:{server.server_address[1]}/v1"],
+                          RemoteOptions(max_retries=2, backoff_s=1.0))
+
+    async def one(request):
+        try:
+            await asyncio.wait_for(remote.generate(request), 3.0)
+        except Exception as e:  # noqa: BLE001 - what each request ends with is the point
+            return e
+
+    async def go():
+        return await asyncio.gather(*(one(r) for r in requests(tokenizer, 16)))
+
+    try:
+        errors = asyncio.run(go())
+    finally:
+        remote.close()
+        server.shutdown()
+        server.server_close()
+    assert all(isinstance(e, RemoteEngineError) for e in errors), errors
+    assert all("malformed reply, not an OpenAI completion" in str(e) for e in errors), errors[0]

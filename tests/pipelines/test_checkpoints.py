@@ -52,3 +52,40 @@ def test_the_demo_config_keeps_what_the_documented_replays_need(tmp_path):
 def test_keep_steps_count_from_one():
     with pytest.raises(ConfigError, match="keep_steps"):
         load_config(ROOT / "examples" / "arithmetic" / "grpo.yaml", ["checkpoint.keep_steps=[0]"])
+
+
+@pytest.mark.unit
+def test_a_full_disk_stops_the_run_and_keeps_the_last_checkpoint(tmp_path, tiny_model, arithmetic,
+                                                                  monkeypatch, capfd):
+    """Issue 49: a full disk while a checkpoint was written was a serializer traceback. Now:
+    one line naming the step, exit 1, the partial checkpoint removed, step 1's kept."""
+    import errno
+
+    import yaml
+
+    from reroll.cli import main
+    from reroll.training.local import LocalStrategy
+
+    save = LocalStrategy.save
+
+    def fills_the_disk_at_step_2(self, directory, extra):
+        if extra["step"] == 2:
+            directory.mkdir(parents=True, exist_ok=True)
+            (directory / "model.safetensors").write_bytes(b"half a file")
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return save(self, directory, extra)
+
+    monkeypatch.setattr(LocalStrategy, "save", fills_the_disk_at_step_2)
+    config = tmp_path / "sft.yaml"
+    config.write_text(yaml.safe_dump({
+        "pipeline": "sft", "output_dir": str(tmp_path / "run"), "model": {"path": tiny_model},
+        "data": {"train": arithmetic["train"]}, "steps": 3, "batch_size": 2,
+        "checkpoint": {"every_steps": 1},
+        "tracking": {"progress": False, "tensorboard": False}}))
+    assert main(["sft", str(config)]) == 1
+    err = capfd.readouterr().err
+    assert "no space left on device, checkpoint step 2 not written" in err, err[-2000:]
+    assert "Traceback" not in err
+    run_dir = RunDir(tmp_path / "run")
+    assert [step for step, _ in run_dir.checkpoints()] == [1]
+    assert not list((tmp_path / "run" / "checkpoints").glob("*.partial"))

@@ -131,7 +131,6 @@ class Works:
 
 def test_runner_counts_timeouts_and_errors_and_never_raises():
     hangs, crashes, works = (RewardRunner(fn(), timeout_s=0.1) for fn in (Hangs, Crashes, Works))
-    hangs.backstop_s = 0.2
     sample = RewardSample("q", "r", "a")
 
     async def go():

@@ -2,6 +2,9 @@
 transformers' forward, and the runner's time limit and failure counting."""
 
 import asyncio
+import json
+import shutil
+import time
 
 import pytest
 import torch
@@ -57,6 +60,38 @@ def test_a_call_past_the_time_limit_is_a_counted_timeout(reward_model):
         runner.close()
     assert result.score == 0.0 and "timeout" in result.info["error"]
     assert runner.metrics()["reward/timeouts"] == 1.0
+
+
+def test_the_time_limit_includes_the_wait_for_the_batch(reward_model):
+    """Issue 49: the limit was timeout_s + 2 s, so a call waiting 1 s for its batch under a
+    0.2 s limit was scored, not counted as a time-out."""
+    runner = build_runner(config({"type": "model", "path": reward_model, "timeout_s": 0.2,
+                                  "max_wait_s": 1.0, "batch_size": 8}).reward)
+    try:
+        start = time.perf_counter()
+        result = asyncio.run(runner.reward(SAMPLES[0]))
+        elapsed = time.perf_counter() - start
+    finally:
+        runner.close()
+    assert "timeout" in result.info.get("error", ""), result
+    assert elapsed < 0.9, elapsed
+
+
+def test_a_folder_without_the_scalar_head_or_weights_is_refused(reward_model, tiny_model,
+                                                                 tmp_path):
+    """Issue 49: a causal LM's folder saying num_labels: 1 loaded with a random `score` head and
+    scored a whole run; a folder without weights was a traceback."""
+    lm = tmp_path / "lm"
+    shutil.copytree(tiny_model, lm)
+    data = json.loads((lm / "config.json").read_text())
+    (lm / "config.json").write_text(json.dumps({**data, "num_labels": 1}))
+    with pytest.raises(ConfigError, match=r"its scalar head \(score.weight\) is not in the weights"):
+        ModelRewardFn(str(lm))
+    bare = tmp_path / "bare"
+    shutil.copytree(reward_model, bare)
+    (bare / "model.safetensors").unlink()
+    with pytest.raises(ConfigError, match=f"reward.path {bare}: no weights there"):
+        ModelRewardFn(str(bare))
 
 
 def test_the_config_builds_it_and_bad_paths_are_config_errors(reward_model, tiny_model, tmp_path):

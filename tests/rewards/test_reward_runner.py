@@ -72,6 +72,22 @@ def test_every_call_failing_stops_the_run_at_the_first_check():
         runner.check_failure_rate(1)
 
 
+def test_the_stop_quotes_the_last_error():
+    """Issue 49: a judge endpoint's malformed replies showed only as counts; the stop now says
+    what the last failed call was."""
+
+    class Malformed:
+        name = "judge"
+
+        async def __call__(self, sample):
+            raise RuntimeError("http://judge/v1: malformed reply, not an OpenAI completion")
+
+    runner = RewardRunner(Malformed(), timeout_s=1)
+    score_all(runner, 4)
+    with pytest.raises(RunStopped, match=r"the last: RuntimeError: http://judge/v1: malformed"):
+        runner.check_failure_rate(1)
+
+
 def test_failure_rate_bounds_per_step_and_per_run():
     runner = RewardRunner(Fixed(1.0, 1.0, 1.0, float("nan")), timeout_s=1,
                           bounds=FailureBounds(step=0.5, run=0.3))

@@ -144,6 +144,16 @@ def test_checkpoint_is_a_peft_adapter_and_resume_is_exact(tiny_model, tmp_path):
         assert torch.equal(a, b), name
 
 
+def test_resuming_an_adapter_checkpoint_without_model_lora_is_a_config_error(tiny_model,
+                                                                            tmp_path):
+    """Issue 49: `model.lora=null` on a LoRA run's resume was a ValueError traceback."""
+    lora_strategy(tiny_model).save(tmp_path / "ck", {})
+    full = LocalStrategy(load_model(tiny_model), OptimizerConfig(), TrainConfig(), total_steps=1)
+    with pytest.raises(ConfigError, match=r"model.lora is null, but checkpoint .*ck holds a "
+                                          r"LoRA adapter"):
+        full.load(tmp_path / "ck")
+
+
 def test_adapter_checkpoint_loads_as_the_merged_model(tiny_model, tmp_path):
     strategy = lora_strategy(tiny_model)
     step(strategy, 0)
