@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from reroll.config.errors import ConfigError
+from reroll.config.pipelines import kind_of
 
 BUILTIN_TASKS = ("arithmetic",)
 
@@ -445,7 +446,8 @@ def run_settings(model: str, given: dict[str, Any], n: int = 1
     except ConfigError as e:
         raise ConfigError(f"--model {model}: its run's config cannot be read to take its settings "
                           f"({e}); pass --ignore-run-config and the flags you need") from None
-    if config.pipeline == "agentic":
+    kind = kind_of(config.pipeline)
+    if kind.env:
         other = "task" in given or given.get("env", config.env.id) != config.env.id
         taken = {} if other else _env_settings(config.env)
     elif "env" in given:
@@ -456,7 +458,7 @@ def run_settings(model: str, given: dict[str, Any], n: int = 1
         taken = domain_settings(config, run, given)
     else:
         taken = _prompt_settings(config, run)
-    if config.pipeline != "sft":
+    if kind.rollouts:
         taken |= {"max_new_tokens": (config.rollout.max_new_tokens, "rollout.max_new_tokens"),
                   "top_p": (config.rollout.top_p, "rollout.top_p"),
                   "temperature": (config.eval.temperature, "eval.temperature") if n == 1 else
@@ -479,7 +481,7 @@ def _prompt_settings(config, run: Path) -> dict[str, tuple[Any, str]]:
                           f"here; pass --task (or run from where the run was started)")
     taken = {"task": (data.eval, "data.eval"), "system_prompt": (data.system_prompt,
                                                                  "data.system_prompt")}
-    if config.pipeline == "sft":
+    if not kind_of(config.pipeline).rollouts:  # a dataset of whole responses: its limit
         return taken | {"max_prompt_tokens": (data.max_tokens, "data.max_tokens")}
     taken["max_prompt_tokens"] = (data.max_prompt_tokens, "data.max_prompt_tokens")
     # The run's held-out reward: `eval.reward` when set (a run trained on a learned reward is

@@ -52,3 +52,17 @@ def test_the_demo_config_keeps_what_the_documented_replays_need(tmp_path):
 def test_keep_steps_count_from_one():
     with pytest.raises(ConfigError, match="keep_steps"):
         load_config(ROOT / "examples" / "arithmetic" / "grpo.yaml", ["checkpoint.keep_steps=[0]"])
+
+
+@pytest.mark.parametrize("pipeline", ["sft", "dpo", "rlvr"])
+def test_every_run_checkpoints_periodically_by_default(pipeline):
+    """An SFT run killed at step 10 of 12 left nothing to resume: by default a run now writes a
+    checkpoint about every tenth of its steps (at most 50 apart), whatever its pipeline."""
+    from reroll.config.pipelines import KINDS
+
+    default = KINDS[pipeline].config.model_fields["checkpoint"].default_factory()
+    assert [s for s in range(1, 13) if checkpoint_due(default, s, 12)] == list(range(1, 13))
+    assert [s for s in range(1, 101) if checkpoint_due(default, s, 100)] == list(range(10, 101, 10))
+    assert checkpoint_due(default, 50, 5000) and not checkpoint_due(default, 60, 5000)
+    assert [s for s in range(1, 13) if checkpoint_due(CheckpointConfig(every_steps=0), s, 12)] \
+        == [12]
