@@ -110,6 +110,7 @@ class PreferenceStep:
     pairs of the shuffled data; held-out pairs scored, and a few held-out prompts answered
     greedily before the first and after the last step (`sample_prompts`)."""
 
+    start_row = True
     phase = "training"
 
     def __init__(self, config: PreferenceRunConfig, place, run_dir: Path, make_objective):

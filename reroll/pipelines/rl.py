@@ -88,6 +88,7 @@ class RLStep:
     """The RL run's step (`reroll.pipelines.run.Step`) on a task: the roles, the engine, the
     learner and the task, built after the run directory is made."""
 
+    start_row = False
     phase = "generating rollouts"
 
     def __init__(self, config: RLRunConfig, make_task: TaskFactory, run_dir: Path):

@@ -41,6 +41,9 @@ class Step(Protocol):
     """What an evaluation runs on ("8 held-out prompts"); "" when the run has nothing held out."""
     phase: str
     """What a step does first, said before step 1 ("generating", "training")."""
+    start_row: bool
+    """The evaluation before step 1 is also metrics.jsonl's step-0 row (preference runs chart
+    it; RL and SFT runs keep it in summary.json only)."""
 
     def next_batch(self, step: int) -> Any:
         """Step `step`'s batch (RL: its rewarded trajectories; SFT, preference: data rows)."""
@@ -118,6 +121,8 @@ class Run:
             return self.run_dir.finished_summary(self.config.resume, steps)
         if self.eval_start is None:  # kept in checkpoints: a resumed run reports the first
             self.eval_start = self.evaluate(0)
+            if self.eval_start and self.step.start_row:
+                self.tracker.log(0, self.eval_start)
         bar = ProgressBar(steps, self.step.label, self.start_step, self.config.tracking.progress)
         eval_end: dict[str, float] = {}
         for n in range(self.start_step + 1, steps + 1):

@@ -55,6 +55,7 @@ class SFTStep:
     (offline distillation's `distill.TeacherLoss`): its `loss(batch)`, `metrics()`,
     `state_dict()`, `load_state_dict()` and `label`."""
 
+    start_row = False
     phase = "training"
     eval_every = 0  # the held-out NLL before the first and after the last step
 
