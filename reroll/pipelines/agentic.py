@@ -201,6 +201,15 @@ def agentic_step(config: AgenticConfig):
     return rl.rl_step(config, EnvTask)
 
 
+def agentic_pipeline(config: AgenticConfig, inputs: TaskInputs | None = None) -> run.Run:
+    """The run of an agentic config, built (its step: `rl.RLStep` on the environment)."""
+    return run.Run(config, inputs)
+
+
+AgenticPipeline = agentic_pipeline
+"""The name callers used when agentic RL had a pipeline class of its own."""
+
+
 def train_agentic(config: AgenticConfig, inputs: TaskInputs | None = None) -> dict:
     """Run agentic RL (`reroll.pipelines.run.train`: restarts after a dead worker included)."""
     return run.train(config, inputs)

@@ -145,6 +145,15 @@ def rlvr_step(config: RLConfig):
     return rl.rl_step(config, prompt_task)
 
 
+def rlvr_pipeline(config: RLConfig, inputs: TaskInputs | None = None) -> run.Run:
+    """The run of an RLVR config, built (its step: `rl.RLStep` on the config's prompts)."""
+    return run.Run(config, inputs)
+
+
+RLVRPipeline = rlvr_pipeline
+"""The name callers used when RLVR had a pipeline class of its own."""
+
+
 def train(config: RLConfig, inputs: TaskInputs | None = None) -> dict:
     """Run RLVR (`reroll.pipelines.run.train`: restarts after a dead worker included);
     `inputs`: a reward and datasets passed as Python objects (`reroll.api.train`)."""

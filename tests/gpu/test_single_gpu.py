@@ -32,9 +32,9 @@ def grpo_config(tmp_path, model: str, data: dict, **sections) -> RLConfig:
 def test_single_gpu_grpo_puts_every_role_on_cuda(tmp_path, tiny_model, arithmetic):
     pipeline = rlvr.rlvr_pipeline(grpo_config(tmp_path, tiny_model, arithmetic))
     try:
-        assert next(pipeline.policy.model.parameters()).is_cuda
-        assert next(pipeline.roles.engine.model.parameters()).is_cuda
-        assert next(pipeline.reference.cluster.executor.workers[0].model.parameters()).is_cuda
+        assert next(pipeline.step.policy.model.parameters()).is_cuda
+        assert next(pipeline.step.roles.engine.model.parameters()).is_cuda
+        assert next(pipeline.step.reference.cluster.executor.workers[0].model.parameters()).is_cuda
         summary = pipeline.run()
     finally:
         pipeline.close()
@@ -82,13 +82,13 @@ def test_on_policy_distillation_scores_on_the_gpu(tmp_path, tiny_model, arithmet
         "kl": {"coef": 0.0}, "distill": {"teacher": {"path": tiny_model}, "mode": "mixed"}})
     pipeline = rlvr.rlvr_pipeline(config)
     try:
-        teacher = pipeline.learner.teacher.cluster.executor.workers[0]
+        teacher = pipeline.step.learner.teacher.cluster.executor.workers[0]
         assert next(teacher.model.parameters()).is_cuda
         summary = pipeline.run()
     finally:
         pipeline.close()
     assert summary["steps"] == 3
-    assert pipeline.learner.teacher_tokens > 0
+    assert pipeline.step.learner.teacher_tokens > 0
 
 
 def one_process_config(kind, tmp_path, model: str, data: dict, **extra):
