@@ -70,3 +70,13 @@ def test_every_pipeline_has_a_step_factory_and_its_schema_names_it(name):
     kind = KINDS[name]
     assert callable(step_factory(name))
     assert kind.config.model_fields["pipeline"].default == name
+
+
+def test_the_finish_message_names_the_run_s_algorithm():
+    """`GRPO run finished` was printed for every RL algorithm: the title is the run's own."""
+    from reroll.cli import finished_title
+
+    assert finished_title("rlvr", {"algorithm": "rloo/cispo"}) == "rloo/cispo run finished"
+    assert finished_title("dpo", {"algorithm": "DPO ipo"}) == "DPO ipo run finished"
+    # a summary of an earlier version has no `algorithm`: the pipeline's title
+    assert finished_title("rm", {}) == "reward model run finished"
