@@ -219,7 +219,9 @@ class TrackingConfig(Section):
     progress: bool = True
     """Show progress with the live reward: a rich bar on a terminal; when stderr is not a
     terminal (a log file, a pipe), a plain line (step/total, reward, elapsed, eta) at the first
-    and last step, every tenth of the run and at least every 30 s. false: neither."""
+    and last step, every tenth of the run and at least every 30 s. Before the first step, a line
+    as each phase starts (`reroll: ...` loading the model, evaluating the held-out set before
+    step 1, step 1's first phase), which can take minutes. false: none of it."""
     record_rollouts: int = Field(8, ge=0)
     """Write this many trajectories of each step, as text, to `rollouts/step_N.jsonl` for
     `reroll view` (0: none)."""
