@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-from safetensors.torch import load_file
+from safetensors.torch import load_file, save_file
 
 from reroll.config import load_config
 from reroll.data.preferences import write_arithmetic_preferences
@@ -35,11 +35,15 @@ def pairs(tmp_path_factory) -> dict:
 
 
 @pytest.fixture(scope="module")
-def teacher(tmp_path_factory) -> str:
-    """Another tiny model (other weights, the same tokenizer) to distil from."""
-    from reroll.models.factory import make_model
-
-    return str(make_model(tmp_path_factory.mktemp("teacher") / "tiny", "tiny", seed=1))
+def teacher(tmp_path_factory, tiny_model) -> str:
+    """The tiny model with other weights (the same tokenizer) to distil from."""
+    out = tmp_path_factory.mktemp("teacher") / "tiny"
+    shutil.copytree(tiny_model, out)
+    weights = load_file(out / "model.safetensors")
+    generator = torch.Generator().manual_seed(1)
+    save_file({k: v + 0.05 * torch.randn(v.shape, generator=generator, dtype=v.dtype)
+               for k, v in weights.items()}, out / "model.safetensors")
+    return str(out)
 
 
 def sections(kind: str, tiny_model: str, arithmetic: dict, pairs: dict, teacher: str) -> dict:
