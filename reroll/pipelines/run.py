@@ -149,8 +149,8 @@ class Run:
         what = self.step.eval_what
         if not what:
             return {}
-        if n <= self.start_step + 1:
-            self.say(f"evaluating on {what}" + (" before step 1" if n == 0 else f" at step {n}"))
+        if n == 0:  # later ones: the progress bar is up
+            self.say(f"evaluating on {what} before step 1")
         return self.step.evaluate(n)
 
     def eval_due(self, n: int) -> bool:
