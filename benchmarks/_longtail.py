@@ -18,7 +18,6 @@ from __future__ import annotations
 import hashlib
 import json
 import random
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -27,11 +26,11 @@ from reroll.config.schema import SFTConfig
 from reroll.data.batch import collate
 from reroll.data.datasets import load_prompts
 from reroll.data.tasks import arithmetic_rows
+from reroll.models.devices import machine_devices, trainer_device
 from reroll.models.factory import make_model
 from reroll.models.loading import load_tokenizer
-from reroll.pipelines import objective
-from reroll.pipelines.sft import SFTPipeline, sft_example
-from reroll.tracking import ProgressBar
+from reroll.pipelines.run import Run
+from reroll.pipelines.sft import SFTStep, sft_example
 
 ROOT = Path("runs/bench_longtail")
 CHECK = " Check it again and again."
@@ -97,15 +96,22 @@ def _build(params: dict, root: Path, paths: dict[str, Path]) -> None:
         "epochs": params["sft_epochs"], "batch_size": 32,
         "optimizer": {"lr": params["sft_lr"], "warmup_steps": 10, "schedule": "cosine"},
         "train": {"micro_batch_size": 32, "num_threads": 1},
-        "tracking": {"progress": True, "tensorboard": False}})
-    _LoopSFT(config).run()
+        "checkpoint": {"every_steps": 0}, "tracking": {"progress": True, "tensorboard": False}})
+    place = trainer_device(config.device, config.train.bf16_autocast, *machine_devices())
+    Run(config, step=lambda c: lambda run_dir, inputs: _LoopSFT(c, place, run_dir)).run()
 
 
-class _LoopSFT(SFTPipeline):
+class _LoopSFT(SFTStep):
     """SFT whose check-prompt targets end without EOS (the loop is never closed), on batches of
     similar lengths (short rows are not padded to the long ones: a third of the compute)."""
 
-    def load(self, path: str) -> list:
+    def __init__(self, *args, **kwargs):
+        self.batches: list[list] = []
+        super().__init__(*args, **kwargs)
+        self.rng = random.Random(self.config.seed)
+        self.label = "SFT of the long-tailed workload's model"
+
+    def read(self, path: str) -> list:
         examples = []
         for row in load_prompts(path, self.config.data.system_prompt):
             example = sft_example(self.tokenizer, row, "response", self.config.data.max_tokens)
@@ -115,24 +121,15 @@ class _LoopSFT(SFTPipeline):
             examples.append(example)
         return examples
 
-    def run(self) -> dict:
-        c, t0 = self.config, time.perf_counter()
-        rng = random.Random(c.seed)
-        size = c.batch_size
-        bar = ProgressBar(self.steps, "SFT of the long-tailed workload's model")
-        batches: list[list] = []
-        for step in range(1, self.steps + 1):
-            if not batches:  # an epoch: shuffle, cut into length-sorted chunks, shuffle those
-                order = rng.sample(self.train_set, len(self.train_set))
-                order.sort(key=lambda t: len(t.prompt_ids) + len(t.response_ids))
-                batches = [order[i:i + size] for i in range(0, len(order) - size + 1, size)]
-                rng.shuffle(batches)
-            batch, _ = collate(batches.pop(), self.tokenizer.pad_token_id)
-            metrics = self.policy.train_step(batch, objective.sft_loss(batch))
-            self.tracker.log(step, metrics)
-            bar.update(step, f"nll {metrics['sft/nll']:.3f}")
-        bar.close()
-        return self.finish(None, None, time.perf_counter() - t0)
+    def next_batch(self, step: int):
+        size = self.config.batch_size
+        if not self.batches:  # an epoch: shuffle, cut into length-sorted chunks, shuffle those
+            order = self.rng.sample(self.train_set, len(self.train_set))
+            order.sort(key=lambda t: len(t.prompt_ids) + len(t.response_ids))
+            self.batches = [order[i:i + size] for i in range(0, len(order) - size + 1, size)]
+            self.rng.shuffle(self.batches)
+        batch, _ = collate(self.batches.pop(), self.tokenizer.pad_token_id)
+        return batch
 
 
 def alternating_runs(modes: dict[str, Any], run: Callable[[Any], dict], repeats: int, key: str

@@ -137,7 +137,7 @@ def train(workload: dict, shape: argparse.Namespace, mode: str) -> dict:
         eval_s.append(time.perf_counter() - t0)
         return result
 
-    next_batch = pipeline.task.source.next_batch
+    next_batch = pipeline.step.task.source.next_batch
 
     def counted_next_batch(*args):
         trajectories = next_batch(*args)
@@ -145,8 +145,8 @@ def train(workload: dict, shape: argparse.Namespace, mode: str) -> dict:
         prompts_trained.append(list(dict.fromkeys(t.prompt_text for t in trajectories)))
         return trajectories
 
-    pipeline.evaluate, pipeline.task.source.next_batch = timed_evaluate, counted_next_batch
-    engine, close, generated = pipeline.task.source.engine, pipeline.close, [0, 0.0]
+    pipeline.evaluate, pipeline.step.task.source.next_batch = timed_evaluate, counted_next_batch
+    engine, close, generated = pipeline.step.task.source.engine, pipeline.close, [0, 0.0]
 
     def close_after_counting() -> None:  # every token the engine made, evaluations included
         stats = getattr(engine, "inner", engine).stats()

@@ -124,9 +124,9 @@ def prepare(work: Path, threads: int, model: str | None, pairs: int, eval_pairs:
 def run_reroll(paths: dict, steps: int, threads: int, out: Path, micro: int,
                device: str, seed: int, lr: float) -> dict[str, float]:
     from reroll.config.preference import DPOConfig
-    from reroll.models.loading import load_tokenizer
     from reroll.pipelines.dpo import DPOObjective
-    from reroll.pipelines.preference import PreferencePipeline
+    from reroll.pipelines.preference import preference_step
+    from reroll.pipelines.run import Run
 
     scoring, saving = [], []
 
@@ -153,11 +153,11 @@ def run_reroll(paths: dict, steps: int, threads: int, out: Path, micro: int,
         "loss": {"name": "sigmoid", "beta": BETA},
         "optimizer": {"lr": lr, "warmup_steps": 2, "grad_clip": 1.0},
         "train": {"micro_batch_size": micro, "num_threads": threads},
+        "checkpoint": {"every_steps": 0}, "sample_prompts": 0,
         "tracking": {"progress": False, "tensorboard": False}})
-    tokenizer = load_tokenizer(paths["model"])
     start = time.perf_counter()
-    pipeline = PreferencePipeline(config, tokenizer, TimedDPO)
-    strategy = pipeline.objective.strategy
+    pipeline = Run(config, step=lambda c: preference_step(c, TimedDPO))
+    strategy = pipeline.step.objective.strategy
     strategy.save = timed(saving, strategy.save)  # the checkpoints' writing
     loop_start = time.perf_counter()
     pipeline.run()

@@ -30,15 +30,9 @@ from pydantic import BaseModel
 
 from reroll.config.agentic import AgenticConfig
 from reroll.config.errors import ConfigError
-from reroll.config.loading import (
-    PIPELINES,
-    Replace,
-    parse_overrides,
-    pipeline_of,
-    read_yaml,
-    validate,
-)
+from reroll.config.loading import Replace, parse_overrides, pipeline_of, read_yaml, validate
 from reroll.config.loading import load_config as load_yaml_config
+from reroll.config.pipelines import DEFAULT, KINDS, kind_of
 from reroll.config.schema import RLConfig, SFTConfig
 from reroll.models.files import check_model_path
 from reroll.pipelines.inputs import INPUTS, InputFile, TaskInputs
@@ -181,14 +175,15 @@ def _merge(base: dict[str, Any], patch: dict[str, Any]) -> dict[str, Any]:
 def _validated(data: dict[str, Any], source: str, expect: str | None) -> Config:
     """Validate against the schema of the config's `pipeline` (`expect` when it names none);
     the messages are `reroll.config.load_config`'s."""
-    pipeline = data.get("pipeline", expect or "rlvr")
+    pipeline = data.get("pipeline", expect or DEFAULT.name)
     if expect is not None and pipeline != expect:
         raise ConfigError(f"{source}: pipeline is {pipeline!r}, but this call runs {expect!r} "
                           f"configs")
-    if pipeline not in PIPELINES:
-        raise ConfigError(f"{source}: pipeline: unknown pipeline {pipeline!r} (choose from "
-                          f"{sorted(PIPELINES)})")
-    return validate(PIPELINES[pipeline], data, source)
+    try:
+        kind = kind_of(pipeline)
+    except ConfigError as e:
+        raise ConfigError(f"{source}: {e}") from None
+    return validate(kind.config, data, source)
 
 
 # -- objects ---------------------------------------------------------------------------------------
@@ -329,7 +324,9 @@ def _prepare(config: ConfigLike, overrides: Overrides, objects: _Objects,
         return load_yaml_config(config, overrides, expect=expect if expect in kinds
                                 else kinds[0]), TaskInputs()
     data, source = _raw(config, overrides)
-    pipeline = data.get("pipeline") or ("agentic" if objects.env is not None else kinds[0])
+    with_env = [k for k in kinds if kind_of(k).env]
+    pipeline = data.get("pipeline") or (with_env[0] if objects.env is not None and with_env
+                                        else kinds[0])
     if pipeline not in kinds:
         raise ConfigError(f"{source}: pipeline is {pipeline!r}, but this call runs "
                           f"{' or '.join(map(repr, kinds))} configs")
@@ -382,14 +379,15 @@ def _reward_factory(section: Any, funcs: list[Callable]) -> Callable[[], Any]:
 
 def _check_objects_fit(pipeline: str, objects: _Objects) -> None:
     """Objects that the pipeline has no use for are an error, not silently ignored."""
-    unused = {"agentic": ("reward_funcs", "train_dataset", "eval_dataset"),
-              "rlvr": ("env",), "sft": ("reward_funcs", "env")}[pipeline]
-    for name in unused:
-        if getattr(objects, name) is not None:
-            why = {"agentic": "an agentic run's prompts and rewards come from its environment",
-                   "rlvr": "environments run with pipeline: agentic",
-                   "sft": "SFT trains on its dataset's responses"}[pipeline]
-            raise ConfigError(f"{name}: not used by a {pipeline} run ({why})")
+    kind = kind_of(pipeline)
+    for name, value in vars(objects).items():
+        if value is not None and name not in kind.objects:
+            raise ConfigError(f"{name}: not used by a {pipeline} run ({kind.objects_note})")
+
+
+def _kinds(*schemas: type[BaseModel]) -> tuple[str, ...]:
+    """The pipelines whose config schemas are `schemas`, the table's order."""
+    return tuple(name for name, kind in KINDS.items() if kind.config in schemas)
 
 
 # -- running ---------------------------------------------------------------------------------------
@@ -412,15 +410,11 @@ def train(config: ConfigLike, *, reward_funcs: Any = None,
     Bad objects are a `ConfigError` before anything starts; a failing run raises `RunStopped`.
     """
     objects = _Objects(reward_funcs, reward_weights, train_dataset, eval_dataset, env)
-    config, inputs = _prepare(config, overrides, objects, ("rlvr", "agentic"))
+    config, inputs = _prepare(config, overrides, objects, _kinds(RLConfig, AgenticConfig))
     check_model_path(config.model.path)  # before the pipeline imports torch (many seconds)
-    if config.pipeline == "agentic":
-        from reroll.pipelines.agentic import train_agentic
+    from reroll.pipelines.run import train as run
 
-        return RunSummary.of("agentic", train_agentic(config, inputs))
-    from reroll.pipelines.rlvr import train as train_rlvr
-
-    return RunSummary.of("rlvr", train_rlvr(config, inputs))
+    return RunSummary.of(config.pipeline, run(config, inputs))
 
 
 def sft(config: ConfigLike, *, train_dataset: Any = None, eval_dataset: Any = None,
@@ -428,11 +422,11 @@ def sft(config: ConfigLike, *, train_dataset: Any = None, eval_dataset: Any = No
     """Supervised fine-tuning (`pipeline: sft` configs); datasets as in `train`, with the target
     in `response` (`data.response_key`) or `messages` ending with the assistant's message."""
     objects = _Objects(train_dataset=train_dataset, eval_dataset=eval_dataset)
-    config, inputs = _prepare(config, overrides, objects, ("sft",))
+    config, inputs = _prepare(config, overrides, objects, _kinds(SFTConfig))
     check_model_path(config.model.path)
-    from reroll.pipelines.sft import train_sft
+    from reroll.pipelines.run import train as run
 
-    return RunSummary.of("sft", train_sft(config, inputs))
+    return RunSummary.of(config.pipeline, run(config, inputs))
 
 
 class Trainer:

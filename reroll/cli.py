@@ -26,8 +26,14 @@ def cmd_train(args: argparse.Namespace) -> None:
     from reroll.api import train
 
     result = train(args.config, overrides=args.overrides)
-    title = "agentic run finished" if result.pipeline == "agentic" else "GRPO run finished"
-    show_summary(title, result.summary)
+    show_summary(finished_title(result.pipeline, result.summary), result.summary)
+
+
+def finished_title(pipeline: str, summary: dict) -> str:
+    """`grpo/ppo_clip run finished`, `DPO sigmoid run finished`: the run's algorithm."""
+    from reroll.config.pipelines import kind_of
+
+    return f"{summary.get('algorithm') or kind_of(pipeline).title} run finished"
 
 
 def cmd_envs(args: argparse.Namespace) -> None:
@@ -112,32 +118,17 @@ def cmd_make_sft(args: argparse.Namespace) -> None:
                   f"samples) to {path}")
 
 
-CONFIG_COMMANDS = {
-    # command: (its pipeline module, the function that runs a config, what it prints, help)
-    "sft": ("reroll.pipelines.sft", "train_sft", "SFT run finished",
-            "supervised fine-tuning on prompt/response data"),
-    "dpo": ("reroll.pipelines.dpo", "train_dpo", "DPO run finished",
-            "preference optimisation on chosen/rejected pairs (DPO, cDPO, IPO, SimPO, ORPO)"),
-    "rm": ("reroll.pipelines.rm", "train_rm", "reward model run finished",
-           "train a Bradley-Terry reward model on chosen/rejected pairs"),
-    "distill": ("reroll.pipelines.distill", "train_distill", "distillation run finished",
-                "distil a teacher model's next-token distribution into the model, on SFT data"),
-}
-"""The commands that run one pipeline's config (besides `train`); imported when run, so that
-`reroll --help` stays fast."""
-
-
 def cmd_config(args: argparse.Namespace) -> None:
-    """`reroll sft|dpo|rm|distill CONFIG.yaml [overrides]`."""
-    import importlib
-
+    """`reroll sft|dpo|rm|distill CONFIG.yaml [overrides]`: the pipeline the command runs."""
     from reroll.config import load_config
     from reroll.models.files import check_model_path
 
-    module, function, title, _ = CONFIG_COMMANDS[args.command]
     config = load_config(args.config, args.overrides, expect=args.command)
     check_model_path(config.model.path)  # before the pipeline imports torch (many seconds)
-    show_summary(title, getattr(importlib.import_module(module), function)(config))
+    from reroll.pipelines.run import train
+
+    summary = train(config)
+    show_summary(finished_title(config.pipeline, summary), summary)
 
 
 def refuse_to_overwrite(out: str, files: list[str] | None, overwrite: bool) -> None:
@@ -279,9 +270,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _add_run_commands(sub) -> None:
     """`train` and the config-driven commands (sft, dpo, rm, distill): a config and overrides."""
-    commands = [("train", cmd_train, "run an RL pipeline (GRPO on verifiable rewards)")] + \
-        [(name, cmd_config, spec[3]) for name, spec in CONFIG_COMMANDS.items()]
-    for name, fn, text in commands:
+    from reroll.config.pipelines import commands as pipeline_commands
+
+    for name, kinds in pipeline_commands().items():
+        fn, text = (cmd_train if kinds[0].rollouts else cmd_config), kinds[0].help
         p = sub.add_parser(name, help=text, description=text)
         p.add_argument("config", help="YAML config file")
         p.add_argument("overrides", nargs="*", help="dotted overrides, e.g. optimizer.lr=1e-4 resume=true")

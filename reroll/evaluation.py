@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from reroll.config.errors import ConfigError
+from reroll.config.pipelines import kind_of
 
 BUILTIN_TASKS = ("arithmetic",)
 
@@ -446,9 +447,10 @@ def run_settings(model: str, given: dict[str, Any], n: int = 1
     except ConfigError as e:
         raise ConfigError(f"--model {model}: its run's config cannot be read to take its settings "
                           f"({e}); pass --ignore-run-config and the flags you need") from None
-    if config.pipeline == "agentic" and config.env is None:  # an agent program's run
+    kind = kind_of(config.pipeline)
+    if kind.env and config.env is None:  # an agent program's run
         taken = {}
-    elif config.pipeline == "agentic":
+    elif kind.env:
         other = "task" in given or given.get("env", config.env.id) != config.env.id
         taken = {} if other else _env_settings(config.env)
     elif "env" in given:
@@ -459,7 +461,7 @@ def run_settings(model: str, given: dict[str, Any], n: int = 1
         taken = domain_settings(config, run, given)
     else:
         taken = _prompt_settings(config, run)
-    if getattr(config, "rollout", None) is not None:  # SFT, DPO, RM, distillation: no sampling
+    if kind.rollouts:
         taken |= {"max_new_tokens": (config.rollout.max_new_tokens, "rollout.max_new_tokens"),
                   "top_p": (config.rollout.top_p, "rollout.top_p"),
                   "temperature": (config.eval.temperature, "eval.temperature") if n == 1 else
@@ -484,8 +486,8 @@ def _prompt_settings(config, run: Path) -> dict[str, tuple[Any, str]]:
                           f"here; pass --task (or run from where the run was started)")
     taken = {"task": (data.eval, "data.eval"), "system_prompt": (data.system_prompt,
                                                                  "data.system_prompt")}
-    if getattr(config, "reward", None) is None:
-        # Trained without a reward (SFT, distillation, DPO): the rows' `answer` is scored by the
+    if not kind_of(config.pipeline).rollouts:
+        # Trained without sampling (SFT, distillation, DPO): the rows' `answer` is scored by the
         # default math reward, and the whole-sequence limit bounds the prompt.
         _check_answers(data.eval, run)
         return taken | {"max_prompt_tokens": (data.max_tokens, "data.max_tokens")}

@@ -11,15 +11,12 @@ import yaml
 from pydantic import BaseModel, ValidationError
 
 from reroll.config.agentic import AgenticConfig
-from reroll.config.distill import DistillConfig
 from reroll.config.errors import ConfigError
-from reroll.config.preference import DPOConfig, RMConfig
+from reroll.config.pipelines import DEFAULT, KINDS
 from reroll.config.reference import doc_anchor, key_path, model_at, section_of, takes_key
 from reroll.config.schema import RLConfig, SFTConfig
 
-PIPELINES: dict[str, type[BaseModel]] = {"rlvr": RLConfig, "sft": SFTConfig,
-                                         "agentic": AgenticConfig, "dpo": DPOConfig,
-                                         "rm": RMConfig, "distill": DistillConfig}
+PIPELINES: dict[str, type[BaseModel]] = {name: kind.config for name, kind in KINDS.items()}
 
 T = TypeVar("T", bound=BaseModel)
 FLOAT = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+")
@@ -172,7 +169,7 @@ def validate(schema: type[T], data: dict[str, Any], source: str,
 def pipeline_of(path: str | Path, overrides: list[str] | None = None) -> str:
     """The `pipeline` a config file (with its overrides) asks for; `rlvr` when it names none."""
     data = _merge(read_yaml(path), parse_overrides(overrides or []))
-    return str(data.get("pipeline", "rlvr"))
+    return str(data.get("pipeline", DEFAULT.name))
 
 
 def load_config(path: str | Path, overrides: list[str] | None = None,
@@ -180,7 +177,7 @@ def load_config(path: str | Path, overrides: list[str] | None = None,
     """Read a YAML config, apply `key.path=value` overrides, and validate it against the schema of
     its `pipeline` (or `expect` when the command implies one)."""
     data = _merge(read_yaml(path), parse_overrides(overrides or []))
-    pipeline = data.get("pipeline", expect or "rlvr")
+    pipeline = data.get("pipeline", expect or DEFAULT.name)
     if expect is not None and pipeline != expect:
         raise ConfigError(f"{path}: pipeline is {pipeline!r}, but this command runs {expect!r} configs")
     if pipeline not in PIPELINES:

@@ -5,19 +5,12 @@
 from __future__ import annotations
 
 import math
-from pathlib import Path
 from typing import Literal
 
 from pydantic import Field, model_validator
 
-from reroll.config.base import RunSection, Section, choice
-from reroll.config.schema import (
-    CheckpointConfig,
-    ModelConfig,
-    OptimizerConfig,
-    TrackingConfig,
-    TrainConfig,
-)
+from reroll.config.base import Section, choice
+from reroll.config.schema import RunConfig, TrainConfig
 
 
 class PreferenceData(Section):
@@ -80,26 +73,12 @@ REFERENCE_FREE = ("simpo", "orpo")
 """Losses that need no reference model (no reference log-probabilities are computed)."""
 
 
-class PreferenceRunConfig(RunSection):
+class PreferenceRunConfig(RunConfig):
     """What `reroll dpo` and `reroll rm` share: the run, the model, pairs, steps, optimisation."""
 
-    pipeline: str
-    """Which pipeline this config is for."""
     name: str = Field("pref", min_length=1)
     """Run name; the run directory is `runs/<name>/` unless `output_dir` is set, whose folder
     name is then the default name."""
-    output_dir: str | None = None
-    """Run directory (default `runs/<name>/`); the trained model is saved to its `final/`."""
-    overwrite: bool = False
-    """A run directory that already holds files is refused unless `resume` is set or this is
-    true, which deletes the old run's files first (only in a reroll run directory)."""
-    resume: bool | str = False
-    """true: continue from the newest complete checkpoint of the run directory (data order,
-    optimizer, schedule and RNG included: the resumed run is the uninterrupted one step for
-    step); a path: from that checkpoint. A finished run is reported and left unchanged."""
-    seed: int = 0
-    """Seeds data order and initialisation."""
-    model: ModelConfig
     data: PreferenceData
     steps: int | None = Field(None, ge=1)
     """Optimizer steps (the pairs are reshuffled at each pass); wins over `epochs` when set."""
@@ -114,13 +93,16 @@ class PreferenceRunConfig(RunSection):
     eval_every_steps: int = Field(0, ge=0)
     """Evaluate the held-out pairs every N steps, besides before the first and after the last
     step (0: only then)."""
-    optimizer: OptimizerConfig = Field(default_factory=OptimizerConfig)
+    sample_prompts: int = Field(4, ge=0)
+    """Held-out prompts (the first of `data.eval`) the policy answers greedily before the first
+    and after the last step, kept in `rollouts/eval_step_N.jsonl` for `reroll view`: a model
+    that forgot what it knew shows there, whatever its preference accuracy says (0: none;
+    `reroll rm` trains a scorer, which answers nothing)."""
+    sample_max_new_tokens: int = Field(64, ge=1)
+    """Longest sampled answer of `sample_prompts`."""
     train: TrainConfig = Field(default_factory=TrainConfig)
     """`train.micro_batch_size` counts sequences (2 per pair): it must be even, so that a pair's
     chosen and rejected responses share a micro-batch (and one forward of their prompt)."""
-    checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
-    """`checkpoints/step_N/` as in RL runs (for `resume`); the final model also goes to `final/`."""
-    tracking: TrackingConfig = Field(default_factory=TrackingConfig)
 
     @model_validator(mode="after")
     def _check_micro_batches(self) -> PreferenceRunConfig:
@@ -136,9 +118,6 @@ class PreferenceRunConfig(RunSection):
         if self.steps is not None:
             return self.steps
         return max(1, math.ceil(self.epochs * train_pairs / self.batch_size))
-
-    def run_dir(self) -> Path:
-        return Path(self.output_dir) if self.output_dir else Path("runs") / self.name
 
 
 class DPOConfig(PreferenceRunConfig):

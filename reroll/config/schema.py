@@ -174,8 +174,16 @@ class TrainConfig(Section):
 class CheckpointConfig(Section):
     """When to write `checkpoints/step_N/` (HF weights + trainer state, for resume)."""
 
-    every_steps: int = Field(0, ge=0)
-    """Save `checkpoints/step_N/` every N steps (0: only at the end)."""
+    every_steps: int | None = Field(None, ge=0)
+    """Save `checkpoints/step_N/` every N steps (0: only at the end). None: about every tenth of
+    the run, at least every 50 steps (every step of a run under 20), so that a run stopped
+    early has a recent checkpoint to resume from."""
+
+    def every(self, steps: int) -> int:
+        """The cadence of a run of `steps` steps (0: only the last)."""
+        if self.every_steps is not None:
+            return self.every_steps
+        return max(1, min(50, steps // 10))
     keep_last: int = Field(2, ge=1)
     """Older checkpoints are deleted, keeping this many (the final one is always kept); those of
     `keep_steps` are kept besides and do not count here."""
@@ -215,7 +223,9 @@ class TrackingConfig(Section):
     progress: bool = True
     """Show progress with the live reward: a rich bar on a terminal; when stderr is not a
     terminal (a log file, a pipe), a plain line (step/total, reward, elapsed, eta) at the first
-    and last step, every tenth of the run and at least every 30 s. false: neither."""
+    and last step, every tenth of the run and at least every 30 s. Before the first step, a line
+    as each phase starts (`reroll: ...` loading the model, evaluating the held-out set before
+    step 1, step 1's first phase), which can take minutes. false: none of it."""
     record_rollouts: int = Field(8, ge=0)
     """Write this many trajectories of each step, as text, to `rollouts/step_N.jsonl` for
     `reroll view` (0: none)."""
@@ -367,10 +377,10 @@ class PromptEvalConfig(EvalConfig):
     own reward)."""
 
 
-class RLRunConfig(RunSection):
-    """What every RL pipeline's config has: the run, the model and its roles, the algorithm, the
-    optimisation, evaluation, checkpoints and tracking. `RLConfig` (prompts and a reward) and
-    `AgenticConfig` (an environment) add their task."""
+class RunConfig(RunSection):
+    """What every pipeline's config has (RL, SFT, distillation, DPO, reward models): the run and
+    its directory, the model, the optimisation, checkpoints and tracking. The loop that reads
+    them is one for all (`reroll.pipelines.run`)."""
 
     pipeline: str
     """Which pipeline this config is for."""
@@ -378,31 +388,52 @@ class RLRunConfig(RunSection):
     """Run name; the run directory is `runs/<name>/` unless `output_dir` is set, whose folder
     name is then the default name."""
     output_dir: str | None = None
-    """Run directory (default `runs/<name>/`)."""
+    """Run directory (default `runs/<name>/`); SFT, distillation, DPO and RM runs save the
+    trained model to its `final/`."""
     seed: int = 0
     """Seeds data order, sampling and initialisation; the same seed reproduces the same run on CPU."""
-    steps: int = Field(..., ge=1)
-    """Training steps (one rollout batch each)."""
     resume: bool | str = False
-    """true: continue from the newest complete checkpoint of the run directory (incomplete ones
-    are skipped with a message); a path: from that checkpoint. A run whose checkpoint is already
-    at `steps` is reported as finished and left unchanged; fewer `steps` than done is an error."""
+    """true: continue from the newest complete checkpoint of the run directory (data order,
+    optimizer, schedule and RNG included: the resumed run is the uninterrupted one step for step;
+    incomplete checkpoints are skipped with a message); a path: from that checkpoint. A run whose
+    checkpoint is already at its last step is reported as finished and left unchanged; fewer
+    steps than done is an error."""
     overwrite: bool = False
     """A run directory that already holds files is refused unless `resume` is set or this is
     true, which deletes the old run's files first (only in a reroll run directory)."""
     model: ModelConfig
+    optimizer: OptimizerConfig = Field(default_factory=OptimizerConfig)
+    train: TrainConfig = Field(default_factory=TrainConfig)
+    checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
+    """`checkpoints/step_N/` (weights and trainer state, for `resume`)."""
+    tracking: TrackingConfig = Field(default_factory=TrackingConfig)
+
+    def run_dir(self) -> Path:
+        return Path(self.output_dir) if self.output_dir else Path("runs") / self.name
+
+    def max_restarts(self) -> int:
+        """Restarts after a dead worker process (`distributed.max_restarts` in RL runs)."""
+        return 0
+
+
+class RLRunConfig(RunConfig):
+    """What every RL pipeline's config has: the run, the model and its roles, the algorithm, the
+    optimisation, evaluation, checkpoints and tracking. `RLConfig` (prompts and a reward) and
+    `AgenticConfig` (an environment) add their task."""
+
+    steps: int = Field(..., ge=1)
+    """Training steps (one rollout batch each)."""
     rollout: RolloutConfig = Field(default_factory=RolloutConfig)
     """How responses are sampled. Agentic runs: `prompts_per_step` env resets (groups) per step,
     `group_size` episodes per reset, `max_new_tokens` the limit of one turn."""
     algorithm: AlgorithmConfig = Field(default_factory=AlgorithmConfig)
     """Advantage estimator, policy loss, KL, filters and corrections (docs/algorithms.md); agentic
     runs also have turn-level credit assignment: `rebn`, `gigpo`, `ipa_chunk`."""
-    optimizer: OptimizerConfig = Field(default_factory=OptimizerConfig)
-    train: TrainConfig = Field(default_factory=TrainConfig)
     eval: EvalConfig = Field(default_factory=EvalConfig)
-    checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
-    tracking: TrackingConfig = Field(default_factory=TrackingConfig)
     distributed: DistributedConfig = Field(default_factory=DistributedConfig)
+
+    def max_restarts(self) -> int:
+        return self.distributed.max_restarts
 
     def batch_errors(self) -> list[str]:
         """The step's batch must split into updates, data-parallel shards and micro-batches."""
@@ -424,9 +455,6 @@ class RLRunConfig(RunSection):
         workers = self.distributed.policy.num_workers
         if batch % (self.algorithm.updates_per_batch * workers) == 0:  # else batch_errors says so
             self.train.fit_unset_micro_batch(batch // self.algorithm.updates_per_batch // workers)
-
-    def run_dir(self) -> Path:
-        return Path(self.output_dir) if self.output_dir else Path("runs") / self.name
 
     def off_policy_reasons(self) -> list[str]:
         """Why the trained samples can come from a distribution other than the trainer's pi_old
@@ -518,7 +546,7 @@ class SFTData(Section):
     """Rows longer than this after templating are an error naming the row."""
 
 
-class SFTConfig(RunSection):
+class SFTConfig(RunConfig):
     """`reroll sft CONFIG.yaml`: supervised fine-tuning on response tokens (prompt tokens masked)."""
 
     pipeline: Literal["sft"] = "sft"
@@ -526,19 +554,6 @@ class SFTConfig(RunSection):
     name: str = Field("sft", min_length=1)
     """Run name; the run directory is `runs/<name>/` unless `output_dir` is set, whose folder
     name is then the default name."""
-    output_dir: str | None = None
-    """Run directory (default `runs/<name>/`); the model is saved to its `final/`."""
-    overwrite: bool = False
-    """A run directory that already holds files is refused unless `resume` is set or this is
-    true, which deletes the old run's files first (only in a reroll run directory)."""
-    resume: bool | str = False
-    """As in RL runs: true continues from the newest complete checkpoint of the run directory
-    (data order, optimizer, schedule and RNG included, so the resumed run is the uninterrupted
-    one step for step); a path: from that checkpoint. A run whose checkpoint is already at its
-    last step is reported as finished and left unchanged; fewer steps than done is an error."""
-    seed: int = 0
-    """Seeds data order and initialisation."""
-    model: ModelConfig
     data: SFTData
     steps: int | None = Field(None, ge=1)
     """Optimizer steps of the run (the data is reshuffled at each pass); when set it wins over
@@ -550,11 +565,6 @@ class SFTConfig(RunSection):
     device: Literal["auto", "cpu", "cuda"] = "auto"
     """Where the model trains: `auto` is CUDA when torch sees a GPU (float32 weights, bf16
     autocast where the GPU has it), else CPU; as `distributed.device` in RL runs."""
-    optimizer: OptimizerConfig = Field(default_factory=OptimizerConfig)
-    train: TrainConfig = Field(default_factory=TrainConfig)
-    checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
-    """`checkpoints/step_N/` as in RL runs (for `resume`); the final model also goes to `final/`."""
-    tracking: TrackingConfig = Field(default_factory=TrackingConfig)
 
     @model_validator(mode="after")
     def _check_combinations(self) -> SFTConfig:
@@ -569,6 +579,3 @@ class SFTConfig(RunSection):
         if self.steps is not None:
             return self.steps
         return max(1, math.ceil(self.epochs * train_rows / self.batch_size))
-
-    def run_dir(self) -> Path:
-        return Path(self.output_dir) if self.output_dir else Path("runs") / self.name

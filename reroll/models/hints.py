@@ -13,6 +13,8 @@ from pathlib import Path
 
 import yaml
 
+from reroll.config.pipelines import DEFAULT, KINDS
+
 
 def missing_model_hint(path: str, cwd: Path | None = None) -> str:
     """The command that creates the model folder `path` (a sentence fragment)."""
@@ -50,13 +52,11 @@ def _config_writing(run: Path, cwd: Path) -> tuple[str, str] | None:
             continue
         if not isinstance(data, dict):
             continue
-        default = "sft" if data.get("pipeline") == "sft" else (
-            "agentic" if data.get("pipeline") == "agentic" else "run")
+        kind = KINDS.get(str(data.get("pipeline", DEFAULT.name)), DEFAULT)
+        default = kind.config.model_fields["name"].default
         out = data.get("output_dir") or f"runs/{data.get('name', default)}"
         if Path(out) == run or (cwd / out).resolve() == (cwd / run).resolve():
-            pipeline = data.get("pipeline")
-            command = pipeline if pipeline in ("sft", "dpo", "rm", "distill") else "train"
-            return str(candidate.relative_to(cwd)), command
+            return str(candidate.relative_to(cwd)), kind.command
     return None
 
 

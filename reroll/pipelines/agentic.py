@@ -17,7 +17,6 @@ behind a RewardRunner, and added to the return by the agent loop (`EpisodeReward
 
 from __future__ import annotations
 
-import functools
 import random
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -31,12 +30,12 @@ from reroll.data.datasets import PromptSampler
 from reroll.engines.base import Engine, SamplingParams
 from reroll.envs import ChatFormat, make_env
 from reroll.envs.registry import env_arguments
-from reroll.pipelines import rl
+from reroll.pipelines import rl, run
 from reroll.pipelines.agents import AgentTask
 from reroll.pipelines.inputs import TaskInputs
 from reroll.pipelines.judge import reward_factory
 from reroll.pipelines.roles import remote_envs, remote_reward
-from reroll.pipelines.task import rollout_row
+from reroll.pipelines.task import held_out, rollout_row
 from reroll.rewards import build_runner
 from reroll.rollout.agent_loop import AgentJob, AgentStats, EpisodeReward, run_episodes
 
@@ -104,6 +103,10 @@ class EnvTask:
     @property
     def evaluates(self) -> bool:
         return bool(self.eval_seeds)
+
+    @property
+    def eval_what(self) -> str:
+        return held_out(len(self.eval_seeds), "episode", self.config.eval.samples_per_prompt)
 
     def start(self, engine: Engine) -> Engine:
         self.engine = engine
@@ -195,19 +198,17 @@ def learned_reward_means(trajectories: list[Trajectory], split: str) -> dict[str
             f"{split}/learned_reward_mean": sum(scores) / max(len(scores), 1)}
 
 
-def task_class(config: AgenticConfig, inputs: TaskInputs | None = None):
-    """The config's task: its environment, or its agent program through the gateway."""
-    if config.agent is not None:
-        return functools.partial(AgentTask, inputs=inputs)
-    return functools.partial(EnvTask, inputs=inputs)
+def agentic_step(config: AgenticConfig):
+    """The step factory of `pipeline: agentic` (`reroll.config.pipelines`): the config's
+    environment, or its agent program through the gateway."""
+    return rl.rl_step(config, AgentTask if config.agent is not None else EnvTask)
 
 
-def agentic_pipeline(config: AgenticConfig, inputs: TaskInputs | None = None) -> rl.RLPipeline:
-    """The RL pipeline on the config's environment (or agent program)."""
-    return rl.RLPipeline(config, task_class(config, inputs), inputs)
+def agentic_pipeline(config: AgenticConfig, inputs: TaskInputs | None = None) -> run.Run:
+    """The run of an agentic config, built (its step: `rl.RLStep` on the environment)."""
+    return run.Run(config, inputs)
 
 
 def train_agentic(config: AgenticConfig, inputs: TaskInputs | None = None) -> dict:
-    """Run agentic RL under the restart supervisor (`rl.train`), like RLVR: a dead worker
-    restarts the roles from the last checkpoint, up to `distributed.max_restarts` times."""
-    return rl.train(config, task_class(config, inputs), inputs)
+    """Run agentic RL (`reroll.pipelines.run.train`: restarts after a dead worker included)."""
+    return run.train(config, inputs)

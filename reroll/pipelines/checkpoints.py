@@ -15,7 +15,7 @@ from reroll.pipelines.common import RunDir
 
 def checkpoint_due(config: CheckpointConfig, step: int, steps: int) -> bool:
     """Whether `step` (of `steps`) writes `checkpoints/step_N/`."""
-    every = config.every_steps
+    every = config.every(steps)
     return step == steps or step in config.keep_steps or bool(every and step % every == 0)
 
 

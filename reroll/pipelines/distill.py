@@ -23,7 +23,7 @@ from reroll.config.distill import DistillConfig, TeacherConfig
 from reroll.config.errors import ConfigError
 from reroll.models.loading import load_model, load_tokenizer
 from reroll.pipelines.inputs import TaskInputs
-from reroll.pipelines.sft import SFTPipeline, train_sft
+from reroll.pipelines.sft import sft_step, train_sft
 
 
 def check_same_tokenizer(teacher_path: str, student_tokenizer, teacher_width: int,
@@ -110,10 +110,11 @@ def distill_loss(batch: TensorDict, cfg) -> Callable[[torch.nn.Module, TensorDic
     return loss_fn
 
 
-class DistillStep:
-    """What `SFTPipeline` calls per step in a distill run: the teacher's top-k, then the loss."""
+class TeacherLoss:
+    """The loss of a distill run's SFT step (`sft.SFTStep`): the teacher's top-k, then the
+    divergence."""
 
-    label = "distill"
+    label = "distillation"
 
     def __init__(self, config: DistillConfig, student_tokenizer, student: torch.nn.Module):
         width = student.get_output_embeddings().weight.shape[0]
@@ -137,9 +138,12 @@ class DistillStep:
         self.teacher.tokens = int(state["teacher_tokens"])
 
 
+def distill_step(config: DistillConfig):
+    """The step factory of `pipeline: distill` (`reroll.config.pipelines`): SFT's step with the
+    teacher's loss."""
+    return sft_step(config, make_loss=TeacherLoss)
+
+
 def train_distill(config: DistillConfig, inputs: TaskInputs | None = None) -> dict:
-    """Run offline distillation (an SFT run whose step is `DistillStep`)."""
-    return train_sft(config, inputs, step=DistillStep)
-
-
-__all__ = ["DistillStep", "SFTPipeline", "OfflineTeacher", "train_distill"]
+    """Run offline distillation (an SFT run whose loss is `TeacherLoss`)."""
+    return train_sft(config, inputs)

@@ -34,7 +34,7 @@ from reroll.data.reasoning_gym import generate_rows
 from reroll.engines.base import Engine, SamplingParams
 from reroll.models.files import model_context
 from reroll.pipelines.judge import reward_factory
-from reroll.pipelines.task import rollout_row
+from reroll.pipelines.task import held_out, rollout_row
 from reroll.pipelines.validation import (
     check_answers,
     check_lengths,
@@ -171,6 +171,11 @@ class DomainTask:
     @property
     def evaluates(self) -> bool:
         return any(d.eval_rows for d in self.domains)
+
+    @property
+    def eval_what(self) -> str:
+        return held_out(sum(len(d.eval_rows) for d in self.domains), "prompt",
+                        self.config.eval.samples_per_prompt)
 
     def start(self, engine: Engine) -> Engine:
         for d in self.domains:

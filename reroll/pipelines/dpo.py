@@ -2,7 +2,8 @@
 
 The reference policy's log-probabilities of every pair are computed once, before the first
 step, and kept in the run directory (`reference_logprobs.pt`), so training holds one model. The
-loop is `reroll.pipelines.preference`; this module is the objective: which losses, on what.
+step is `reroll.pipelines.preference`, the loop `reroll.pipelines.run`; this module is the
+objective: which losses, on what.
 """
 
 from __future__ import annotations
@@ -21,11 +22,12 @@ from reroll.config.preference import REFERENCE_FREE, DPOConfig
 from reroll.models.devices import RoleDevice
 from reroll.models.loading import load_model
 from reroll.models.logprobs import batched_logprobs, forward_logprobs
+from reroll.pipelines import run
 from reroll.pipelines.preference import (
     SCORE_MICRO_FACTOR,
     Pair,
+    preference_step,
     score_all_pairs,
-    train_preferences,
 )
 from reroll.training.local import LocalStrategy
 
@@ -117,7 +119,7 @@ class DPOObjective:
     def __init__(self, config: DPOConfig, tokenizer, run_dir: Path, total_steps: int,
                  place: RoleDevice):
         self.config = c = config
-        self.pad_id = tokenizer.pad_token_id
+        self.pad_id, self.eos_id = tokenizer.pad_token_id, tokenizer.eos_token_id
         self.label = f"DPO {c.loss.name}"
         model = load_model(c.model.path, c.model.dtype, c.model.attn_implementation,
                            c.model.dropout)
@@ -183,7 +185,30 @@ class DPOObjective:
     def save_final(self, directory: Path) -> None:
         self.strategy.save_model(directory)  # with model.lora: the merged model
 
+    answers = True
+
+    @torch.no_grad()
+    def answer(self, prompts: list[list[int]], max_new_tokens: int) -> list[list[int]]:
+        """The policy's greedy answers, one prompt at a time (no padding to get wrong)."""
+        model, device = self.strategy.model, self.strategy.device
+        was_training = model.training
+        model.eval()
+        out = []
+        for ids in prompts:
+            tokens = torch.tensor([ids], device=device)
+            generated = model.generate(input_ids=tokens, attention_mask=torch.ones_like(tokens),
+                                       max_new_tokens=max_new_tokens, do_sample=False,
+                                       eos_token_id=self.eos_id, pad_token_id=self.pad_id)
+            out.append(generated[0, len(ids):].tolist())
+        model.train(was_training)
+        return out
+
+
+def dpo_step(config: DPOConfig):
+    """The step factory of `pipeline: dpo` (`reroll.config.pipelines`)."""
+    return preference_step(config, DPOObjective)
+
 
 def train_dpo(config: DPOConfig) -> dict:
     """Run a DPO-family training; resuming a run already at its last step changes nothing."""
-    return train_preferences(config, DPOObjective)
+    return run.train(config)

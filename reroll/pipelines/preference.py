@@ -1,7 +1,7 @@
-"""The driver loop of the pipelines that train on preference pairs (`reroll dpo`, `reroll rm`).
+"""The step of the pipelines that train on preference pairs (`reroll dpo`, `reroll rm`).
 
-The loop (run directory, data order, steps, evaluation, checkpoints, exact resume) is here; what
-is trained and how is an `Objective` passed in: `dpo.DPOObjective` (the policy, a DPO-family
+The step (data order, evaluation, greedy samples of held-out prompts) is here, the loop in
+`reroll.pipelines.run`; what is trained and how is an `Objective` passed in: `dpo.DPOObjective` (the policy, a DPO-family
 loss) or `rm.RewardModelObjective` (a scalar head, Bradley–Terry).
 
 A batch of n pairs is 2n sequences interleaved `[chosen_0, rejected_0, chosen_1, ...]`, so that
@@ -26,11 +26,11 @@ from reroll.data.batch import Trajectory, collate
 from reroll.data.preferences import PreferenceRow, load_preferences
 from reroll.models.devices import machine_devices, trainer_device
 from reroll.models.loading import load_tokenizer
-from reroll.pipelines.checkpoints import checkpoint_due, prune_checkpoints
-from reroll.pipelines.common import RunDir, Stopwatch, UpdateGuard, seed_everything, set_threads
+from reroll.pipelines.common import UpdateGuard
+from reroll.pipelines.task import held_out
 from reroll.pipelines.validation import check_max_tokens
+from reroll.rollout.recording import write_rows
 from reroll.rollout.stream import encode_prompt
-from reroll.tracking import ProgressBar, Tracker
 from reroll.training.local import LocalStrategy
 
 SCORE_MICRO_FACTOR = 4
@@ -99,74 +99,46 @@ class Objective(Protocol):
     def save_final(self, directory: Path) -> None:
         """The trained model in Hugging Face format."""
 
+    answers: bool
+    """Whether the trained model answers prompts (a policy; a reward model only scores)."""
 
-class PreferencePipeline:
-    """Train `objective` on the pairs of `config.data`: steps, checkpoints and `resume` as SFT."""
+    def answer(self, prompts: list[list[int]], max_new_tokens: int) -> list[list[int]]:
+        """The model's greedy answer (token ids) to each prompt."""
 
-    def __init__(self, config: PreferenceRunConfig, tokenizer, make_objective):
+
+class PreferenceStep:
+    """The preference run's step (`reroll.pipelines.run.Step`): `objective` trained on the next
+    pairs of the shuffled data; held-out pairs scored, and a few held-out prompts answered
+    greedily before the first and after the last step (`sample_prompts`)."""
+
+    start_row = True
+    phase = "training"
+
+    def __init__(self, config: PreferenceRunConfig, place, run_dir: Path, make_objective):
         """`make_objective(config, tokenizer, run_dir, total_steps, place)`: the Objective (its
         model loaded on `place`, the trainer's device and precision)."""
         self.config = c = config
-        set_threads(c.train.num_threads)
-        seed_everything(c.seed)
-        # A device this machine lacks stops the run before its directory is made.
-        place = trainer_device(c.device, c.train.bf16_autocast, *machine_devices())
-        check_max_tokens(c)
-        self.run_dir = RunDir.for_run(c.run_dir(), c.resume, c.overwrite)
-        self.tokenizer = tokenizer
-        self.train_set = self.load(c.data.train)
-        self.eval_set = self.load(c.data.eval) if c.data.eval else []
-        self.steps = c.total_steps(len(self.train_set))
-        self.objective = make_objective(c, tokenizer, self.run_dir.path, self.steps, place)
+        self.run_dir = run_dir
+        self.tokenizer = load_tokenizer(c.model.path)
+        self.train_set = self.read(c.data.train)
+        self.eval_set = self.read(c.data.eval) if c.data.eval else []
+        self.eval_what = held_out(len(self.eval_set), "pair") if self.eval_set else ""
+        self.steps, self.eval_every = c.total_steps(len(self.train_set)), c.eval_every_steps
+        self.objective = make_objective(c, self.tokenizer, run_dir, self.steps, place)
+        self.label = self.objective.label
         self.objective.prepare("train", self.train_set)
         if self.eval_set:
             self.objective.prepare("eval", self.eval_set)
         self.order: list[int] = []
         self.data_rng = random.Random(c.seed)
-        self.start_step, self.eval_start = 0, None
-        resume = self.run_dir.resolve_resume(c.resume)
-        if resume:
-            self.restore(*resume)
-        self.run_dir.write_config(c)
-        self.tracker = Tracker(self.run_dir.path, c.tracking,
-                               resume_step=self.start_step if resume else None,
-                               run_config=c.model_dump(mode="json"))
+        self.guard = UpdateGuard(c.train.max_skipped_updates)
 
-    def load(self, path: str) -> list[Pair]:
+    def read(self, path: str) -> list[Pair]:
         d = self.config.data
         return load_preferences(path, d.system_prompt,
                                 lambda row: tokenize_pair(self.tokenizer, row, d.max_tokens))
 
-    def run(self) -> dict:
-        c, clock = self.config, Stopwatch()
-        if self.start_step == self.steps:
-            self.tracker.close()
-            return self.run_dir.finished_summary(c.resume, self.steps)
-        if self.start_step == 0:
-            self.eval_start = self.evaluate()
-            if self.eval_start:
-                self.tracker.log(0, self.eval_start)
-        bar = ProgressBar(self.steps, self.objective.label, self.start_step,
-                          enabled=c.tracking.progress)
-        guard, eval_end = UpdateGuard(c.train.max_skipped_updates), self.eval_start
-        for step in range(self.start_step + 1, self.steps + 1):
-            timer = Stopwatch()
-            batch = self.next_batch()
-            metrics = self.objective.strategy.train_step(batch, self.objective.loss_fn(batch))
-            guard.check(step, metrics)
-            metrics |= guard.metrics()
-            if self.eval_due(step):
-                eval_end = self.evaluate()
-                metrics |= eval_end
-            metrics["time/step_s"] = timer.seconds()
-            self.tracker.log(step, metrics)
-            self.checkpoint(step)
-            bar.update(step, f"loss {metrics['train/loss']:.3f} | acc "
-                             f"{metrics['pref/accuracy']:.2f}")
-        bar.close()
-        return self.finish(eval_end, clock.seconds())
-
-    def next_batch(self) -> TensorDict:
+    def next_batch(self, step: int) -> TensorDict:
         """The next `batch_size` pairs of the shuffled data, reshuffled at each pass, in order
         of length (`by_length`)."""
         size = self.config.batch_size
@@ -183,55 +155,72 @@ class PreferencePipeline:
         self.objective.add_inputs(batch, "train", taken)
         return batch
 
-    def eval_due(self, step: int) -> bool:
-        every = self.config.eval_every_steps
-        return bool(self.eval_set) and (step == self.steps or bool(every and step % every == 0))
+    def train(self, batch: TensorDict, step: int) -> dict[str, float]:
+        metrics = self.objective.strategy.train_step(batch, self.objective.loss_fn(batch))
+        self.guard.check(step, metrics)
+        return metrics | self.guard.metrics()
 
-    def evaluate(self) -> dict[str, float]:
-        return self.objective.evaluate("eval", self.eval_set) if self.eval_set else {}
+    def evaluate(self, step: int) -> dict[str, float]:
+        """The held-out pairs' metrics; before the first and after the last step, also the
+        policy's greedy answers to the first `sample_prompts` held-out prompts."""
+        metrics = self.objective.evaluate("eval", self.eval_set)
+        count = self.config.sample_prompts if step in (0, self.steps) else 0
+        if count and self.objective.answers:
+            rows = self.sample(self.eval_set[:count])
+            write_rows(self.run_dir / "rollouts" / f"eval_step_{step}.jsonl", rows)
+        return metrics
 
-    def checkpoint(self, step: int) -> None:
-        c = self.config
-        if not checkpoint_due(c.checkpoint, step, self.steps):
-            return
-        with self.run_dir.writing_checkpoint(step) as directory:  # step_N/ once complete
-            self.objective.strategy.save(directory, {
-                "step": step, "order": list(self.order), "data_rng": self.data_rng.getstate(),
-                "eval_start": self.eval_start})
-            self.tokenizer.save_pretrained(directory)
-        prune_checkpoints(self.run_dir, c.checkpoint)
+    def sample(self, pairs: list[Pair]) -> list[dict[str, Any]]:
+        """The policy's greedy answer to each pair's prompt, as rows of `reroll view`."""
+        decode = self.tokenizer.decode
+        answers = self.objective.answer([p.prompt_ids for p in pairs],
+                                        self.config.sample_max_new_tokens)
+        return [{"prompt": decode(p.prompt_ids), "response": decode(ids, skip_special_tokens=True),
+                 "chosen": decode(p.chosen_ids, skip_special_tokens=True), "reward": None,
+                 "finish_reason": "stop" if ids and ids[-1] == self.tokenizer.eos_token_id
+                 else "length", "group_id": i, "source": p.source}
+                for i, (p, ids) in enumerate(zip(pairs, answers, strict=True))]
 
-    def restore(self, step: int, directory: Path) -> None:
-        if step > self.steps:
-            raise ConfigError(f"steps={self.steps}: the run already has {step} steps "
-                              f"({directory}); resume with steps >= {step}")
-        extra = self.objective.strategy.load(directory)
-        self.order = list(extra["order"])
-        self.data_rng.setstate(extra["data_rng"])
-        self.start_step, self.eval_start = step, extra["eval_start"]
+    def record(self, step: int, batch: TensorDict) -> None:
+        """Nothing is sampled while training: the pairs are the record."""
 
-    def finish(self, eval_end: dict[str, float] | None, wall_time_s: float) -> dict:
-        final = self.run_dir.path / "final"
-        self.objective.save_final(final)
-        self.tokenizer.save_pretrained(final)
-        self.tracker.close()
-        start = self.eval_start or {}
-        summary = {"run_dir": str(self.run_dir.path), "steps": self.steps,
-                   "resumed_from_step": self.start_step or None,
-                   "eval_accuracy_start": start.get("eval/accuracy"),
-                   "eval_accuracy_end": (eval_end or {}).get("eval/accuracy"),
-                   "eval_reward_margin_end": (eval_end or {}).get("eval/reward_margin"),
-                   "wall_time_s": round(wall_time_s, 2), "final_model": str(final),
-                   "final_checkpoint": str(self.run_dir.checkpoint_dir(self.steps))}
-        self.run_dir.write_summary(summary)
-        return summary
+    def status(self, metrics: dict[str, float]) -> str:
+        return f"loss {metrics['train/loss']:.3f} | acc {metrics['pref/accuracy']:.2f}"
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"order": list(self.order), "data_rng": self.data_rng.getstate()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.order = list(state["order"])
+        self.data_rng.setstate(state["data_rng"])
+
+    def save(self, directory: Path, state: dict[str, Any]) -> None:
+        self.objective.strategy.save(directory, state)
+        self.tokenizer.save_pretrained(directory)
+
+    def load(self, directory: Path) -> dict[str, Any]:
+        return self.objective.strategy.load(directory)
+
+    def save_final(self, directory: Path) -> dict[str, Any]:
+        self.objective.save_final(directory)
+        self.tokenizer.save_pretrained(directory)
+        return {"final_model": str(directory)}
+
+    def summary_keys(self, start: dict[str, float], end: dict[str, float]) -> dict[str, Any]:
+        return {"eval_accuracy_start": start.get("eval/accuracy"),
+                "eval_accuracy_end": end.get("eval/accuracy"),
+                "eval_reward_margin_end": end.get("eval/reward_margin")}
+
+    def close(self) -> None:
+        """Nothing runs besides this process."""
 
 
-def finished(config: PreferenceRunConfig) -> dict | None:
-    """The summary of a resumed run already at its last step (None: there is work to do)."""
-    if config.steps is None:
-        return None
-    return RunDir(config.run_dir()).finished_summary(config.resume, config.steps)
+def preference_step(config: PreferenceRunConfig, make_objective):
+    """A preference pipeline's step factory; a device this machine lacks stops the run here,
+    before its directory is made."""
+    place = trainer_device(config.device, config.train.bf16_autocast, *machine_devices())
+    check_max_tokens(config)
+    return lambda run_dir, inputs: PreferenceStep(config, place, run_dir, make_objective)
 
 
 def score_all_pairs(pairs: list[Pair], pad_token_id: int,
@@ -259,12 +248,3 @@ def packed_length(pair: Pair) -> int:
 def by_length(pairs: list[Pair]) -> list[int]:
     """Indices of `pairs`, shortest packed row first (ties in data order)."""
     return sorted(range(len(pairs)), key=lambda i: packed_length(pairs[i]))
-
-
-def train_preferences(config: PreferenceRunConfig, make_objective) -> dict:
-    """Run the preference pipeline with its objective (`dpo.DPOObjective`,
-    `rm.RewardModelObjective`); resuming a run already at its last step changes nothing."""
-    done = finished(config)
-    if done is not None:
-        return done
-    return PreferencePipeline(config, load_tokenizer(config.model.path), make_objective).run()

@@ -27,8 +27,10 @@ def replay_step(run_dir: str | Path, step: int, overrides: list[str] | None = No
                 atol: float = 1e-6) -> dict[str, Any]:
     """Replay `step` of the run in `run_dir`; returns recorded vs replayed metrics."""
     from reroll.config import load_config
+    from reroll.config.pipelines import kind_of
     from reroll.engines.base import fingerprint
     from reroll.pipelines.common import RunDir
+    from reroll.pipelines.run import Run
     from reroll.rollout.metrics import rollout_metrics
     from reroll.rollout.recording import batch_path, load_batch
 
@@ -45,18 +47,18 @@ def replay_step(run_dir: str | Path, step: int, overrides: list[str] | None = No
     recorded = _recorded_metrics(run, step)
     start = _start_checkpoint(run, step)
     config = load_config(run / "config.yaml", overrides)
-    if config.pipeline not in ("rlvr", "agentic"):
+    if not kind_of(config.pipeline).rollouts:
         raise ConfigError(f"{run}: replay recomputes RL steps; this is a {config.pipeline} run")
     with tempfile.TemporaryDirectory(prefix="reroll-replay-") as scratch:
         config = _scratch_config(config, scratch, start)
-        pipeline = _pipeline_builder(config.pipeline)(config)
+        replayed = Run(config)  # the step restored from `start`, as a resumed run's
         try:
-            metrics = pipeline.train(trajectories, step)
+            metrics = replayed.step.update(trajectories, step)
             metrics |= rollout_metrics(trajectories, config.rollout.group_size)
-            replayed_weights = fingerprint(pipeline.policy.state_dict_for_sync())
+            replayed_weights = fingerprint(replayed.step.policy.state_dict_for_sync())
         finally:
-            pipeline.tracker.close()
-            pipeline.task.close()  # the reward runner, or the agentic episodes
+            replayed.tracker.close()
+            replayed.close()  # the reward runner or the agentic episodes, and the roles
     after = RunDir(run).checkpoint_dir(step)
     weights_match = (replayed_weights == _checkpoint_fingerprint(after, config.model.dtype)
                      if (after / "trainer_state.pt").is_file() else None)
@@ -79,16 +81,6 @@ def compare(recorded: dict[str, Any], replayed: dict[str, Any], atol: float) -> 
             worst = max(worst, diff)
             matches &= diff <= atol + 1e-5 * abs(float(old))
     return {"matches": matches, "max_abs_diff": worst, "metrics": rows}
-
-
-def _pipeline_builder(name: str):
-    if name == "agentic":
-        from reroll.pipelines.agentic import agentic_pipeline
-
-        return agentic_pipeline
-    from reroll.pipelines.rlvr import rlvr_pipeline
-
-    return rlvr_pipeline
 
 
 def _recorded_metrics(run: Path, step: int) -> dict[str, Any]:

@@ -1,28 +1,29 @@
-"""The RL pipeline, loop and step in one file: one driver loop for every RL task (prompts with a
-verifiable reward, or environments), with every algorithm of the catalogue (GRPO, Dr. GRPO, DAPO,
-Lite PPO, RLOO, REINFORCE++, PPO with a critic, GSPO, CISPO, TOPR, AsyPPO, RLOO/ReBN/GiGPO on
-episodes, ...) chosen by the `algorithm:` config.
+"""The RL step: one step for every RL task (prompts with a verifiable reward, or environments),
+with every algorithm of the catalogue (GRPO, Dr. GRPO, DAPO, Lite PPO, RLOO, REINFORCE++, PPO
+with a critic, GSPO, CISPO, TOPR, AsyPPO, RLOO/ReBN/GiGPO on episodes, ...) chosen by the
+`algorithm:` config. The loop that runs it (run directory, resume, tracker, checkpoints,
+evaluation cadence, progress, restarts) is `reroll.pipelines.run`, the same for every pipeline.
 
-One step = the task's rewarded trajectories (`Task.next_batch`) -> the training step (`train_on`,
-below the loop: collate -> filter -> logprobs and values -> advantages -> update; each phase
-takes the batch and returns it with its metrics, nothing passes between phases any other way) ->
-the new weights to the engine (verified) -> metrics, evaluation, records, checkpoint.
-`RLPipeline.run` reads top to bottom; the task is passed in (`rlvr.PromptTask`,
-`agentic.EnvTask`), never subclassed. Which function each phase calls for the `algorithm:`
-config is decided once at start (`objective.build`: the `Objective` the step functions take);
-the tensor maths is in `reroll.algorithms`.
+One step = the task's rewarded trajectories (`RLStep.next_batch`: `Task.next_batch`) -> the
+training step (`train_on`, below: collate -> filter -> logprobs and values -> advantages ->
+update; each phase takes the batch and returns it with its metrics) -> the new weights to the
+engine (verified). The task is passed in (`rlvr.PromptTask`, `agentic.EnvTask`), never
+subclassed. Which function each phase calls for the `algorithm:` config is decided once at start
+(`objective.build`: the `Objective` the step functions take); the tensor maths is in
+`reroll.algorithms`.
 
 The files one batch passes through, from prompt to optimizer step (DESIGN §1 order). Sync: these
-8; async adds a 9th between 2 and 3, the producer and its buffer (`reroll/rollout/async_source.py`):
-1. `reroll/pipelines/rl.py`: this file: the loop, and the step's phases
-2. `reroll/pipelines/rlvr.py` (or `agentic.py`): the task: prompts (env seeds) and their reward
-3. `reroll/rollout/scheduler.py`: the step's rollout rounds (`SyncSource`), each a batch of
+9; async adds a 10th between 3 and 4, the producer and its buffer (`reroll/rollout/async_source.py`):
+1. `reroll/pipelines/run.py`: the loop (`Run.run`), every pipeline's
+2. `reroll/pipelines/rl.py`: this file: the RL step's phases (`RLStep`, `train_on`)
+3. `reroll/pipelines/rlvr.py` (or `agentic.py`): the task: prompts (env seeds) and their reward
+4. `reroll/rollout/scheduler.py`: the step's rollout rounds (`SyncSource`), each a batch of
    groups of requests streamed to the engine (`RolloutScheduler`)
-4. `reroll/engines/hf.py` (or `vllm.py`, `remote.py`): token ids in, completions out
-5. `reroll/rewards/runner.py`: each completion's reward as it finishes (isolated, timed out)
-6. `reroll/data/batch.py`: Trajectory and `collate` into the padded Batch
-7. `reroll/pipelines/objective.py`: the Objective built at start: estimator, loss terms, KL
-8. `reroll/training/local.py` (or `fsdp2.py` behind `workers/policy.py`): the optimizer step
+5. `reroll/engines/hf.py` (or `vllm.py`, `remote.py`): token ids in, completions out
+6. `reroll/rewards/runner.py`: each completion's reward as it finishes (isolated, timed out)
+7. `reroll/data/batch.py`: Trajectory and `collate` into the typed, padded RLBatch
+8. `reroll/pipelines/objective.py`: the Objective built at start: estimator, loss terms, KL
+9. `reroll/training/local.py` (or `fsdp2.py` behind `workers/policy.py`): the optimizer step
 Records and leaves they use: the group records and request seeds (`reroll/rollout/groups.py`),
 the prompt order and templating (`reroll/rollout/stream.py`), the engine's Request/Completion
 (`reroll/engines/base.py`), tail batching's round planning when it is on
@@ -54,16 +55,13 @@ from reroll.distributed.colocation import take_turns
 from reroll.engines.base import SamplingParams
 from reroll.models.loading import load_tokenizer
 from reroll.pipelines import objective
-from reroll.pipelines.checkpoints import checkpoint_due, prune_checkpoints
-from reroll.pipelines.common import RunDir, Stopwatch, UpdateGuard, seed_everything, set_threads
+from reroll.pipelines.common import Stopwatch, UpdateGuard
 from reroll.pipelines.inputs import TaskInputs
 from reroll.pipelines.objective import Objective
 from reroll.pipelines.roles import build_roles, check_teachers, weight_sync_to
-from reroll.pipelines.supervisor import supervise
 from reroll.pipelines.task import Task, rollout_row
 from reroll.rollout.metrics import rollout_metrics
 from reroll.rollout.recording import batch_path, save_batch, write_rows
-from reroll.tracking import ProgressBar, Tracker
 from reroll.training.protocols import Critic, Policy, Reference, Teacher
 
 KLController = algorithms.FixedKLController | algorithms.AdaptiveKLController
@@ -73,16 +71,16 @@ TaskFactory = Callable[[Any, Any], Task]
 before the models load (a bad row is refused at start, never at step N)."""
 
 
-class RLPipeline:
-    def __init__(self, config: RLRunConfig, make_task: TaskFactory,
-                 inputs: TaskInputs | None = None):
-        """`inputs`: what the run was given as Python objects (`reroll.api`): its files are
-        written into the run directory before the task reads them."""
+class RLStep:
+    """The RL run's step (`reroll.pipelines.run.Step`) on a task: the roles, the engine, the
+    learner and the task, built after the run directory is made."""
+
+    start_row = False
+    phase = "generating rollouts"
+
+    def __init__(self, config: RLRunConfig, make_task: TaskFactory, run_dir: Path):
         self.config = c = config
-        set_threads(c.train.num_threads)
-        seed_everything(c.seed)
-        self.run_dir = RunDir.for_run(c.run_dir(), c.resume, c.overwrite)
-        (inputs or TaskInputs()).write_files(self.run_dir.path)
+        self.run_dir = run_dir
         # The objective, once: a user's estimator or loss that does not import fails here.
         self.objective = objective.build(c.algorithm, group_size=c.rollout.group_size,
                                          temperature=c.rollout.temperature,
@@ -98,7 +96,6 @@ class RLPipeline:
         self.policy: Policy = self.roles.policy
         self.reference: Reference | None = self.roles.reference
         self.critic: Critic | None = self.roles.critic
-        self.restarts = 0  # set by the supervisor when this pipeline resumes after a failure
         objective.announce_correction(c.algorithm, c.off_policy_reasons())
         self.learner = Learner(self.objective, self.policy, self.reference, self.critic,
                                self.objective.new_kl_controller(),
@@ -107,90 +104,57 @@ class RLPipeline:
         self.weight_sync = weight_sync_to(self.roles, self.engine)
         # Rollout colocated with the policy: they take turns on the devices at phase boundaries.
         self.turns = take_turns(c, self.policy, self.engine)
-        self.start_step, self.eval_start = 0, None
-        resume = self.run_dir.resolve_resume(c.resume)
-        if resume:
-            self.restore(*resume)
-        self.run_dir.write_config(c)
-        self.tracker = Tracker(self.run_dir.path, c.tracking,
-                               resume_step=self.start_step if resume else None,
-                               run_config=c.model_dump(mode="json"))
+        self.steps, self.eval_every = c.steps, c.eval.every_steps
+        self.eval_what = self.task.eval_what if self.task.evaluates else ""
+        method = self.objective.label
+        self.label = f"{self.task.label} {method}" if self.task.label else method
+        self.rollout_s = 0.0
 
-    def run(self) -> dict:
-        c, clock = self.config, Stopwatch()
-        if self.eval_start is None:  # all of it in the summary: metrics.jsonl starts at step 1
-            self.eval_start = self.evaluate(self.start_step)
-        bar = ProgressBar(c.steps, self.method_name(), self.start_step, c.tracking.progress)
-        last_eval = None
-        for n in range(self.start_step + 1, c.steps + 1):
-            timer = Stopwatch()
-            trajectories, rollout_s = self.generate(n)
-            metrics = self.train(trajectories, n)
-            metrics |= self.sync_weights(n)
-            metrics |= rollout_metrics(trajectories, c.rollout.group_size) | self.task.metrics()
-            if self.eval_due(n):
-                metrics |= self.evaluate(n)
-                last_eval = metrics["eval/reward_mean"]
-            metrics |= {"time/rollout_s": rollout_s, "time/step_s": timer.seconds()}
-            self.tracker.log(n, metrics)
-            self.record(n, trajectories)
-            self.checkpoint(n)
-            bar.update(n, f"reward {metrics['train/reward_mean']:.3f}"
-                       + (f" | eval {last_eval:.3f}" if last_eval is not None else ""))
-        bar.close()
-        return self.finish(last_eval, clock.seconds())
-
-    # -- phases ----------------------------------------------------------------------------------
-
-    def generate(self, n: int) -> tuple[list[Trajectory], float]:
+    def next_batch(self, n: int) -> list[Trajectory]:
         """The task's rewarded trajectories of step `n` (sync: generated now; async: taken from
-        the buffer within the staleness bound of the trainer's version, n - 1), and the seconds
-        that took."""
+        the buffer within the staleness bound of the trainer's version, n - 1)."""
         c = self.config
         self.turns.rollout_turn()  # the swap is timed apart (`time/colocation_swap_s`)
         timer = Stopwatch()
         params = self.sampling_params(c.rollout.temperature, c.rollout.top_p, c.rollout.top_k)
-        return self.task.next_batch(n, params), timer.seconds()
+        trajectories = self.task.next_batch(n, params)
+        self.rollout_s = timer.seconds()
+        return trajectories
 
     def train(self, trajectories: list[Trajectory], n: int) -> dict[str, float]:
+        """The update, then the new weights to the engine, checked (a mismatch raises
+        WeightSyncError)."""
+        metrics = self.update(trajectories, n)
+        self.turns.rollout_turn()
+        metrics |= self.weight_sync(n) | self.turns.metrics()
+        return metrics | rollout_metrics(trajectories, self.config.rollout.group_size) \
+            | self.task.metrics() | {"time/rollout_s": self.rollout_s}
+
+    def update(self, trajectories: list[Trajectory], n: int) -> dict[str, float]:
         """The training step on the devices the policy has (its turn when colocated)."""
         self.turns.train_turn()
         return train_on(trajectories, self.learner, self.tokenizer.pad_token_id, n)
 
-    def sync_weights(self, version: int) -> dict[str, float]:
-        """Push the policy's weights to the engine and check that they arrived intact (a
-        mismatch raises WeightSyncError). After a restart, every step shows `fault/restarts`."""
-        self.turns.rollout_turn()
-        metrics = self.weight_sync(version) | self.turns.metrics()
-        return metrics | ({"fault/restarts": self.restarts} if self.restarts else {})
-
     def evaluate(self, n: int) -> dict[str, float]:
         """The task's held-out metrics after step `n` (the same sampling seeds at every
         evaluation); its samples go to `rollouts/eval_step_N.jsonl` for `reroll view`."""
-        if not self.task.evaluates:
-            return {}
         self.turns.rollout_turn()
         metrics = self.task.evaluate(self.sampling_params(self.config.eval.temperature))
         count = self.config.tracking.record_eval_rollouts
         if count:
             rows = [rollout_row(t) for t in self.task.eval_trajectories[:count]]
-            write_rows(self.run_dir.path / "rollouts" / f"eval_step_{n}.jsonl", rows)
+            write_rows(self.run_dir / "rollouts" / f"eval_step_{n}.jsonl", rows)
         return metrics
-
-    # -- helpers ---------------------------------------------------------------------------------
 
     def sampling_params(self, temperature: float, top_p: float = 1.0, top_k: int = 0
                         ) -> SamplingParams:
         return SamplingParams(self.config.rollout.max_new_tokens, temperature, top_p, top_k,
                               self.stop_ids)
 
-    def method_name(self) -> str:
-        method = self.objective.label
-        return f"{self.task.label} {method}" if self.task.label else method
-
-    def eval_due(self, n: int) -> bool:
-        every = self.config.eval.every_steps
-        return self.task.evaluates and (n == self.config.steps or bool(every and n % every == 0))
+    def status(self, metrics: dict[str, float]) -> str:
+        last = metrics.get("eval/reward_mean")
+        return f"reward {metrics['train/reward_mean']:.3f}" + (
+            f" | eval {last:.3f}" if last is not None else "")
 
     def record(self, n: int, trajectories: list[Trajectory]) -> None:
         """Sampled rows of the step for `reroll view` (`rollouts/step_N.jsonl`) and, every
@@ -198,53 +162,42 @@ class RLPipeline:
         tracking = self.config.tracking
         if tracking.record_rollouts:
             rows = self.task.record(n, trajectories, tracking.record_rollouts)
-            write_rows(self.run_dir.path / "rollouts" / f"step_{n}.jsonl", rows)
+            write_rows(self.run_dir / "rollouts" / f"step_{n}.jsonl", rows)
         every = tracking.record_batch_every
         if every and n % every == 0:
-            save_batch(batch_path(self.run_dir.path, n), n, trajectories)
+            save_batch(batch_path(self.run_dir, n), n, trajectories)
 
-    def checkpoint(self, n: int) -> None:
-        c = self.config
-        if not checkpoint_due(c.checkpoint, n, c.steps):
-            return
-        with self.run_dir.writing_checkpoint(n) as directory:  # step_N/ once complete
-            if self.critic is not None:
-                self.critic.save(directory)
-            self.policy.save(directory, {"step": n, **self.task.state_dict(),
-                                         "eval_start": self.eval_start,
-                                         "kl_coef": self.learner.kl.value,
-                                         "teacher_tokens": self.learner.teacher_tokens})
-            self.tokenizer.save_pretrained(directory)
-        prune_checkpoints(self.run_dir, c.checkpoint)
+    def state_dict(self) -> dict[str, Any]:
+        return {**self.task.state_dict(), "kl_coef": self.learner.kl.value,
+                "teacher_tokens": self.learner.teacher_tokens}
 
-    def restore(self, n: int, directory: Path) -> None:
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.learner.kl.value = state.get("kl_coef", self.learner.kl.value)
+        self.learner.teacher_tokens = state.get("teacher_tokens", 0)
+        self.task.load_state_dict(state)
+        self.weight_sync(state["step"])
+
+    def save(self, directory: Path, state: dict[str, Any]) -> None:
+        if self.critic is not None:
+            self.critic.save(directory)
+        self.policy.save(directory, state)
+        self.tokenizer.save_pretrained(directory)
+
+    def load(self, directory: Path) -> dict[str, Any]:
         if self.critic is not None:
             self.critic.load(directory)
-        extra = self.policy.load(directory)  # last: its RNG state is the one to continue from
-        self.learner.kl.value = extra.get("kl_coef", self.learner.kl.value)
-        self.learner.teacher_tokens = extra.get("teacher_tokens", 0)
-        self.task.load_state_dict(extra)
-        self.start_step = n
-        self.eval_start = extra.get("eval_start", {"eval/reward_mean": extra.get(
-            "eval_reward_start")})  # checkpoints of earlier versions kept only the reward
-        self.weight_sync(n)
+        state = self.policy.load(directory)  # last: its RNG state is the one to continue from
+        if "eval_start" not in state:  # checkpoints of earlier versions kept only the reward
+            state["eval_start"] = {"eval/reward_mean": state.get("eval_reward_start")}
+        return state
 
-    def finish(self, eval_reward_end: float | None, wall_time_s: float) -> dict:
-        self.tracker.close()
-        self.close()
-        summary = {
-            "run_dir": str(self.run_dir.path),
-            "steps": self.config.steps,
-            "resumed_from_step": self.start_step or None,
-            "restarts": self.restarts,
-            "eval_reward_start": self.eval_start.get("eval/reward_mean"),
-            "eval_reward_end": eval_reward_end,
-            "eval_start": self.eval_start,
-            "wall_time_s": round(wall_time_s, 2),
-            "final_checkpoint": str(self.run_dir.checkpoint_dir(self.config.steps)),
-        }
-        self.run_dir.write_summary(summary)
-        return summary
+    def save_final(self, directory: Path) -> dict[str, Any]:
+        """An RL run's model is its last checkpoint (`final_checkpoint`)."""
+        return {}
+
+    def summary_keys(self, start: dict[str, float], end: dict[str, float]) -> dict[str, Any]:
+        return {"eval_reward_start": start.get("eval/reward_mean"),
+                "eval_reward_end": end.get("eval/reward_mean")}
 
     def close(self) -> None:
         """Stop the task (rollout source, reward workers) and every role's worker processes."""
@@ -252,14 +205,13 @@ class RLPipeline:
         self.roles.shutdown()
 
 
-def train(config: RLRunConfig, make_task: TaskFactory, inputs: TaskInputs | None = None) -> dict:
-    """Run the pipeline on the task; when a worker process dies, restart the roles and resume
-    from the last checkpoint, up to `distributed.max_restarts` times. Resuming a finished run
-    changes nothing."""
-    done = RunDir(config.run_dir()).finished_summary(config.resume, config.steps)
-    if done is not None:
-        return done
-    return supervise(functools.partial(RLPipeline, make_task=make_task, inputs=inputs), config)
+def rl_step(config: RLRunConfig, make_task: TaskFactory) -> Callable[..., RLStep]:
+    """The step factory of RL kinds (`reroll.config.pipelines`): the task's inputs are those the
+    run was given (`reroll.api`)."""
+    def build(run_dir: Path, inputs: TaskInputs | None) -> RLStep:
+        return RLStep(config, functools.partial(make_task, inputs=inputs), run_dir)
+
+    return build
 
 
 # The training step: one batch of trajectories in, one optimizer step out. The step functions

@@ -8,7 +8,6 @@ are the RL pipeline's (`reroll.pipelines.rl`: the loop and the step).
 
 from __future__ import annotations
 
-import functools
 from typing import Any
 
 import torch
@@ -17,12 +16,12 @@ from reroll.config.schema import RLConfig
 from reroll.data.batch import Trajectory
 from reroll.data.datasets import PromptSampler, load_prompts
 from reroll.engines.base import Engine, SamplingParams
-from reroll.pipelines import rl
+from reroll.pipelines import rl, run
 from reroll.pipelines.domains import DomainTask
 from reroll.pipelines.inputs import TaskInputs
 from reroll.pipelines.judge import reward_factory
 from reroll.pipelines.roles import remote_reward
-from reroll.pipelines.task import rollout_row
+from reroll.pipelines.task import held_out, rollout_row
 from reroll.pipelines.validation import check_prompts
 from reroll.rewards import build_runner
 from reroll.rewards.runner import RewardRunner
@@ -76,6 +75,10 @@ class PromptTask:
     @property
     def evaluates(self) -> bool:
         return bool(self.eval_rows)
+
+    @property
+    def eval_what(self) -> str:
+        return held_out(len(self.eval_rows), "prompt", self.config.eval.samples_per_prompt)
 
     def start(self, engine: Engine) -> Engine:
         self.source = build_source(self.config, engine, self.rewards, self.tokenizer, self.stream)
@@ -137,12 +140,17 @@ def prompt_task(config: RLConfig, tokenizer, inputs: TaskInputs | None = None):
     return PromptTask(config, tokenizer, inputs)
 
 
-def rlvr_pipeline(config: RLConfig, inputs: TaskInputs | None = None) -> rl.RLPipeline:
-    """The RL pipeline on the config's prompts and reward."""
-    return rl.RLPipeline(config, functools.partial(prompt_task, inputs=inputs), inputs)
+def rlvr_step(config: RLConfig):
+    """The step factory of `pipeline: rlvr` (`reroll.config.pipelines`)."""
+    return rl.rl_step(config, prompt_task)
+
+
+def rlvr_pipeline(config: RLConfig, inputs: TaskInputs | None = None) -> run.Run:
+    """The run of an RLVR config, built (its step: `rl.RLStep` on the config's prompts)."""
+    return run.Run(config, inputs)
 
 
 def train(config: RLConfig, inputs: TaskInputs | None = None) -> dict:
-    """Run RLVR under the restart supervisor (`rl.train`); `inputs`: a reward and datasets
-    passed as Python objects (`reroll.api.train`)."""
-    return rl.train(config, functools.partial(prompt_task, inputs=inputs), inputs)
+    """Run RLVR (`reroll.pipelines.run.train`: restarts after a dead worker included);
+    `inputs`: a reward and datasets passed as Python objects (`reroll.api.train`)."""
+    return run.train(config, inputs)

@@ -18,11 +18,12 @@ from reroll.algorithms.preference import bradley_terry_loss
 from reroll.config.preference import RMConfig
 from reroll.models.devices import RoleDevice
 from reroll.models.loading import load_scalar_model
+from reroll.pipelines import run
 from reroll.pipelines.preference import (
     SCORE_MICRO_FACTOR,
     Pair,
+    preference_step,
     score_all_pairs,
-    train_preferences,
 )
 from reroll.rewards.model import sequence_scores
 from reroll.training.local import LocalStrategy
@@ -86,7 +87,17 @@ class RewardModelObjective:
     def save_final(self, directory: Path) -> None:
         self.strategy.model.save_pretrained(directory)
 
+    answers = False  # a scorer: its held-out figures are the pairs' scores
+
+    def answer(self, prompts: list[list[int]], max_new_tokens: int) -> list[list[int]]:
+        raise NotImplementedError("a reward model scores, it does not answer")
+
+
+def rm_step(config: RMConfig):
+    """The step factory of `pipeline: rm` (`reroll.config.pipelines`)."""
+    return preference_step(config, RewardModelObjective)
+
 
 def train_rm(config: RMConfig) -> dict:
     """Train a reward model; resuming a run already at its last step changes nothing."""
-    return train_preferences(config, RewardModelObjective)
+    return run.train(config)

@@ -26,13 +26,13 @@ def supervise(make_pipeline: Callable[[Any], Any], config: Any) -> dict:
             pipeline.restarts = restarts
             return pipeline.run()
         except Exception as error:
-            if not is_worker_death(error) or restarts >= config.distributed.max_restarts:
+            if not is_worker_death(error) or restarts >= config.max_restarts():
                 raise
             restarts += 1
             _stop(pipeline)
             resume = bool(RunDir(config.run_dir()).checkpoints())
             log.warning("a worker died (%s); restart %d of %d, %s", error, restarts,
-                        config.distributed.max_restarts,
+                        config.max_restarts(),
                         "resuming from the last checkpoint" if resume else "from the start")
             # without a checkpoint, the failed attempt's files are cleared and it starts over
             config = config.model_copy(update={"resume": resume, "overwrite": not resume})

@@ -1,6 +1,7 @@
 """The task protocol: what an RL pipeline asks of the work it trains on.
 
-The pipeline (`reroll.pipelines.rl.RLPipeline`) owns the roles, the step and the run directory;
+The RL step (`reroll.pipelines.rl.RLStep`) owns the roles and the training step, the run
+(`reroll.pipelines.run.Run`) the loop and the run directory;
 a task owns where the step's trajectories come from and how they are rewarded: prompts with a
 reward (`rlvr.PromptTask`) or environments (`agentic.EnvTask`). A new kind of work plugs in as
 another task, never as a subclass of the pipeline.
@@ -24,6 +25,11 @@ class Task(Protocol):
     @property
     def evaluates(self) -> bool:
         """Whether the task has held-out data for `evaluate`."""
+        ...
+
+    @property
+    def eval_what(self) -> str:
+        """What `evaluate` runs, for the run's first lines ("8 held-out prompts")."""
         ...
 
     def start(self, engine: Engine) -> Engine:
@@ -59,6 +65,12 @@ class Task(Protocol):
 
     def close(self) -> None:
         ...
+
+
+def held_out(count: int, unit: str, samples: int = 1) -> str:
+    """`8 held-out prompts`, `4 held-out episodes x 2 samples`."""
+    text = f"{count} held-out {unit}{'s' if count != 1 else ''}"
+    return text + (f" x {samples} samples" if samples > 1 else "")
 
 
 def rollout_row(t: Trajectory) -> dict[str, Any]:

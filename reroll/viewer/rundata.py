@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from reroll.config.errors import ConfigError
+from reroll.config.pipelines import DEFAULT, KINDS
 
 ROLLOUT_FILE = re.compile(r"^step_(\d+)\.jsonl$")
 EVAL_ROLLOUT_FILE = re.compile(r"^eval_step_(\d+)\.jsonl$")
@@ -48,10 +49,12 @@ class RunData:
 
     @property
     def pipeline(self) -> str:
-        """'rlvr', 'sft', ... from the resolved config; guessed from the metrics if it is missing."""
+        """The run's `pipeline` from the resolved config; guessed from the metrics if it is missing
+(the first pipeline of the table whose training metric they have)."""
         if isinstance(self.config.get("pipeline"), str):
             return self.config["pipeline"]
-        return "sft" if any("sft/nll" in row for row in self.metrics) else "rlvr"
+        return next((kind.name for kind in KINDS.values()
+                     if any(kind.headline[1] in row for row in self.metrics)), DEFAULT.name)
 
     @property
     def name(self) -> str:

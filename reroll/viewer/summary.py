@@ -11,6 +11,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from reroll.config.pipelines import DEFAULT, KINDS
 from reroll.viewer.rundata import RunData
 
 
@@ -24,24 +25,18 @@ class Figure:
 
 
 def headline(run: RunData) -> list[Figure]:
-    """Steps, first/last train reward (NLL for SFT), eval start/end, wall time and status."""
+    """Steps, the pipeline's training figure first/last (reward, NLL, preference accuracy), its
+held-out figure start/end, wall time and status."""
     summary = run.summary or {}
     last_step = run.metrics[-1]["step"]
     steps = summary.get("steps", last_step)
     figures = [Figure("run", run.name, run.pipeline), Figure("steps", str(steps))]
-    if run.pipeline == "sft":
-        figures += [_first_last(run, "train NLL", "sft/nll"),
-                    _start_end(run, "eval NLL", "eval/nll", "eval_nll_start", "eval_nll_end")]
-    elif run.pipeline in ("dpo", "rm"):
-        figures += [_first_last(run, "train preference accuracy", "pref/accuracy"),
-                    _start_end(run, "eval preference accuracy", "eval/accuracy",
-                               "eval_accuracy_start", "eval_accuracy_end")]
-    else:
-        figures += [_first_last(run, "train reward", "train/reward_mean"),
-                    _start_end(run, "eval reward", "eval/reward_mean", "eval_reward_start",
-                               "eval_reward_end")]
-        if run.series("eval/success_rate"):  # agentic: the environment's own measure
-            figures.append(_eval_start_end(run, "eval success rate", "eval/success_rate"))
+    kind = KINDS.get(run.pipeline, DEFAULT)
+    train_label, train_key, eval_label, eval_key = kind.headline
+    figures += [_first_last(run, train_label, train_key),
+                _start_end(run, eval_label, eval_key, *kind.summary)]
+    if run.series("eval/success_rate"):  # agentic: the environment's own measure
+        figures.append(_eval_start_end(run, "eval success rate", "eval/success_rate"))
     figures.append(_wall_time(run))
     status = "finished" if run.summary is not None else f"no summary.json (last step {last_step})"
     figures.append(Figure("status", status))

@@ -115,10 +115,11 @@ def test_a_list_where_one_section_goes_is_one_clear_line(tmp_path):
     """A list under `env` gave pydantic's 'Input should be a valid dictionary or instance of
     EnvConfig'."""
     message = error_of(tmp_path, {**AGENTIC, "env": [{"id": "countdown"}, {"id": "sokoban"}]})
+    from reroll.config.agentic import EnvConfig
+
+    keys = ", ".join(EnvConfig.model_fields)
     assert message.splitlines()[1] == (
-        "  env: expected one `env` section (a mapping of its keys: id, kwargs, max_turns, "
-        "max_context_tokens, step_timeout_s, system_prompt, history_thinking, train_seeds, "
-        "eval_episodes, redundancy), got a list of 2")
+        f"  env: expected one `env` section (a mapping of its keys: {keys}), got a list of 2")
 
 
 def test_wrong_type_names_field_and_value(tmp_path):

@@ -98,7 +98,7 @@ def test_colocated_run_takes_turns_in_order_and_matches_the_separate_run(tmp_pat
     # The first evaluation is the rollout's turn; then every step: score and train, sync and
     # generate. Training while the optimizer state is offloaded would have raised.
     one_step = ["engine.sleep", "policy.reload", "policy.offload", "engine.wake"]
-    assert colocated.turns.history == ["policy.offload"] + one_step * 3
+    assert colocated.step.turns.history == ["policy.offload"] + one_step * 3
     rows, expected = read_metrics(tmp_path / "colocated"), read_metrics(tmp_path / "separate")
     assert [r["colocation/swaps"] for r in rows] == [5, 4, 4]  # step 1 counts the first eval's
     for row, reference in zip(rows, expected, strict=True):

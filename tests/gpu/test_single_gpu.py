@@ -32,9 +32,9 @@ def grpo_config(tmp_path, model: str, data: dict, **sections) -> RLConfig:
 def test_single_gpu_grpo_puts_every_role_on_cuda(tmp_path, tiny_model, arithmetic):
     pipeline = rlvr.rlvr_pipeline(grpo_config(tmp_path, tiny_model, arithmetic))
     try:
-        assert next(pipeline.policy.model.parameters()).is_cuda
-        assert next(pipeline.roles.engine.model.parameters()).is_cuda
-        assert next(pipeline.reference.cluster.executor.workers[0].model.parameters()).is_cuda
+        assert next(pipeline.step.policy.model.parameters()).is_cuda
+        assert next(pipeline.step.roles.engine.model.parameters()).is_cuda
+        assert next(pipeline.step.reference.cluster.executor.workers[0].model.parameters()).is_cuda
         summary = pipeline.run()
     finally:
         pipeline.close()
@@ -82,13 +82,13 @@ def test_on_policy_distillation_scores_on_the_gpu(tmp_path, tiny_model, arithmet
         "kl": {"coef": 0.0}, "distill": {"teacher": {"path": tiny_model}, "mode": "mixed"}})
     pipeline = rlvr.rlvr_pipeline(config)
     try:
-        teacher = pipeline.learner.teacher.cluster.executor.workers[0]
+        teacher = pipeline.step.learner.teacher.cluster.executor.workers[0]
         assert next(teacher.model.parameters()).is_cuda
         summary = pipeline.run()
     finally:
         pipeline.close()
     assert summary["steps"] == 3
-    assert pipeline.learner.teacher_tokens > 0
+    assert pipeline.step.learner.teacher_tokens > 0
 
 
 def one_process_config(kind, tmp_path, model: str, data: dict, **extra):
@@ -106,34 +106,25 @@ def test_sft_distill_dpo_and_reward_model_train_on_cuda(tmp_path, tiny_model, ar
     from reroll.config.preference import DPOConfig, RMConfig
     from reroll.config.schema import SFTConfig
     from reroll.data.preferences import write_arithmetic_preferences
-    from reroll.models.loading import load_tokenizer
-    from reroll.pipelines.distill import DistillStep
-    from reroll.pipelines.dpo import DPOObjective
-    from reroll.pipelines.preference import PreferencePipeline
-    from reroll.pipelines.rm import RewardModelObjective
-    from reroll.pipelines.sft import SFTPipeline
+    from reroll.pipelines.run import Run
 
     sft_data = {"data": {"train": arithmetic["train"], "eval": arithmetic["eval"],
                          "response_key": "solution"}}
-    sft = SFTPipeline(one_process_config(SFTConfig, tmp_path / "sft", tiny_model, sft_data))
-    assert next(sft.policy.model.parameters()).is_cuda and sft.policy.autocast_bf16
+    sft = Run(one_process_config(SFTConfig, tmp_path / "sft", tiny_model, sft_data))
+    assert next(sft.step.policy.model.parameters()).is_cuda and sft.step.policy.autocast_bf16
     trained = sft.run()["final_model"]
 
-    distill = SFTPipeline(one_process_config(
+    distill = Run(one_process_config(
         DistillConfig, tmp_path / "distill", tiny_model, sft_data, pipeline="distill",
-        teacher={"path": trained}, distill={"top_k": 8}), step=DistillStep)
-    assert next(distill.step.teacher.model.parameters()).is_cuda
+        teacher={"path": trained}, distill={"top_k": 8}))
+    assert next(distill.step.loss.teacher.model.parameters()).is_cuda
     assert distill.run()["steps"] == 4
 
     paths = write_arithmetic_preferences(tmp_path / "pairs", train_size=64, eval_size=16, seed=0)
     pairs = {"data": {"train": str(paths["train"]), "eval": str(paths["eval"])}}
-    tokenizer = load_tokenizer(trained)
-    for kind, objective, name in [(DPOConfig, DPOObjective, "dpo"),
-                                  (RMConfig, RewardModelObjective, "rm")]:
-        pipeline = PreferencePipeline(one_process_config(kind, tmp_path / name, trained, pairs,
-                                                         pipeline=name),
-                                      tokenizer, objective)
-        assert next(pipeline.objective.strategy.model.parameters()).is_cuda
+    for kind, name in [(DPOConfig, "dpo"), (RMConfig, "rm")]:
+        pipeline = Run(one_process_config(kind, tmp_path / name, trained, pairs, pipeline=name))
+        assert next(pipeline.step.objective.strategy.model.parameters()).is_cuda
         summary = pipeline.run()
         assert summary["steps"] == 4
         assert torch.isfinite(torch.tensor(summary["eval_accuracy_end"]))
@@ -146,14 +137,14 @@ def test_the_trainer_steps_with_fused_adamw_and_resumes_from_its_checkpoint(tmp_
     from safetensors.torch import load_file
 
     from reroll.config.schema import SFTConfig
-    from reroll.pipelines.sft import SFTPipeline
+    from reroll.pipelines.run import Run
 
     def run(**extra) -> dict:
         config = one_process_config(SFTConfig, tmp_path / "sft", tiny_model, {"data": {
             "train": arithmetic["train"], "response_key": "solution"}},
             checkpoint={"every_steps": 2, "keep_last": 4}, **extra)
-        pipeline = SFTPipeline(config)
-        assert pipeline.policy.optimizer.defaults["fused"] is True
+        pipeline = Run(config)
+        assert pipeline.step.policy.optimizer.defaults["fused"] is True
         return pipeline.run()
 
     whole = run()

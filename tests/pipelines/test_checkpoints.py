@@ -89,3 +89,15 @@ def test_a_full_disk_stops_the_run_and_keeps_the_last_checkpoint(tmp_path, tiny_
     run_dir = RunDir(tmp_path / "run")
     assert [step for step, _ in run_dir.checkpoints()] == [1]
     assert not list((tmp_path / "run" / "checkpoints").glob("*.partial"))
+@pytest.mark.parametrize("pipeline", ["sft", "dpo", "rlvr"])
+def test_every_run_checkpoints_periodically_by_default(pipeline):
+    """An SFT run killed at step 10 of 12 left nothing to resume: by default a run now writes a
+    checkpoint about every tenth of its steps (at most 50 apart), whatever its pipeline."""
+    from reroll.config.pipelines import KINDS
+
+    default = KINDS[pipeline].config.model_fields["checkpoint"].default_factory()
+    assert [s for s in range(1, 13) if checkpoint_due(default, s, 12)] == list(range(1, 13))
+    assert [s for s in range(1, 101) if checkpoint_due(default, s, 100)] == list(range(10, 101, 10))
+    assert checkpoint_due(default, 50, 5000) and not checkpoint_due(default, 60, 5000)
+    assert [s for s in range(1, 13) if checkpoint_due(CheckpointConfig(every_steps=0), s, 12)] \
+        == [12]

@@ -105,7 +105,7 @@ def test_resume_reproduces_the_uninterrupted_run(tmp_path, warm_model):
 def test_weight_sync_mismatch_stops_the_run(tmp_path, warm_model):
     pipeline = rlvr_pipeline(load_config(write_config(
         tmp_path / "rl.yaml", rl_config(tmp_path, warm_model, steps=2))))
-    pipeline.engine.load_weights = lambda named, version: None  # an engine that drops updates
+    pipeline.step.engine.load_weights = lambda named, version: None  # an engine that drops updates
     with pytest.raises(WeightSyncError, match="fingerprint"):
         pipeline.run()
 

@@ -178,7 +178,7 @@ def test_async_training_trains_within_the_staleness_bound(tmp_path, tiny_model, 
                        async_training={"enabled": True, "max_staleness": 1},
                        algorithm={"correction": {"tis": {"level": "token", "cap": 2.0}}})
     pipeline = rlvr_pipeline(config)
-    before = {k: v.clone() for k, v in pipeline.policy.state_dict_for_sync()}
+    before = {k: v.clone() for k, v in pipeline.step.policy.state_dict_for_sync()}
     summary = pipeline.run()
     rows = read_metrics(summary["run_dir"])
     assert [r["step"] for r in rows] == [1, 2, 3, 4]
@@ -186,7 +186,7 @@ def test_async_training_trains_within_the_staleness_bound(tmp_path, tiny_model, 
     assert any(r["staleness/max"] == 1 for r in rows)  # rollout really ran ahead of training
     assert all("correction/tis_weight_mean" in r and "time/trainer_idle_s" in r for r in rows)
     assert sum(r["rollout/samples_kept"] for r in rows) >= 4 * 16
-    after = dict(pipeline.policy.state_dict_for_sync())
+    after = dict(pipeline.step.policy.state_dict_for_sync())
     assert any(not torch.equal(before[k], after[k]) for k in before)
     assert summary["eval_reward_end"] is not None
 
@@ -222,14 +222,14 @@ def test_async_training_with_in_flight_updates(tmp_path, tiny_model, arithmetic,
 def trained_prompts(config) -> list[list[str]]:
     """Run the pipeline; the prompts of each step's batch, one per group, in order."""
     pipeline, steps = rlvr_pipeline(config), []
-    next_batch = pipeline.task.source.next_batch
+    next_batch = pipeline.step.task.source.next_batch
 
     def recorded(*args):
         trajectories = next_batch(*args)
         steps.append(list(dict.fromkeys(t.prompt_text for t in trajectories)))
         return trajectories
 
-    pipeline.task.source.next_batch = recorded
+    pipeline.step.task.source.next_batch = recorded
     pipeline.run()
     return steps
 
