@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from reroll.api import _env_factory
 from reroll.config.agentic import EnvConfig
 from reroll.config.errors import ConfigError
 from reroll.envs import EnvError, make_env
@@ -146,11 +147,27 @@ def test_auto_isolation_puts_user_envs_in_a_process_and_builtins_in_threads(bad_
     assert env_processes(user, lambda: make_env(user.id), given=True) is None  # Python API
 
 
-def test_process_isolation_of_an_object_a_process_cannot_import_is_refused(bad_envs):
-    env = EnvConfig(id="bad_envs:Pid", isolation="process")
+def test_an_object_given_to_the_python_api_runs_in_a_process_when_importable(bad_envs):
+    sys.path.insert(0, str(bad_envs))  # the user's script imports its module
+    import bad_envs as module
+
+    env = EnvConfig(id="bad_envs.Pid", isolation="process")
+    hosts = env_processes(env, _env_factory(module.Pid, {}), given=True)
+    try:
+        assert asyncio.run(_episode(hosts.make(), 10)) == str(hosts.pids()[0]) != str(os.getpid())
+    finally:
+        hosts.close()
+
+    class Local:  # a class no other process can import
+        def reset(self, seed=None):
+            return "", {}
+
+        def step(self, action):
+            return "", 0.0, True, False, {}
+
     with pytest.raises(ConfigError, match="env.isolation: process needs an environment a new "
                                           "process can import"):
-        env_processes(env, lambda: make_env(env.id), given=True)
+        env_processes(env, _env_factory(Local, {}), given=True)
 
 
 @pytest.mark.e2e
@@ -161,7 +178,8 @@ def test_agent_loop_survives_a_stuck_and_a_crashing_user_env(bad_envs, tiny_mode
     started = time.monotonic()
     done = _python(f"""
         import functools, json, torch
-        from reroll.config.agentic import EnvConfig
+        from reroll.api import _env_factory
+from reroll.config.agentic import EnvConfig
         from reroll.engines.base import SamplingParams
         from reroll.engines.hf import HFEngine
         from reroll.envs import make_env
