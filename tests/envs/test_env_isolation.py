@@ -51,6 +51,16 @@ class Stuck:
         time.sleep(10**6)
 
 
+class StuckReset:
+    """A reset that never returns."""
+
+    def reset(self, seed=None):
+        time.sleep(10**6)
+
+    def step(self, action):
+        return "", 0.0, True, False, {}
+
+
 class Pid:
     def reset(self, seed=None):
         return str(os.getpid()), {}
@@ -85,20 +95,23 @@ async def _episode(env, timeout_s: float) -> str:
         return str(e)
 
 
-def test_a_sync_step_that_never_returns_is_abandoned_and_the_process_exits(bad_envs):
-    # asyncio's default executor, which ran sync steps, is joined by asyncio.run at its end:
+def test_a_sync_step_or_reset_that_never_returns_is_abandoned_and_the_process_exits(bad_envs):
+    # asyncio's default executor, which ran sync calls, is joined by asyncio.run at its end:
     # this process hung there for ever.
     started = time.monotonic()
     done = _python("""
         import asyncio
         from reroll.envs import EnvError, make_env
-        from reroll.envs.base import step_async
-        try:
-            asyncio.run(step_async(make_env("bad_envs:Stuck"), "x", 0.2))
-        except EnvError as e:
-            print(e)
+        from reroll.envs.base import reset_async, step_async
+        for call in (lambda: step_async(make_env("bad_envs:Stuck"), "x", 0.2),
+                     lambda: reset_async(make_env("bad_envs:StuckReset"), 0, 0.2)):
+            try:
+                asyncio.run(call())
+            except EnvError as e:
+                print(e)
         """, bad_envs, timeout=60)
-    assert done.returncode == 0 and done.stdout.strip() == "env step took longer than 0.2s"
+    assert done.returncode == 0 and done.stdout.splitlines() == [
+        "env step took longer than 0.2s", "env reset took longer than 0.2s"]
     assert time.monotonic() - started < 30
 
 
