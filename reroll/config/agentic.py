@@ -42,7 +42,7 @@ class EnvConfig(Section):
     its process ends the run). `process`: in env host processes of their own
     (`num_processes`): an env that exits, crashes or hangs fails only its episodes
     (`env/errors`, with the exit code), the run goes on and the process is started again;
-    about 1 ms more per step and a second or two to start. The environment must be importable
+    about 0.3 ms more per step and a second or two to start. The environment must be importable
     by a new process (an `env.id`; an object given to the Python API must be a class or
     function of an importable module). `auto`: `process` for your own environment
     (`module:Class`, `path/to/file.py:Class`), `thread` for built-in and gem ones and for
