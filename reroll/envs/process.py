@@ -33,7 +33,7 @@ from collections.abc import Callable
 from multiprocessing.connection import Connection
 from typing import Any
 
-from reroll.envs.base import EnvError, reset_async, step_async
+from reroll.envs.base import EnvError, in_thread, reset_async, step_async
 
 START_TIMEOUT_S = 120.0
 """Longest a host may take to start and build its first environment (imports included)."""
@@ -259,8 +259,8 @@ class _HostBody:
             return
         try:
             if method == "reset":
-                try:
-                    self.envs[key] = self.factory()
+                try:  # in a thread: a slow constructor must not hold up the other episodes
+                    self.envs[key] = await in_thread(self.factory)
                 except Exception as e:  # noqa: BLE001 - the episode fails, named
                     raise EnvError(f"env reset: building it raised {type(e).__name__}: {e}") \
                         from None
