@@ -62,7 +62,10 @@ class EnvProcesses:
             for i, host in enumerate(self.hosts):
                 if host.dead is not None:  # its episodes have failed; later ones get a new host
                     host.close()
-                    self.hosts[i] = _Host(self.factory, self.label)
+                    try:
+                        self.hosts[i] = _Host(self.factory, self.label)
+                    except EnvError as e:  # the episode fails on the dead host, not the run
+                        host.dead = f"{host.dead}, and a new process did not start ({e})"
             host = min(self.hosts, key=lambda h: h.live)
             host.live += 1
             return ProcessEnv(host, next(self._keys))
