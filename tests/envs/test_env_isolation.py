@@ -191,8 +191,7 @@ def test_agent_loop_survives_a_stuck_and_a_crashing_user_env(bad_envs, tiny_mode
     started = time.monotonic()
     done = _python(f"""
         import functools, json, torch
-        from reroll.api import _env_factory
-from reroll.config.agentic import EnvConfig
+        from reroll.config.agentic import EnvConfig
         from reroll.engines.base import SamplingParams
         from reroll.engines.hf import HFEngine
         from reroll.envs import make_env
