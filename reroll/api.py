@@ -17,6 +17,7 @@ passes the same objects again (docs/python-api.md).
 from __future__ import annotations
 
 import copy
+import functools
 import inspect
 import json
 import math
@@ -277,7 +278,6 @@ def _reward_funcs(funcs: Any, weights: Any) -> tuple[list[Callable], list[float]
 def _env_factory(env: Any, kwargs: dict[str, Any]) -> Callable[[], Any]:
     """A fresh environment per episode from a class, a factory or an instance (copied), each
     wrapped for the episode statistics; one is built now, so a bad one fails at start."""
-    from reroll.envs.wrappers import EpisodeStats
     from reroll.rewards.python import object_name
 
     name = object_name(env)
@@ -288,9 +288,9 @@ def _env_factory(env: Any, kwargs: dict[str, Any]) -> Callable[[], Any]:
     if not instance and not callable(env):
         raise ConfigError(f"env: {env!r} is neither an environment nor a class or factory")
 
-    def make() -> Any:
-        return EpisodeStats(copy.deepcopy(env) if instance else env(**kwargs))
-
+    # A partial of a module-level function, not a closure: `env.isolation: process` sends it
+    # to an env process (which imports `env` by its module, so it must be importable there).
+    make = functools.partial(_fresh_env, env, kwargs, instance)
     try:
         sample = env if instance else env(**kwargs)
     except (TypeError, ValueError) as e:
@@ -301,6 +301,12 @@ def _env_factory(env: Any, kwargs: dict[str, Any]) -> Callable[[], Any]:
                           f"{' and '.join(missing)}; an environment has reset(seed) -> (obs, "
                           f"info) and step(action) -> (obs, reward, terminated, truncated, info)")
     return make
+
+
+def _fresh_env(env: Any, kwargs: dict[str, Any], instance: bool) -> Any:
+    from reroll.envs.wrappers import EpisodeStats
+
+    return EpisodeStats(copy.deepcopy(env) if instance else env(**kwargs))
 
 
 @dataclass

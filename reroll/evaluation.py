@@ -12,6 +12,7 @@ domain's reward (`reroll.evaluation_domains`).
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import math
 import re
@@ -215,14 +216,36 @@ def _play_env(spec: EvalSpec, env_id: str, engine, tokenizer, params) -> tuple[l
         raise ConfigError("--env-kwargs: max_turns is set with --max-turns (the one turn limit, "
                           "as env.max_turns in configs)")
     kwargs = env_arguments(env_id, dict(spec.env_kwargs or {}), spec.max_turns)
-    make_env(env_id, **kwargs)  # unknown ids and bad arguments fail here, as ConfigErrors
-    job = AgentJob(engine, tokenizer, lambda: make_env(env_id, **kwargs), params,
+    factory = functools.partial(make_env, env_id, **kwargs)
+    factory()  # unknown ids and bad arguments fail here, as ConfigErrors
+    hosts = _env_processes(env_id, factory)
+    job = AgentJob(engine, tokenizer, hosts.make if hosts else factory, params,
                    max_turns=spec.max_turns, max_context_tokens=spec.max_prompt_tokens,
                    system_prompt=spec.system_prompt)
     # Seeds far from training's (which count up from 0), so the episodes are held out.
     seeds = [1_000_000 + spec.seed * 10_000 + i for i in range(spec.episodes)]
-    trajectories, stats = run_episodes(job, seeds, spec.n, spec.seed, step=0)
+    try:
+        trajectories, stats = run_episodes(job, seeds, spec.n, spec.seed, step=0)
+    finally:
+        if hosts is not None:
+            hosts.close()
     return trajectories, {k: v for k, v in stats.metrics().items() if k != "env/episodes"}
+
+
+def _env_processes(env_id: str, factory):
+    """A user's environment (`module:Class`) in an env process of its own, as training's
+    `env.isolation: auto` runs it: one that ends its process fails only its episodes."""
+    from reroll.envs.base import EnvError
+    from reroll.envs.gem_adapter import PREFIX as GEM_PREFIX
+    from reroll.envs.process import EnvProcesses
+    from reroll.envs.user import is_user_id
+
+    if not is_user_id(env_id) or env_id.startswith(GEM_PREFIX):
+        return None
+    try:
+        return EnvProcesses(factory, env_id)
+    except EnvError as e:
+        raise ConfigError(f"--env: {e}") from None
 
 
 def load_task(spec: EvalSpec) -> list:

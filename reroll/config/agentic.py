@@ -33,7 +33,24 @@ class EnvConfig(Section):
     """First prompt plus every turn's tokens; an episode that would grow past it ends cleanly
     with finish reason `length`."""
     step_timeout_s: float = Field(30.0, gt=0)
-    """Limit of one env reset or step; past it the episode fails (`env/errors`), the run goes on."""
+    """Limit of one env reset or step; past it the episode fails (`env/errors`), the run goes on.
+    A call past it is abandoned where it runs (a thread cannot be stopped; with `isolation:
+    process` its host process is killed when the run ends)."""
+    isolation: Literal["auto", "thread", "process"] = "auto"
+    """Where the environments' `reset`/`step` run. `thread`: in threads of the trainer's process
+    (the cheapest; a step past `step_timeout_s` is abandoned, but an env that exits or crashes
+    its process ends the run). `process`: in env host processes of their own
+    (`num_processes`): an env that exits, crashes or hangs fails only its episodes
+    (`env/errors`, with the exit code), the run goes on and the process is started again;
+    about 0.3 ms more per step and a second or two to start. The environment must be importable
+    by a new process (an `env.id`; an object given to the Python API must be a class or
+    function of an importable module). `auto`: `process` for your own environment
+    (`module:Class`, `path/to/file.py:Class`), `thread` for built-in and gem ones and for
+    objects given to the Python API. With `distributed.env` the env actors are processes
+    already and this is not used."""
+    num_processes: int = Field(1, ge=1, le=64)
+    """Env host processes with `isolation: process`; each new episode goes to the one with the
+    fewest live environments (several let CPU-heavy envs step in parallel)."""
     system_prompt: str | None = None
     """Prepended as a system message to every episode."""
     history_thinking: Literal["keep", "strip"] | None = None

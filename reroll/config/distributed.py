@@ -162,8 +162,8 @@ class DistributedConfig(Section):
     are pure functions of the sample). With `serve` set, a Ray Serve deployment with autoscaling
     replicas instead. Needs `executor: ray`."""
     env: RolePlacement | None = None
-    """Placement of the environments (agentic runs): None steps them in worker threads of the
-    driver process; set, each episode's environment lives in one of `num_workers` Ray actors
+    """Placement of the environments (agentic runs): None steps them beside the driver (in its
+    threads, or in env processes: `env.isolation`); set, each episode's environment lives in one of `num_workers` Ray actors
     (the one with the fewest live environments) placed like any role, e.g. on CPU-only nodes
     with `labels: {pool: env}`, which steps it in threads of its own under `env.step_timeout_s`.
     The environment must be importable on those nodes. Needs `executor: ray`."""

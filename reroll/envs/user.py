@@ -9,9 +9,9 @@ Env protocol (`reset(seed) -> (obs, info)`, `step(action) -> (obs, reward, termi
 truncated, info)`).
 
 The working directory goes on `sys.path` (at the front, as `python -m` and `reward.function` do),
-so `reroll train` run from a project folder imports that folder's modules. Environments are
-built in the process that runs the agent loop (the driver; with `executor: ray` too, as only the
-model roles run in actors), so no other process needs to import them.
+so `reroll train` run from a project folder imports that folder's modules. The driver builds
+one at start for these checks; the episodes' environments are built, by default, in an env
+process started from the same folder and `sys.path` (`env.isolation`, `reroll.envs.process`).
 """
 
 from __future__ import annotations

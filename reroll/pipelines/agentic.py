@@ -23,13 +23,17 @@ from typing import Any
 
 import torch
 
-from reroll.config.agentic import AgenticConfig
+from reroll.config.agentic import AgenticConfig, EnvConfig
 from reroll.config.errors import ConfigError
 from reroll.data.batch import Trajectory
 from reroll.data.datasets import PromptSampler
 from reroll.engines.base import Engine, SamplingParams
 from reroll.envs import ChatFormat, make_env
+from reroll.envs.base import EnvError
+from reroll.envs.gem_adapter import PREFIX as GEM_PREFIX
+from reroll.envs.process import EnvProcesses, picklable
 from reroll.envs.registry import env_arguments
+from reroll.envs.user import is_user_id
 from reroll.pipelines import rl, run
 from reroll.pipelines.agents import AgentTask
 from reroll.pipelines.inputs import TaskInputs
@@ -58,6 +62,27 @@ def check_history(tokenizer, system_prompt: str | None, history_thinking: str | 
                           "see docs/agentic.md")
 
 
+def env_processes(env: EnvConfig, factory, given: bool) -> EnvProcesses | None:
+    """The env host processes `env.isolation` asks for (`auto`: for a user's `module:Class`
+    env), started now, or None (threads of this process)."""
+    isolation = env.isolation
+    if isolation == "auto":
+        user = is_user_id(env.id) and not env.id.startswith(GEM_PREFIX)
+        isolation = "process" if user and not given else "thread"
+    if isolation == "thread":
+        return None
+    problem = picklable(factory)
+    if problem is not None:
+        raise ConfigError(f"env.isolation: process needs an environment a new process can "
+                          f"import; the one given cannot be sent there ({problem}): pass a class "
+                          f"or function of an importable module, or set env.isolation: thread")
+    try:
+        return EnvProcesses(factory, env.id, env.num_processes)
+    except EnvError as e:
+        raise ConfigError(f"env.isolation: process: {e} (env.isolation: thread runs it in "
+                          f"this process)") from None
+
+
 @dataclass
 class EpisodeCounters:
     """Run totals kept in checkpoints (as `reward_counters`), so a resumed run continues them."""
@@ -79,11 +104,15 @@ class EnvTask:
         env = config.env
         kwargs = env_arguments(env.id, env.kwargs, env.max_turns)
         given = (inputs or TaskInputs()).env_factory
-        factory = given or (lambda: make_env(env.id, **kwargs))
+        factory = given or functools.partial(make_env, env.id, **kwargs)  # picklable
         factory()  # a bad id or argument fails at start-up, not mid-run
-        # With `distributed.env` placed, each episode's environment lives in a Ray actor there.
+        # With `distributed.env` placed, each episode's environment lives in a Ray actor there;
+        # else, with `env.isolation` process, in env host processes; else in threads here.
         self.env_hosts = remote_envs(config, factory)
-        self.make_env = self.env_hosts.make if self.env_hosts is not None else factory
+        self.env_processes = None if self.env_hosts is not None else \
+            env_processes(env, factory, given is not None)
+        hosts = self.env_hosts or self.env_processes
+        self.make_env = hosts.make if hosts is not None else factory
         check_history(tokenizer, env.system_prompt, env.history_thinking)
         self.label = env.id
         self.sampler = PromptSampler(list(range(env.train_seeds)), config.seed)  # env seeds
@@ -183,6 +212,8 @@ class EnvTask:
     def close(self) -> None:
         if self.env_hosts is not None:
             self.env_hosts.close()
+        if self.env_processes is not None:
+            self.env_processes.close()
         if self.episode_reward is not None:
             self.episode_reward.runner.close()
 
