@@ -42,16 +42,17 @@ def test_tool_use_sft_then_agentic_grpo_calls_the_tool(tiny_model, tmp_path):
     assert main(["make-episodes", "--env", "calculator", "--kwargs", '{"digits": 2}',
                  "--episodes", "64", "--out", str(episodes)]) == 0
     sft = _yaml(tmp_path / "sft.yaml", {
-        "pipeline": "sft", "output_dir": str(tmp_path / "sft"), "seed": 0, "steps": 40,
+        "pipeline": "sft", "output_dir": str(tmp_path / "sft"), "seed": 0, "steps": 30,
         "model": {"path": model}, "data": {"train": str(episodes), "max_tokens": 1024},
-        "batch_size": 8, "optimizer": {"lr": 3e-3, "warmup_steps": 2},
+        "batch_size": 8, "optimizer": {"lr": 5e-3, "warmup_steps": 2},
         "train": {"micro_batch_size": 8, "num_threads": 1},
         "tracking": {"progress": False, "tensorboard": False}})
     assert main(["sft", sft]) == 0
     rl = _yaml(tmp_path / "rl.yaml", {
         "pipeline": "agentic", "output_dir": str(tmp_path / "rl"), "steps": 1,
         "model": {"path": str(tmp_path / "sft" / "final")},
-        "env": {**ENV, "max_context_tokens": 1024, "eval_episodes": 0},
+        "env": {**ENV, "max_context_tokens": 1024, "eval_episodes": 0,
+                "history_thinking": "keep"},
         "rollout": {"prompts_per_step": 2, "group_size": 4, "max_new_tokens": 80},
         "optimizer": {"lr": 1e-4}, "train": {"micro_batch_size": 8, "num_threads": 1},
         "eval": {"every_steps": 0},
