@@ -91,7 +91,8 @@ def _in_thread(fn, arguments: dict[str, Any]) -> asyncio.Future:
         except RuntimeError:  # the loop closed meanwhile (the call was abandoned)
             pass
 
-    threading.Thread(target=work, daemon=True, name=f"tool-{fn.__name__}").start()
+    name = getattr(fn, "__name__", "call")  # a functools.partial has none
+    threading.Thread(target=work, daemon=True, name=f"tool-{name}").start()
     return future
 
 

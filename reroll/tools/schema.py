@@ -11,6 +11,7 @@ is taken as a schema: either the OpenAI form above or its inner `function` objec
 
 from __future__ import annotations
 
+import functools
 import inspect
 import re
 import types
@@ -89,8 +90,9 @@ def _checked_schema(schema: dict[str, Any]) -> dict[str, Any]:
 
 
 def _schema_of_callable(fn: Callable[..., Any]) -> dict[str, Any]:
-    name = getattr(fn, "__name__", None) or type(fn).__name__
-    doc = inspect.getdoc(fn) or ""
+    base = fn.func if isinstance(fn, functools.partial) else fn  # a partial: its function's
+    name = getattr(base, "__name__", None) or type(fn).__name__
+    doc = inspect.getdoc(base) or ""
     described = _arg_docs(doc)
     try:
         hints = typing.get_type_hints(fn)

@@ -224,3 +224,18 @@ def test_the_python_tool_runs_code_in_the_sandbox_with_several_tools_per_env():
     assert results[0].content == str(2 ** 100) and not results[0].error
     assert "Error" in results[1].content  # no network in the sandbox
     assert results[2].content == "42"
+
+
+def test_a_partial_is_a_tool_named_by_its_function():
+    import functools
+
+    def scale(value: float, factor: float) -> float:
+        """Scale a value."""
+        return value * factor
+
+    double = functools.partial(scale, factor=2.0)
+    schema = tool_schema(double)["function"]
+    assert (schema["name"], schema["description"]) == ("scale", "Scale a value.")
+    assert schema["parameters"]["required"] == ["value"]
+    [result] = _run([ToolCall("c0", "scale", {"value": 1.5})], [double])
+    assert (result.content, result.error) == ("3.0", False)
