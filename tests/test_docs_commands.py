@@ -129,6 +129,7 @@ ALLOWLIST = {
     ".venv/bin/python benchmarks/vs_trl.py": "a benchmark (minutes)",
     ".venv/bin/python benchmarks/vs_trl.py --model small": "a benchmark (minutes)",
     ".venv/bin/python benchmarks/dpo_vs_trl.py": "a benchmark (minutes)",
+    ".venv/bin/python benchmarks/gateway.py": "a benchmark (minutes)",
     # Run by the tests of their own docs, which write the files the commands need.
     "reroll envs --describe my_envs:MyEnv": "the section's example, my_envs:RepeatCode, is "
                                             "run in a fresh folder with the doc's my_"

@@ -17,6 +17,7 @@ behind a RewardRunner, and added to the return by the agent loop (`EpisodeReward
 
 from __future__ import annotations
 
+import functools
 import random
 from dataclasses import asdict, dataclass
 from typing import Any
