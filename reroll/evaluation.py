@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from reroll import settings
 from reroll.config.errors import ConfigError
 from reroll.config.pipelines import kind_of
 
@@ -81,7 +82,8 @@ class EvalSpec:
     seed: int = 0
     batch_size: int = 256
     threads: int | None = None
-    """torch threads of this process (None: torch's default, every core)."""
+    """torch threads of this process (None: torch's default, every core; `reroll eval` without
+    `--threads` gives fewer on a machine already busy: `default_threads`)."""
     domains: list[Any] | None = None
     """A multi-domain run's `data.domains` (DomainConfig, a file domain's reward resolved):
     each domain is evaluated on its held-out set with its own reward."""
@@ -377,12 +379,22 @@ def add_eval_parser(subparsers: argparse._SubParsersAction) -> argparse.Argument
                    help="a sample is correct when its reward is at least this (default 1.0)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--batch-size", type=int, default=256, help="most sequences decoded together")
-    p.add_argument("--threads", type=int, help="torch threads (default: every core; set it when "
-                                               "other processes share the machine)")
+    p.add_argument("--threads", type=int, help="torch threads (default: every core, or the cores "
+                                               "left idle when the machine is already busy)")
     p.add_argument("--out", help="results JSON (default runs/eval/<model>-<task>.json); the "
                                  "samples go next to it as .samples.jsonl")
     p.set_defaults(fn=cmd_eval)
     return p
+
+
+def default_threads(flag: int | None) -> tuple[int | None, str | None]:
+    """`--threads`; without it, as a run without `train.num_threads`: torch's default (None) on
+    a quiet machine, the cores left idle on one already busy (`settings.contention`), with the
+    line that says so."""
+    if flag is not None:
+        return flag, None
+    chosen = settings.contention()
+    return (chosen.threads, chosen.line("--threads N")) if chosen else (None, None)
 
 
 def spec_from_args(args: argparse.Namespace) -> EvalSpec:
@@ -422,7 +434,8 @@ def spec_from_args(args: argparse.Namespace) -> EvalSpec:
     ks = tuple(int(k) for k in args.k.replace(" ", "").split(",") if k)
     return EvalSpec(model=args.model, n=args.n, ks=ks, engine=args.engine,
                     threshold=args.threshold, seed=args.seed,
-                    batch_size=args.batch_size, threads=args.threads, **chosen,
+                    batch_size=args.batch_size, threads=default_threads(args.threads)[0],
+                    **chosen,
                     run_config=str(run / "config.yaml") if run else None,
                     taken={k: source for k, (_, source) in taken.items()})
 
@@ -586,6 +599,9 @@ def cmd_eval(args: argparse.Namespace) -> None:
             f"settings from {spec.run_config} (a flag overrides each; --ignore-run-config drops "
             f"them): " + ", ".join(f"{k}={_shown(spec, k)!r} ({key})"
                                    for k, key in spec.taken.items()), highlight=False)
+    threads_line = default_threads(args.threads)[1]
+    if threads_line:
+        Console(stderr=True).print(threads_line, highlight=False)
     what = spec.task or spec.env or "domains"
     out = Path(args.out) if args.out else Path("runs") / "eval" / (
         f"{Path(spec.model).name or 'model'}-{Path(what).stem}.json")

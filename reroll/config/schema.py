@@ -157,8 +157,13 @@ class TrainConfig(Section):
     several times less memory (16x256 tokens of SmolLM2-135M: see docs/benchmarks.md). Scoring
     without gradients, the reference model and the engines are unaffected."""
     num_threads: int | None = Field(None, ge=1)
-    """torch intra-op threads for this process (None: all cores). Set it when several processes
-    share a machine: oversubscribed threads slow each other down several-fold."""
+    """torch intra-op threads for this process. None: every core this process may use, less
+    the machine's 1-minute load when the run starts (at least 1; a line says so when that is
+    fewer). Oversubscribed threads slow each other down several-fold: on a busy 2-core machine
+    SmolLM2 steps took 95-150 s on every core against ~35 s with 1 thread, so a run whose steps
+    meet a load a core beyond its cores says once that `num_threads: 1` is often faster. Set it
+    to fix the count (unset with OMP_NUM_THREADS exported: torch follows that, nothing is
+    detected)."""
     max_skipped_updates: int = Field(3, ge=1)
     """An optimizer update whose loss or gradient norm is NaN/inf is skipped (weights untouched,
     counted in `train/skipped_updates`); this many skipped in a row stop the run (exit 1)."""

@@ -21,6 +21,7 @@ import torch
 import yaml
 from pydantic import BaseModel
 
+from reroll import settings
 from reroll.config.errors import ConfigError, RunStopped
 from reroll.models.files import safetensors_problem
 from reroll.models.lora import is_adapter_dir
@@ -56,9 +57,31 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def set_threads(num_threads: int | None) -> None:
+def set_threads(num_threads: int | None) -> str | None:
+    """Apply `train.num_threads`; unset, torch's default (every core) unless the machine was
+    already busy when the process started (`settings.contention`): then the cores left idle.
+    Returns the line that says so, or None."""
     if num_threads is not None:
         torch.set_num_threads(num_threads)
+        return None
+    chosen = settings.contention()
+    if chosen is None:
+        return None
+    torch.set_num_threads(chosen.threads)
+    return chosen.line("train.num_threads: N")
+
+
+def busy_hint() -> str | None:
+    """The hint for a step run while the machine is oversubscribed (its load a core beyond the
+    cores) with more than one torch thread, or None: oversubscribed threads wait on one another,
+    and one thread was about 3x faster than every core on a busy machine (issue 49)."""
+    if torch.get_num_threads() <= 1:
+        return None
+    cores, load = settings.cores(), settings.load()
+    if load is None or not settings.busy(cores, load):
+        return None
+    return (f"the machine is busy (load {load:.1f} on {cores} cores): train.num_threads: 1 is "
+            f"often faster here")
 
 
 def writable_dir(path: Path, what: str) -> Path:

@@ -22,7 +22,7 @@ from typing import Any, Protocol
 
 from reroll.config.pipelines import kind_of
 from reroll.pipelines.checkpoints import checkpoint_due, prune_checkpoints
-from reroll.pipelines.common import RunDir, Stopwatch, seed_everything, set_threads
+from reroll.pipelines.common import RunDir, Stopwatch, busy_hint, seed_everything, set_threads
 from reroll.pipelines.inputs import TaskInputs
 from reroll.pipelines.supervisor import supervise
 from reroll.tracking import ProgressBar, Tracker
@@ -97,7 +97,10 @@ class Run:
         self.config = c = config
         self.kind = kind_of(c.pipeline)
         self.restarts = 0  # set by `supervise` when this run resumes after a dead worker
-        set_threads(c.train.num_threads)
+        self.hinted = False  # the busy-machine hint is said once per run
+        threads = set_threads(c.train.num_threads)
+        if threads:
+            self.say(threads)
         seed_everything(c.seed)
         build = (step or step_factory(c.pipeline))(c)
         self.run_dir = RunDir.for_run(c.run_dir(), c.resume, c.overwrite)
@@ -136,6 +139,7 @@ class Run:
                 eval_end = self.evaluate(n)
                 metrics |= eval_end
             metrics["time/step_s"] = timer.seconds()
+            self.hint_busy()
             self.tracker.log(n, metrics)
             self.step.record(n, batch)
             self.checkpoint(n)
@@ -203,6 +207,13 @@ class Run:
         model loading, the first evaluation, the first step's rollouts take minutes)."""
         if self.config.tracking.progress:
             print(f"reroll: {line}", file=sys.stderr, flush=True)
+
+    def hint_busy(self) -> None:
+        if not self.hinted:
+            hint = busy_hint()
+            if hint:
+                self.say(hint)
+                self.hinted = True
 
     def say_first(self, n: int) -> None:
         if n == self.start_step + 1:

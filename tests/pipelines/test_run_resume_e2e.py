@@ -115,7 +115,8 @@ def test_a_run_says_what_it_does_from_its_first_second(tmp_path, tiny_model, ari
                     tracking={"progress": True, "tensorboard": False})
     train(load_config(path))
     lines = [line for line in capfd.readouterr().err.splitlines() if line.strip()]
-    said = [i for i, line in enumerate(lines) if line.startswith("reroll: ")]
+    said = [i for i, line in enumerate(lines) if line.startswith("reroll: ")
+            and "machine is busy" not in line]  # said only when the test's machine is busy
     assert len(said) == 3, lines
     assert "loading" in lines[said[0]] and tiny_model in lines[said[0]]
     assert "evaluating on 4 held-out prompts before step 1" in lines[said[1]]
