@@ -64,11 +64,14 @@ def cores() -> int:
 
 
 def load() -> float | None:
-    """The machine's 1-minute load average (runnable tasks), or None where it is unknown."""
+    """The 1-minute load average (runnable tasks) on the cores this process may use, or None
+    where it is unknown: the machine's, times their share of its cores (a container pinned to 4
+    of a host's 64 cores sees the host's load)."""
     try:
-        return os.getloadavg()[0]
+        machine = os.getloadavg()[0]
     except (AttributeError, OSError):
         return None
+    return machine * min(1.0, cores() / (os.cpu_count() or cores()))
 
 
 def threads_for(cores: int, load: float) -> int:

@@ -158,8 +158,8 @@ class TrainConfig(Section):
     without gradients, the reference model and the engines are unaffected."""
     num_threads: int | None = Field(None, ge=1)
     """torch intra-op threads for this process. None: every core this process may use, less
-    the machine's 1-minute load when the run starts (at least 1; a line says so when that is
-    fewer). Oversubscribed threads slow each other down several-fold: on a busy 2-core machine
+    the 1-minute load on them when the run starts (the machine's, by their share of its cores;
+    at least 1; a line says so when that is fewer than the cores). Oversubscribed threads slow each other down several-fold: on a busy 2-core machine
     SmolLM2 steps took 95-150 s on every core against ~35 s with 1 thread, so a run whose steps
     meet a load a core beyond its cores says once that `num_threads: 1` is often faster. Set it
     to fix the count (unset with OMP_NUM_THREADS exported: torch follows that, nothing is

@@ -188,3 +188,13 @@ def test_eval_threads_default_to_the_same_choice(tmp_path, machine):
     settings.contention.cache_clear()
     machine(4, 0.1)
     assert spec_from_args(parser.parse_args(flags)).threads is None  # torch's default
+
+
+def test_a_process_pinned_to_some_cores_counts_their_share_of_the_load(monkeypatch):
+    """getloadavg is the whole machine's: 32 runnable tasks on a 64-core host leave about half
+    of a 4-core container's cores idle, not none."""
+    monkeypatch.setattr(settings.os, "sched_getaffinity", lambda pid: set(range(4)))
+    monkeypatch.setattr(settings.os, "cpu_count", lambda: 64)
+    monkeypatch.setattr(settings.os, "getloadavg", lambda: (32.0, 0.0, 0.0))
+    assert settings.load() == 2.0
+    assert settings.threads_for(settings.cores(), settings.load()) == 2
