@@ -549,6 +549,12 @@ class SFTData(Section):
     """Prepended as a system message when a row has only `prompt`."""
     max_tokens: int = Field(512, ge=8)
     """Rows longer than this after templating are an error naming the row."""
+    train_turns: Literal["auto", "all", "last"] = "auto"
+    """Which assistant turns of a `messages` row are trained: `all` (every assistant turn, the
+    rest masked), `last` (only the final message, the earlier turns are its prompt), or `auto`:
+    all for a tool conversation (tool calls, tool results or a `tools` column), the last for a
+    plain chat, whose earlier turns are usually a prefix that other rows train (the per-turn rows
+    of `reroll make-episodes` for an env without tools)."""
 
 
 class SFTConfig(RunConfig):

@@ -20,6 +20,11 @@ from reroll.data.batch import Trajectory
 from reroll.tools.render import render_messages, supports_tools
 
 
+def is_tool_conversation(messages: list[dict[str, Any]], tools: Any = None) -> bool:
+    """Whether a row is a tool conversation: tool calls, tool results or tools."""
+    return bool(tools) or any(m.get("role") == "tool" or m.get("tool_calls") for m in messages)
+
+
 def is_multi_turn(messages: list[dict[str, Any]], tools: Any = None) -> bool:
     """Whether a row needs `multi_turn_example`: several assistant turns, tool calls, tool
     results or tools (a row with one final assistant message is trained as a prompt and one

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import functools
 import random
+import re
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -34,7 +35,7 @@ from reroll.envs.base import EnvError
 from reroll.envs.gem_adapter import PREFIX as GEM_PREFIX
 from reroll.envs.process import EnvProcesses, picklable
 from reroll.envs.registry import env_arguments
-from reroll.envs.user import is_user_id
+from reroll.envs.user import check_kwargs, is_user_id, load_factory
 from reroll.pipelines import rl, run
 from reroll.pipelines.agents import AgentTask
 from reroll.pipelines.inputs import TaskInputs
@@ -232,8 +233,18 @@ def learned_reward_means(trajectories: list[Trajectory], split: str) -> dict[str
 
 def agentic_step(config: AgenticConfig):
     """The step factory of `pipeline: agentic` (`reroll.config.pipelines`): the config's
-    environment, or its agent program through the gateway."""
+    environment, or its agent program through the gateway. A user's `env.id` and `env.kwargs`
+    are checked here, before the run directory is made and the model loads."""
+    env = config.env
+    if env is not None and is_user_id(env.id) and not UNIMPORTABLE.search(env.id):
+        check_kwargs(env.id, load_factory(env.id), env_arguments(env.id, env.kwargs,
+                                                                 env.max_turns))
     return rl.rl_step(config, AgentTask if config.agent is not None else EnvTask)
+
+
+UNIMPORTABLE = re.compile(r"__main__|<|\(\)")
+"""The names of objects given to the Python API that cannot be imported back (`reroll.api`):
+those are checked when the task is built from the objects themselves."""
 
 
 def agentic_pipeline(config: AgenticConfig, inputs: TaskInputs | None = None) -> run.Run:

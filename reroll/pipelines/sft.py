@@ -23,7 +23,7 @@ from reroll.config.errors import ConfigError
 from reroll.config.schema import SFTConfig
 from reroll.data.batch import Trajectory, collate
 from reroll.data.datasets import PromptRow, load_prompts
-from reroll.data.multiturn import is_multi_turn, multi_turn_example
+from reroll.data.multiturn import is_multi_turn, is_tool_conversation, multi_turn_example
 from reroll.models.devices import machine_devices, trainer_device
 from reroll.models.loading import load_model, load_tokenizer
 from reroll.models.logprobs import batched_logprobs
@@ -36,9 +36,13 @@ from reroll.rollout.stream import encode_prompt
 from reroll.training.local import LocalStrategy
 
 
-def sft_example(tokenizer, row: PromptRow, response_key: str, max_tokens: int) -> Trajectory:
+def sft_example(tokenizer, row: PromptRow, response_key: str, max_tokens: int,
+                train_turns: str = "auto") -> Trajectory:
+    """`train_turns` (`data.train_turns`): which assistant turns of a `messages` row train."""
     tools = row.metadata.get("tools")
-    if row.messages[-1]["role"] == "assistant" and is_multi_turn(row.messages, tools):
+    multi = train_turns == "all" or (train_turns == "auto" and is_tool_conversation(
+        row.messages, tools))
+    if row.messages[-1]["role"] == "assistant" and multi and is_multi_turn(row.messages, tools):
         return multi_turn_example(tokenizer, row.messages, tools, max_tokens, row.source)
     if row.messages[-1]["role"] == "assistant":
         prompt_row = PromptRow(row.messages[:-1], None, source=row.source)
@@ -88,7 +92,7 @@ class SFTStep:
     def read(self, path: str) -> list[Trajectory]:
         d = self.config.data
         return load_prompts(path, d.system_prompt, lambda row: sft_example(
-            self.tokenizer, row, d.response_key, d.max_tokens))
+            self.tokenizer, row, d.response_key, d.max_tokens, d.train_turns))
 
     def next_batch(self, step: int) -> TensorDict:
         """The next `batch_size` rows of the shuffled data, reshuffled at each pass."""

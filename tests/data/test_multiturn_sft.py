@@ -34,10 +34,11 @@ TURNS = ['<tool_call>\n{"name": "calculator", "arguments": {"expression": "12345
          '</tool_call>', "The answer is \\boxed{83810205}.", "41905102.5"]
 
 
-def _example(tokenizer, tmp_path, row=ROW):
+def _example(tokenizer, tmp_path, row=ROW, train_turns="all"):
     path = tmp_path / "rows.jsonl"
     path.write_text(json.dumps(row) + "\n")
-    [example] = load_prompts(path, None, lambda r: sft_example(tokenizer, r, "response", 4096))
+    [example] = load_prompts(path, None, lambda r: sft_example(tokenizer, r, "response", 4096,
+                                                                train_turns))
     return example
 
 
@@ -90,3 +91,21 @@ def test_a_template_that_rewrites_earlier_turns_is_refused_naming_the_row(qwen_t
                         {"role": "assistant", "content": "d"}]}
     with pytest.raises(ConfigError, match=r"rows.jsonl:1: the chat template renders"):
         _example(qwen_tokenizer, tmp_path, row)
+
+
+PLAIN = {"messages": [{"role": "user", "content": "Guess 1-8"}, {"role": "assistant", "content": "4"},
+                      {"role": "user", "content": "Too low."}, {"role": "assistant", "content": "6"}]}
+
+
+@pytest.mark.parametrize("train_turns,trained", [("auto", ["6"]), ("last", ["6"]),
+                                                 ("all", ["4", "6"])])
+def test_train_turns_picks_the_trained_turns_of_a_plain_chat(qwen_tokenizer, tmp_path,
+                                                             train_turns, trained):
+    """`auto` trains a plain chat's last turn (a per-turn prefix row of `make-episodes`: its
+    earlier turns are trained in their own rows) and every turn of a tool conversation."""
+    example = _example(qwen_tokenizer, tmp_path, PLAIN, train_turns)
+    mask = example.policy_mask or [1] * len(example.response_ids)
+    texts = [qwen_tokenizer.decode(span).strip() for span in _spans(example.response_ids, mask)]
+    assert [t.removesuffix(qwen_tokenizer.eos_token).strip() for t in texts] == trained
+    tool = _example(qwen_tokenizer, tmp_path, ROW, "auto")
+    assert tool.policy_mask is not None and sum(tool.policy_mask) < len(tool.response_ids)
