@@ -87,10 +87,7 @@ class RewardModelObjective:
     def save_final(self, directory: Path) -> None:
         self.strategy.model.save_pretrained(directory)
 
-    answers = False  # a scorer: its held-out figures are the pairs' scores
-
-    def answer(self, prompts: list[list[int]], max_new_tokens: int) -> list[list[int]]:
-        raise NotImplementedError("a reward model scores, it does not answer")
+    answers = False  # a scorer: its held-out figures are the pairs' scores (no `answer`)
 
 
 def rm_step(config: RMConfig):
