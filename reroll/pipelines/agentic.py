@@ -18,9 +18,11 @@ behind a RewardRunner, and added to the return by the agent loop (`EpisodeReward
 from __future__ import annotations
 
 import functools
+import inspect
 import random
 import re
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -36,6 +38,7 @@ from reroll.envs.gem_adapter import PREFIX as GEM_PREFIX
 from reroll.envs.process import EnvProcesses, picklable
 from reroll.envs.registry import env_arguments
 from reroll.envs.user import check_kwargs, is_user_id, load_factory
+from reroll.models.files import model_context
 from reroll.pipelines import rl, run
 from reroll.pipelines.agents import AgentTask
 from reroll.pipelines.inputs import TaskInputs
@@ -43,7 +46,9 @@ from reroll.pipelines.judge import reward_factory
 from reroll.pipelines.roles import remote_envs, remote_reward
 from reroll.pipelines.task import held_out, rollout_row
 from reroll.rewards import build_runner
+from reroll.rewards.custom import resolve
 from reroll.rollout.agent_loop import AgentJob, AgentStats, EpisodeReward, run_episodes
+from reroll.rollout.context import ContextPolicy
 
 EVAL_SEED_BASE = 10**9
 
@@ -51,17 +56,46 @@ EVAL_SEED_BASE = 10**9
 def check_history(tokenizer, system_prompt: str | None, history_thinking: str | None) -> None:
     """At start: a chat template that renders earlier turns otherwise than the agent loop
     records them (Qwen3's drops their reasoning) needs an explicit `env.history_thinking`."""
-    if history_thinking == "strip":
-        raise ConfigError("env.history_thinking: strip gives one training sample per turn, a "
-                          "number that varies by episode; this pipeline's group advantages "
-                          "need rollout.group_size samples per env seed, so it trains with "
-                          "keep only (strip works in the agent loop, AgentJob)")
     problem = ChatFormat(tokenizer, system_prompt).history_mismatch()
     if problem is not None and history_thinking is None:
         raise ConfigError(f"env.history_thinking: {problem}. Set env.history_thinking: keep to "
                           "train on the tokens as generated (earlier reasoning stays in later "
                           "contexts, unlike what template-based inference shows the model); "
                           "see docs/agentic.md")
+
+
+def context_policy(env: EnvConfig) -> ContextPolicy:
+    """`env.context` for the agent loop; a hook that does not import or cannot take one
+    conversation is a ConfigError naming `env.context.function`."""
+    c = env.context
+    if c.policy != "hook":
+        return ContextPolicy(c.policy, **c.model_dump(exclude={"policy"}))
+    hook = resolve(c.function, "env.context.function")
+    try:
+        inspect.signature(hook).bind([])
+    except TypeError as e:
+        raise ConfigError(f"env.context.function {c.function!r} does not fit "
+                          f"function(messages) -> messages: {e}") from None
+    except ValueError:  # a builtin without a signature: it is called as it is
+        pass
+    return ContextPolicy("hook", hook=hook)
+
+
+def max_context(env: EnvConfig, model_path: str) -> int:
+    """`env.max_context_tokens`, or the model's own context when unset; one past the model's
+    context is a ConfigError (positions it was never built for)."""
+    model = model_context(model_path)
+    if env.max_context_tokens is None:
+        if model is None:
+            raise ConfigError(f"env.max_context_tokens: the model {model_path} declares no "
+                              f"context length (max_position_embeddings) in a local "
+                              f"config.json; set env.max_context_tokens")
+        return model
+    if model is not None and env.max_context_tokens > model:
+        raise ConfigError(f"env.max_context_tokens: {env.max_context_tokens} is past the "
+                          f"model's context ({model} tokens, max_position_embeddings of "
+                          f"{model_path}); set it to at most {model}")
+    return env.max_context_tokens
 
 
 def env_processes(env: EnvConfig, factory, given: bool) -> EnvProcesses | None:
@@ -116,6 +150,8 @@ class EnvTask:
         hosts = self.env_hosts or self.env_processes
         self.make_env = hosts.make if hosts is not None else factory
         check_history(tokenizer, env.system_prompt, env.history_thinking)
+        self.context = context_policy(env)
+        self.max_context_tokens = max_context(env, config.model.path)
         self.label = env.id
         self.sampler = PromptSampler(list(range(env.train_seeds)), config.seed)  # env seeds
         self.eval_seeds = [EVAL_SEED_BASE + i for i in range(env.eval_episodes)]
@@ -184,9 +220,9 @@ class EnvTask:
         env = self.config.env
         return AgentJob(self.engine, self.tokenizer, self.make_env,
                         params, max_turns=env.max_turns,
-                        max_context_tokens=env.max_context_tokens,
+                        max_context_tokens=self.max_context_tokens, context=self.context,
                         step_timeout_s=env.step_timeout_s, system_prompt=env.system_prompt,
-                        history_thinking=env.history_thinking or "keep",
+                        history_thinking=env.history_thinking or "keep", one_sample=True,
                         episode_reward=self.episode_reward, tool_parser=env.tool_parser,
                         tool_timeout_s=env.tool_timeout_s)
 
@@ -239,6 +275,10 @@ def agentic_step(config: AgenticConfig):
     if env is not None and is_user_id(env.id) and not UNIMPORTABLE.search(env.id):
         check_kwargs(env.id, load_factory(env.id), env_arguments(env.id, env.kwargs,
                                                                  env.max_turns))
+    if env is not None:  # a bad hook or context fails before the run directory is made
+        context_policy(env)
+        if Path(config.model.path).is_dir():  # (a missing model folder is reported as such)
+            max_context(env, config.model.path)
     return rl.rl_step(config, AgentTask if config.agent is not None else EnvTask)
 
 
