@@ -215,7 +215,8 @@ async def run_episode(job: AgentJob, env_seed: int, sample_seed: int, group_id: 
                       ) -> list[Trajectory]:
     """One episode of a fresh env reset with `env_seed`; turn k samples with a seed derived
     from `sample_seed`. Failures of the env are recorded in the trajectory, never raised.
-    One trajectory (`keep`) or one per turn (`strip`)."""
+    One trajectory (its last token chain after a context edit), or with `strip` one per turn
+    (`one_sample`: its last chain)."""
     env = job.make_env()
     tok, fmt = job.tokenizer, job.format
     finish, info, error = "truncated", {}, None
@@ -285,12 +286,11 @@ async def run_episode(job: AgentJob, env_seed: int, sample_seed: int, group_id: 
         view += reply
         grown = fmt.messages_ids(view) if strip else \
             context + list(completion.token_ids) + obs_ids
-        if job.context.edits and len(grown) + job.params.max_new_tokens > job.max_context_tokens:
-            try:
-                view, grown = _edit(job, fmt, view, grown, stats)
-            except HookError as e:
-                error = str(e)
-                break
+        try:
+            view, grown = _fit(job, fmt, view, grown, stats)
+        except HookError as e:
+            error = str(e)
+            break
         if len(grown) >= job.max_context_tokens:
             finish = "length"
             episode.outcome = tok.decode(obs_ids)
@@ -303,13 +303,18 @@ async def run_episode(job: AgentJob, env_seed: int, sample_seed: int, group_id: 
         await job.episode_reward.score(trajectory)
     if strip and not job.one_sample:
         return _turn_samples(job, episode, trajectory)
+    if not strip and not job.context.edits:  # append-only: the episode is one chain
+        return [trajectory]
     return [_last_chain(job, episode, trajectory, stats)]
 
 
-def _edit(job: AgentJob, fmt: ChatFormat, view: list[dict], grown: list[int],
-          stats: AgentStats) -> tuple[list[dict], list[int]]:
-    """The conversation after the context policy's edit and its rendering (the next request),
-    or `view` and `grown` as they are when the policy changed nothing."""
+def _fit(job: AgentJob, fmt: ChatFormat, view: list[dict], grown: list[int],
+         stats: AgentStats) -> tuple[list[dict], list[int]]:
+    """The next turn's conversation and request: as they are while a reply fits after them
+    (or the policy is `end`), else after the context policy's edit (unless it changed
+    nothing). A failing hook raises HookError."""
+    if not job.context.edits or len(grown) + job.params.max_new_tokens <= job.max_context_tokens:
+        return view, grown
     budget = int(job.context.target_fraction * job.max_context_tokens) - job.params.max_new_tokens
     edited = job.context.edit(view, lambda m: len(fmt.messages_ids(m)), job.tokenizer, budget)
     if edited == view:
