@@ -177,9 +177,11 @@ class AgentConfig(Section):
     """Wall-clock limit of one episode's agent; past it the agent is killed (a command) or
     abandoned (an entrypoint), its session is closed (later calls get 409) and the episode
     counts as `gateway/timeout`, masked from the loss."""
-    max_context_tokens: int = Field(4096, ge=16)
+    max_context_tokens: int | None = Field(None, ge=16)
     """Prompt plus completion of one call; a call whose prompt leaves no room is refused with
-    `context_length_exceeded` (the harness sees an OpenAI error), a completion stops there."""
+    `context_length_exceeded` (the harness sees an OpenAI error), a completion stops there.
+    None: the model's own context (`max_position_embeddings`, as `env.max_context_tokens`); a
+    number past it is refused at start."""
     tool_parser: Literal["hermes", "llama3_json"] = "hermes"
     """The tool-call format the model writes (as `env.tool_parser`): the calls it writes come
     back to the agent as `tool_calls` when its request offered `tools`."""

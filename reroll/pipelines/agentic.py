@@ -38,13 +38,13 @@ from reroll.envs.gem_adapter import PREFIX as GEM_PREFIX
 from reroll.envs.process import EnvProcesses, picklable
 from reroll.envs.registry import env_arguments
 from reroll.envs.user import check_kwargs, is_user_id, load_factory
-from reroll.models.files import model_context
 from reroll.pipelines import rl, run
 from reroll.pipelines.agents import AgentTask
 from reroll.pipelines.inputs import TaskInputs
 from reroll.pipelines.judge import reward_factory
 from reroll.pipelines.roles import remote_envs, remote_reward
 from reroll.pipelines.task import held_out, rollout_row
+from reroll.pipelines.validation import context_tokens
 from reroll.rewards import build_runner
 from reroll.rewards.custom import resolve
 from reroll.rollout.agent_loop import AgentJob, AgentStats, EpisodeReward, run_episodes
@@ -79,23 +79,6 @@ def context_policy(env: EnvConfig) -> ContextPolicy:
     except ValueError:  # a builtin without a signature: it is called as it is
         pass
     return ContextPolicy("hook", hook=hook)
-
-
-def max_context(env: EnvConfig, model_path: str) -> int:
-    """`env.max_context_tokens`, or the model's own context when unset; one past the model's
-    context is a ConfigError (positions it was never built for)."""
-    model = model_context(model_path)
-    if env.max_context_tokens is None:
-        if model is None:
-            raise ConfigError(f"env.max_context_tokens: the model {model_path} declares no "
-                              f"context length (max_position_embeddings) in a local "
-                              f"config.json; set env.max_context_tokens")
-        return model
-    if model is not None and env.max_context_tokens > model:
-        raise ConfigError(f"env.max_context_tokens: {env.max_context_tokens} is past the "
-                          f"model's context ({model} tokens, max_position_embeddings of "
-                          f"{model_path}); set it to at most {model}")
-    return env.max_context_tokens
 
 
 def env_processes(env: EnvConfig, factory, given: bool) -> EnvProcesses | None:
@@ -151,7 +134,8 @@ class EnvTask:
         self.make_env = hosts.make if hosts is not None else factory
         check_history(tokenizer, env.system_prompt, env.history_thinking)
         self.context = context_policy(env)
-        self.max_context_tokens = max_context(env, config.model.path)
+        self.max_context_tokens = context_tokens(env.max_context_tokens,
+                                                 "env.max_context_tokens", config.model.path)
         self.label = env.id
         self.sampler = PromptSampler(list(range(env.train_seeds)), config.seed)  # env seeds
         self.eval_seeds = [EVAL_SEED_BASE + i for i in range(env.eval_episodes)]
@@ -278,7 +262,7 @@ def agentic_step(config: AgenticConfig):
     if env is not None:  # a bad hook or context fails before the run directory is made
         context_policy(env)
         if Path(config.model.path).is_dir():  # (a missing model folder is reported as such)
-            max_context(env, config.model.path)
+            context_tokens(env.max_context_tokens, "env.max_context_tokens", config.model.path)
     return rl.rl_step(config, AgentTask if config.agent is not None else EnvTask)
 
 

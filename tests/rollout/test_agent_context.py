@@ -210,7 +210,7 @@ def test_context_past_the_model_is_a_config_error_and_unset_is_the_models(tiny_m
                                                                           capsys):
     from reroll.config import load_config
     from reroll.models.files import model_context
-    from reroll.pipelines.agentic import max_context
+    from reroll.pipelines.validation import context_tokens
 
     path = _agentic_config(tmp_path, tiny_model, max_context_tokens=10**6)
     assert main(["train", str(path)]) == 2
@@ -218,7 +218,8 @@ def test_context_past_the_model_is_a_config_error_and_unset_is_the_models(tiny_m
     assert "env.max_context_tokens: 1000000 is past the model's context" in err
     unset = load_config(_agentic_config(tmp_path, tiny_model))
     assert unset.env.max_context_tokens is None and unset.env.context.policy == "end"
-    assert max_context(unset.env, tiny_model) == model_context(tiny_model) > 512
+    assert context_tokens(unset.env.max_context_tokens, "env.max_context_tokens",
+                          tiny_model) == model_context(tiny_model) > 512
     with pytest.raises(ConfigError, match="observation_tokens"):
         load_config(_agentic_config(tmp_path, tiny_model,
                                     context={"policy": "truncate", "observation_tokens": 0}))
