@@ -18,7 +18,6 @@ behind a RewardRunner, and added to the return by the agent loop (`EpisodeReward
 from __future__ import annotations
 
 import functools
-import inspect
 import random
 import re
 from dataclasses import asdict, dataclass
@@ -46,9 +45,8 @@ from reroll.pipelines.roles import remote_envs, remote_reward
 from reroll.pipelines.task import held_out, rollout_row
 from reroll.pipelines.validation import context_tokens
 from reroll.rewards import build_runner
-from reroll.rewards.custom import resolve
 from reroll.rollout.agent_loop import AgentJob, AgentStats, EpisodeReward, run_episodes
-from reroll.rollout.context import ContextPolicy
+from reroll.rollout.context import from_config
 
 EVAL_SEED_BASE = 10**9
 
@@ -62,23 +60,6 @@ def check_history(tokenizer, system_prompt: str | None, history_thinking: str | 
                           "train on the tokens as generated (earlier reasoning stays in later "
                           "contexts, unlike what template-based inference shows the model); "
                           "see docs/agentic.md")
-
-
-def context_policy(env: EnvConfig) -> ContextPolicy:
-    """`env.context` for the agent loop; a hook that does not import or cannot take one
-    conversation is a ConfigError naming `env.context.function`."""
-    c = env.context
-    if c.policy != "hook":
-        return ContextPolicy(c.policy, **c.model_dump(exclude={"policy"}))
-    hook = resolve(c.function, "env.context.function")
-    try:
-        inspect.signature(hook).bind([])
-    except TypeError as e:
-        raise ConfigError(f"env.context.function {c.function!r} does not fit "
-                          f"function(messages) -> messages: {e}") from None
-    except ValueError:  # a builtin without a signature: it is called as it is
-        pass
-    return ContextPolicy("hook", hook=hook)
 
 
 def env_processes(env: EnvConfig, factory, given: bool) -> EnvProcesses | None:
@@ -133,7 +114,7 @@ class EnvTask:
         hosts = self.env_hosts or self.env_processes
         self.make_env = hosts.make if hosts is not None else factory
         check_history(tokenizer, env.system_prompt, env.history_thinking)
-        self.context = context_policy(env)
+        self.context = from_config(env.context)
         self.max_context_tokens = context_tokens(env.max_context_tokens,
                                                  "env.max_context_tokens", config.model.path)
         self.label = env.id
@@ -260,7 +241,7 @@ def agentic_step(config: AgenticConfig):
         check_kwargs(env.id, load_factory(env.id), env_arguments(env.id, env.kwargs,
                                                                  env.max_turns))
     if env is not None:  # a bad hook or context fails before the run directory is made
-        context_policy(env)
+        from_config(env.context)
         if Path(config.model.path).is_dir():  # (a missing model folder is reported as such)
             context_tokens(env.max_context_tokens, "env.max_context_tokens", config.model.path)
     return rl.rl_step(config, AgentTask if config.agent is not None else EnvTask)

@@ -16,9 +16,13 @@ ones (`env/chains_dropped`); see `agent_loop.py`.
 from __future__ import annotations
 
 import copy
+import inspect
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
+
+from reroll.config.errors import ConfigError
+from reroll.rewards.custom import resolve
 
 POLICIES = ("end", "drop_oldest", "truncate", "hook")
 
@@ -61,6 +65,24 @@ class ContextPolicy:
         if self.name == "truncate":
             return truncate(messages, tokenizer, self.observation_tokens)
         return call_hook(self.hook, messages)
+
+
+def from_config(section: Any) -> ContextPolicy:
+    """The policy of an `env.context` section; a hook that does not import or cannot take one
+    conversation is a ConfigError naming `env.context.function` (checked at start)."""
+    if section is None or section.policy == "end":
+        return ContextPolicy()
+    if section.policy != "hook":
+        return ContextPolicy(section.policy, **section.model_dump(exclude={"policy"}))
+    hook = resolve(section.function, "env.context.function")
+    try:
+        inspect.signature(hook).bind([])
+    except TypeError as e:
+        raise ConfigError(f"env.context.function {section.function!r} does not fit "
+                          f"function(messages) -> messages: {e}") from None
+    except ValueError:  # a builtin without a signature: it is called as it is
+        pass
+    return ContextPolicy("hook", hook=hook)
 
 
 def _head(messages: Messages) -> int:

@@ -223,3 +223,29 @@ def test_context_past_the_model_is_a_config_error_and_unset_is_the_models(tiny_m
     with pytest.raises(ConfigError, match="observation_tokens"):
         load_config(_agentic_config(tmp_path, tiny_model,
                                     context={"policy": "truncate", "observation_tokens": 0}))
+
+
+def test_eval_of_a_run_takes_its_context_policy_and_the_models_context(tmp_path):
+    """`reroll eval --model <checkpoint>` of an agentic run plays episodes as training did: the
+    run's `env.context` and, unset, the model's own context as the limit (not eval's 1024)."""
+    import json
+
+    import yaml
+
+    from reroll.evaluation import run_settings
+
+    run = tmp_path / "run"
+    checkpoint = run / "checkpoints" / "step_1"
+    checkpoint.mkdir(parents=True)
+    (checkpoint / "config.json").write_text(json.dumps({"max_position_embeddings": 2048}))
+    (run / "config.yaml").write_text(yaml.safe_dump({
+        "pipeline": "agentic", "steps": 1, "model": {"path": "m"},
+        "env": {"id": "guess_number", "context": {"policy": "truncate",
+                                                  "observation_tokens": 32}}}))
+    _, settings = run_settings(str(checkpoint), {})
+    assert settings["max_prompt_tokens"] == (2048, "env.max_context_tokens")
+    section, key = settings["context"]
+    assert key == "env.context" and section.observation_tokens == 32
+    from reroll.rollout.context import from_config
+
+    assert from_config(section) == ContextPolicy("truncate", observation_tokens=32)
