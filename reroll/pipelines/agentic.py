@@ -26,7 +26,7 @@ from typing import Any
 import torch
 
 from reroll.config.agentic import AgenticConfig, EnvConfig
-from reroll.config.errors import ConfigError
+from reroll.config.errors import ConfigError, RunStopped
 from reroll.data.batch import Trajectory
 from reroll.data.datasets import PromptSampler
 from reroll.engines.base import Engine, SamplingParams
@@ -120,6 +120,8 @@ class EnvTask:
         self.sampler = PromptSampler(list(range(env.train_seeds)), config.seed)  # env seeds
         self.eval_seeds = [EVAL_SEED_BASE + i for i in range(env.eval_episodes)]
         self.counters = EpisodeCounters()
+        self._checked = EpisodeCounters()  # the counts at the last failure check
+        self.last_error = ""
         # `reward:`: a learned reward of each episode, in reward actors with
         # `distributed.reward`, else here.
         self.episode_reward = None
@@ -148,6 +150,7 @@ class EnvTask:
         c = self.config
         seeds = self.sampler.next_batch(c.rollout.prompts_per_step)
         trajectories, stats = self.run(seeds, c.rollout.group_size, params, step, c.env.redundancy)
+        self.check_failure_rate(step)  # an environment that keeps failing stops the run here
         success = [t.reward_info.get("success", False) for t in trajectories]
         self._metrics = stats.metrics() | {
             "train/success_rate": sum(success) / max(len(success), 1),
@@ -178,7 +181,27 @@ class EnvTask:
                                            step, redundancy)
         self.counters.episodes += stats.episodes
         self.counters.env_errors += stats.env_errors
+        if stats.errors:
+            self.last_error = " ".join(stats.errors[-1].split())  # one line
         return trajectories, stats
+
+    def check_failure_rate(self, step: int) -> None:
+        """Stop the run (RunStopped: exit 1, one line) when the share of episodes that ended in
+        an infrastructure failure since the last check (this step, with the evaluation before
+        it) or since the start reaches its bound (`env.max_failure_rate_step`, `_run`): an
+        environment that keeps failing trains nothing, and the run must not look finished."""
+        c, last, env = self.counters, self._checked, self.config.env
+        self._checked = EpisodeCounters(**asdict(c))
+        windows = (("step", c.episodes - last.episodes, c.env_errors - last.env_errors,
+                    env.max_failure_rate_step),
+                   ("run so far", c.episodes, c.env_errors, env.max_failure_rate_run))
+        for name, episodes, failed, bound in windows:
+            if episodes and failed / episodes >= bound:
+                raise RunStopped(
+                    f"step {step}: environment {env.id!r} failed in {failed} of {episodes} "
+                    f"episodes this {name} ({failed / episodes:.0%}), at or past the bound of "
+                    f"{bound:.0%} (env.max_failure_rate_{'step' if name == 'step' else 'run'}); "
+                    f"the last failure: {self.last_error[:300] or 'in the run log'}")
 
     def job(self, params: SamplingParams) -> AgentJob:
         env = self.config.env
@@ -188,7 +211,8 @@ class EnvTask:
                         step_timeout_s=env.step_timeout_s, system_prompt=env.system_prompt,
                         history_thinking=env.history_thinking or "keep",
                         episode_reward=self.episode_reward, tool_parser=env.tool_parser,
-                        tool_timeout_s=env.tool_timeout_s)
+                        tool_timeout_s=env.tool_timeout_s, reset_retries=env.reset_retries,
+                        reset_backoff_s=env.reset_backoff_s)
 
     def metrics(self) -> dict[str, float]:
         return dict(self._metrics)
@@ -208,6 +232,7 @@ class EnvTask:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.sampler.load_state_dict(state["sampler"])
         self.counters = EpisodeCounters(**state["reward_counters"])
+        self._checked = EpisodeCounters(**state["reward_counters"])
         if self.episode_reward is not None and "learned_reward_counters" in state:
             self.episode_reward.runner.load_counters(state["learned_reward_counters"])
 
