@@ -27,7 +27,7 @@ import torch
 
 from reroll.config.agentic import AgenticConfig, EnvConfig
 from reroll.config.errors import ConfigError, RunStopped
-from reroll.data.batch import Trajectory
+from reroll.data.batch import Trajectory, infra_failed
 from reroll.data.datasets import PromptSampler
 from reroll.engines.base import Engine, SamplingParams
 from reroll.envs import ChatFormat, make_env
@@ -162,15 +162,19 @@ class EnvTask:
         return trajectories
 
     def evaluate(self, params: SamplingParams) -> dict[str, float]:
-        """Mean return and success rate on the held-out env seeds."""
+        """Mean return and success rate on the held-out env seeds, over the episodes that did
+        not end in an infrastructure failure (`eval/infra_failure_frac`: the share that did)."""
         trajectories, stats = self.run(self.eval_seeds, self.config.eval.samples_per_prompt,
                                        params, step=-1)
         self.eval_trajectories = trajectories
-        returns = torch.tensor([t.reward for t in trajectories])
-        success = torch.tensor([float(t.reward_info.get("success", False)) for t in trajectories])
+        valid = [t for t in trajectories if not infra_failed(t)]
+        returns = torch.tensor([t.reward for t in valid] or [0.0])
+        success = torch.tensor([float(t.reward_info.get("success", False)) for t in valid]
+                               or [0.0])
         metrics = {"eval/reward_mean": float(returns.mean()),
                    "eval/success_rate": float(success.mean()),
-                   "eval/turns_mean": stats.metrics()["env/turns_mean"]}
+                   "eval/turns_mean": stats.metrics()["env/turns_mean"],
+                   "eval/infra_failure_frac": stats.metrics()["env/infra_failure_frac"]}
         if self.episode_reward is not None:
             metrics |= learned_reward_means(trajectories, "eval")
         return metrics

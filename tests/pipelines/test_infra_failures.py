@@ -10,6 +10,7 @@ import torch
 from reroll.config.algorithm import AlgorithmConfig
 from reroll.data.batch import Trajectory
 from reroll.pipelines import objective, rl
+from reroll.rollout.metrics import rollout_metrics
 
 pytestmark = pytest.mark.unit
 
@@ -87,3 +88,8 @@ def test_a_failure_the_policy_caused_stays_a_reward():
     assert batch["valid"].tolist() == [True, True]
     adv = objective.estimate_advantages(obj, batch)[0]
     assert adv[0].max() > 0.7 and adv[1].min() < -0.7
+
+
+def test_the_steps_reward_statistics_leave_infra_failures_out():
+    metrics = rollout_metrics([episode(r, 0) for r in [1.0, FAILED, 0.5, FAILED]], 4)
+    assert metrics["train/reward_mean"] == 0.75 and metrics["train/reward_min"] == 0.5

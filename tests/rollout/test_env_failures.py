@@ -89,3 +89,13 @@ def test_a_failed_reset_is_tried_again_on_a_fresh_env(tiny_model, tokenizer, eng
     trajectories = task.next_batch(1, params(tokenizer))
     assert task.metrics()["env/infra_failure_frac"] == 2 / 8
     assert task.metrics()["env/reset_retries"] == 0.0
+
+
+def test_evaluation_leaves_infra_failures_out_of_the_policys_score(tiny_model, tokenizer, engine):
+    broken_envs.EveryOtherFails.made = iter(range(10**6))
+    task = env_task(tiny_model, tokenizer, engine, "EveryOtherFails", reset_retries=0,
+                    eval_episodes=4)
+    metrics = task.evaluate(params(tokenizer))
+    # Every episode that ran scored 1 (two turns); the failed half is not the policy's 0.
+    assert metrics["eval/infra_failure_frac"] == 0.5
+    assert metrics["eval/reward_mean"] == 1.0, metrics
