@@ -3,20 +3,19 @@ naming the env and the failure, instead of a run that "finishes" having trained 
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import yaml
 
-REPO = Path(__file__).resolve().parents[2]
+from reroll.cli import main
+
 BROKEN = Path(__file__).with_name("broken_envs.py")
 
 
 @pytest.mark.e2e
-def test_an_env_that_fails_every_episode_stops_reroll_train_with_exit_1(tmp_path, tiny_model):
+def test_an_env_that_fails_every_episode_stops_reroll_train_with_exit_1(tmp_path, tiny_model,
+                                                                        capsys):
     config = tmp_path / "broken.yaml"
     config.write_text(yaml.safe_dump({
         "pipeline": "agentic", "name": "broken", "output_dir": str(tmp_path / "run"),
@@ -27,11 +26,9 @@ def test_an_env_that_fails_every_episode_stops_reroll_train_with_exit_1(tmp_path
         "rollout": {"prompts_per_step": 2, "group_size": 2, "max_new_tokens": 3},
         "train": {"num_threads": 1}, "checkpoint": {"every_steps": 0},
         "tracking": {"tensorboard": False, "progress": False}}))
-    env = os.environ | {"PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", "COLUMNS": "80"}
-    done = subprocess.run([sys.executable, "-m", "reroll.cli", "train", str(config)], cwd=tmp_path,
-                          env=env, capture_output=True, text=True, timeout=600)
-    output = done.stdout + done.stderr
-    assert done.returncode == 1, output
+    code = main(["train", str(config)])
+    output = capsys.readouterr().err
+    assert code == 1, output
     stopped = [line for line in output.splitlines() if line.startswith("run stopped:")]
     assert stopped == [
         f"run stopped: step 1: environment '{BROKEN}:NaNReward' failed in 4 of 4 episodes this "
