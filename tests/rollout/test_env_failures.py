@@ -11,10 +11,12 @@ import pytest
 import torch
 
 from reroll.config.agentic import AgenticConfig
+from reroll.config.algorithm import AlgorithmConfig
 from reroll.config.errors import RunStopped
 from reroll.engines.base import SamplingParams
 from reroll.engines.hf import HFEngine
 from reroll.models.loading import load_model
+from reroll.pipelines import objective, rl
 from reroll.pipelines.agentic import EnvTask
 
 BROKEN = "broken_envs"  # tests/rollout/broken_envs.py, importable as the tests' own modules are
@@ -68,6 +70,14 @@ def test_half_the_episodes_failing_logs_the_share_and_the_run_bound_stops_it(
     trajectories = task.next_batch(1, params(tokenizer))  # 50%: under both bounds
     assert task.metrics()["env/infra_failure_frac"] == 0.5
     assert [t.finish_reason == "env_error" for t in trajectories].count(True) == 4
+    # The issue's measurement: every episode that ran scored 1.0, so no survivor is pushed
+    # (before: +0.866 each, from the failures' 0 in the group statistics).
+    assert {t.reward for t in trajectories if t.finish_reason != "env_error"} == {1.0}
+    obj = objective.build(AlgorithmConfig(), group_size=4)
+    batch, _ = rl.collate_for_rl(trajectories, tokenizer.pad_token_id, obj)
+    batch, dropped = rl.drop_failed_groups(batch, obj)
+    assert dropped == {"train/infra_groups_dropped": 0.0}  # two valid members in each group
+    assert objective.estimate_advantages(obj, batch)[0].abs().max() == 0
     task = env_task(tiny_model, tokenizer, engine, "EveryOtherFails", reset_retries=0)  # run: 0.5
     with pytest.raises(RunStopped, match=r"failed in 4 of 8 episodes this run so far \(50%\), "
                                          r"at or past the bound of 50% \(env.max_failure_rate_run"
