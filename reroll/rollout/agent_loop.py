@@ -290,7 +290,8 @@ async def _reset(job: AgentJob, env_seed: int, stats: AgentStats) -> tuple[Any, 
             obs, _ = await reset_async(env, env_seed, job.step_timeout_s)
             return env, obs, None
         except EnvError as e:
-            error = str(e) + (f" (after {attempt} retries)" if attempt else "")
+            error = str(e) + (f" (after {attempt} {'retry' if attempt == 1 else 'retries'})"
+                              if attempt else "")
     return env, "", error
 
 
