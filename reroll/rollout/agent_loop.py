@@ -9,7 +9,9 @@ sees token for token what the engine consumed and produced.
 Many episodes run concurrently on one event loop; the engine batches their requests, and env
 steps run in worker threads (or the env's own async `astep`), so a slow env overlaps generation
 (environment-level asynchrony, as in ROLL Flash). An env that raises or exceeds
-`step_timeout_s` fails only its episode (finish reason `env_error`, no policy tokens in the loss).
+`step_timeout_s` fails only its episode (finish reason `env_error`, no policy tokens in the loss;
+the trainer also leaves it out of its group's statistics: an infrastructure failure); a reset
+that fails is first tried again on a fresh env (`reset_retries`, with backoff).
 `redundancy` extra episodes per group start with the group; the first `group_size` to finish are
 kept and the rest aborted, so a slow env instance does not hold up the step.
 
