@@ -407,7 +407,8 @@ def main(argv: list[str] | None = None) -> int:
         console.print(f"[bold red]error:[/] {escape(str(e))}", highlight=False, soft_wrap=True)
         return 2
     except RunStopped as e:  # WeightSyncError, non-finite updates, a failing reward
-        console.print(f"[bold red]run stopped:[/] {escape(str(e))}", highlight=False)
+        console.print(f"[bold red]run stopped:[/] {escape(str(e))}", highlight=False,
+                      soft_wrap=True)  # one line, as a log reader greps it
         return 1
     except KeyboardInterrupt:
         console.print("interrupted; checkpoints written so far are kept")

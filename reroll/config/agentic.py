@@ -134,6 +134,20 @@ class EnvConfig(Section):
     """Training episodes reset the env with seeds drawn from [0, train_seeds)."""
     eval_episodes: int = Field(32, ge=0)
     """Held-out episodes per evaluation, with seeds from 10^9 upwards (never used in training)."""
+    reset_retries: int = Field(2, ge=0, le=10)
+    """More tries of a reset that failed (raised, timed out, returned the wrong shape), each on a
+    fresh environment after a backoff (`reset_backoff_s`, doubled each time), before the episode
+    counts as an infrastructure failure (`env/reset_retries`, `env/errors`)."""
+    reset_backoff_s: float = Field(0.5, ge=0, le=60)
+    """Wait before the first reset retry; each next retry waits twice as long."""
+    max_failure_rate_step: float = Field(1.0, gt=0, le=1)
+    """Stop the run (exit 1, the env and its last error named) when this share of one step's
+    episodes ended in an infrastructure failure (`env_error`: a reset or step that raised,
+    timed out or returned the wrong shape or a non-finite reward; the evaluation before it
+    included). 1.0: a step where every episode failed."""
+    max_failure_rate_run: float = Field(0.5, gt=0, le=1)
+    """Stop the run (exit 1) when this share of all episodes since the start ended in an
+    infrastructure failure (`env/infra_failure_frac` is each step's share)."""
     redundancy: int = Field(0, ge=0)
     """Extra episodes started per group; the first `rollout.group_size` to finish are kept and
     the rest aborted (ROLL's redundant environments)."""

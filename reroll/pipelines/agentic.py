@@ -27,8 +27,8 @@ from typing import Any
 import torch
 
 from reroll.config.agentic import AgenticConfig, EnvConfig
-from reroll.config.errors import ConfigError
-from reroll.data.batch import Trajectory
+from reroll.config.errors import ConfigError, RunStopped
+from reroll.data.batch import Trajectory, infra_failed
 from reroll.data.datasets import PromptSampler
 from reroll.engines.base import Engine, SamplingParams
 from reroll.envs import ChatFormat, make_env
@@ -121,6 +121,8 @@ class EnvTask:
         self.sampler = PromptSampler(list(range(env.train_seeds)), config.seed)  # env seeds
         self.eval_seeds = [EVAL_SEED_BASE + i for i in range(env.eval_episodes)]
         self.counters = EpisodeCounters()
+        self._checked = EpisodeCounters()  # the counts at the last failure check
+        self.last_error = ""
         # `reward:`: a learned reward of each episode, in reward actors with
         # `distributed.reward`, else here.
         self.episode_reward = None
@@ -149,6 +151,7 @@ class EnvTask:
         c = self.config
         seeds = self.sampler.next_batch(c.rollout.prompts_per_step)
         trajectories, stats = self.run(seeds, c.rollout.group_size, params, step, c.env.redundancy)
+        self.check_failure_rate(step)  # an environment that keeps failing stops the run here
         success = [t.reward_info.get("success", False) for t in trajectories]
         self._metrics = stats.metrics() | {
             "train/success_rate": sum(success) / max(len(success), 1),
@@ -160,15 +163,19 @@ class EnvTask:
         return trajectories
 
     def evaluate(self, params: SamplingParams) -> dict[str, float]:
-        """Mean return and success rate on the held-out env seeds."""
+        """Mean return and success rate on the held-out env seeds, over the episodes that did
+        not end in an infrastructure failure (`eval/infra_failure_frac`: the share that did)."""
         trajectories, stats = self.run(self.eval_seeds, self.config.eval.samples_per_prompt,
                                        params, step=-1)
         self.eval_trajectories = trajectories
-        returns = torch.tensor([t.reward for t in trajectories])
-        success = torch.tensor([float(t.reward_info.get("success", False)) for t in trajectories])
+        valid = [t for t in trajectories if not infra_failed(t)]
+        returns = torch.tensor([t.reward for t in valid] or [0.0])
+        success = torch.tensor([float(t.reward_info.get("success", False)) for t in valid]
+                               or [0.0])
         metrics = {"eval/reward_mean": float(returns.mean()),
                    "eval/success_rate": float(success.mean()),
-                   "eval/turns_mean": stats.metrics()["env/turns_mean"]}
+                   "eval/turns_mean": stats.metrics()["env/turns_mean"],
+                   "eval/infra_failure_frac": stats.metrics()["env/infra_failure_frac"]}
         if self.episode_reward is not None:
             metrics |= learned_reward_means(trajectories, "eval")
         return metrics
@@ -179,7 +186,27 @@ class EnvTask:
                                            step, redundancy)
         self.counters.episodes += stats.episodes
         self.counters.env_errors += stats.env_errors
+        if stats.errors:
+            self.last_error = " ".join(stats.errors[-1].split())  # one line
         return trajectories, stats
+
+    def check_failure_rate(self, step: int) -> None:
+        """Stop the run (RunStopped: exit 1, one line) when the share of episodes that ended in
+        an infrastructure failure since the last check (this step, with the evaluation before
+        it) or since the start reaches its bound (`env.max_failure_rate_step`, `_run`): an
+        environment that keeps failing trains nothing, and the run must not look finished."""
+        c, last, env = self.counters, self._checked, self.config.env
+        self._checked = EpisodeCounters(**asdict(c))
+        windows = (("step", c.episodes - last.episodes, c.env_errors - last.env_errors,
+                    env.max_failure_rate_step),
+                   ("run so far", c.episodes, c.env_errors, env.max_failure_rate_run))
+        for name, episodes, failed, bound in windows:
+            if episodes and failed / episodes >= bound:
+                raise RunStopped(
+                    f"step {step}: environment {env.id!r} failed in {failed} of {episodes} "
+                    f"episodes this {name} ({failed / episodes:.0%}), at or past the bound of "
+                    f"{bound:.0%} (env.max_failure_rate_{'step' if name == 'step' else 'run'}); "
+                    f"the last failure: {self.last_error[:300] or 'in the run log'}")
 
     def job(self, params: SamplingParams) -> AgentJob:
         env = self.config.env
@@ -189,7 +216,8 @@ class EnvTask:
                         step_timeout_s=env.step_timeout_s, system_prompt=env.system_prompt,
                         history_thinking=env.history_thinking or "keep", one_sample=True,
                         episode_reward=self.episode_reward, tool_parser=env.tool_parser,
-                        tool_timeout_s=env.tool_timeout_s)
+                        tool_timeout_s=env.tool_timeout_s, reset_retries=env.reset_retries,
+                        reset_backoff_s=env.reset_backoff_s)
 
     def metrics(self) -> dict[str, float]:
         return dict(self._metrics)
@@ -209,6 +237,7 @@ class EnvTask:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.sampler.load_state_dict(state["sampler"])
         self.counters = EpisodeCounters(**state["reward_counters"])
+        self._checked = EpisodeCounters(**state["reward_counters"])
         if self.episode_reward is not None and "learned_reward_counters" in state:
             self.episode_reward.runner.load_counters(state["learned_reward_counters"])
 

@@ -9,7 +9,9 @@ sees token for token what the engine consumed and produced.
 Many episodes run concurrently on one event loop; the engine batches their requests, and env
 steps run in worker threads (or the env's own async `astep`), so a slow env overlaps generation
 (environment-level asynchrony, as in ROLL Flash). An env that raises or exceeds
-`step_timeout_s` fails only its episode (finish reason `env_error`, no policy tokens in the loss).
+`step_timeout_s` fails only its episode (finish reason `env_error`, no policy tokens in the loss;
+the trainer also leaves it out of its group's statistics: an infrastructure failure); a reset
+that fails is first tried again on a fresh env (`reset_retries`, with backoff).
 `redundancy` extra episodes per group start with the group; the first `group_size` to finish are
 kept and the rest aborted, so a slow env instance does not hold up the step.
 
@@ -122,6 +124,11 @@ class AgentJob:
     """How the model's tool calls are read, for an env with `tools` (`reroll.tools.parsers`)."""
     tool_timeout_s: float = 10.0
     """Limit of one tool call (a tool's own `timeout_s` wins)."""
+    reset_retries: int = 0
+    """More tries of a reset that failed (raised, timed out, returned the wrong shape), each on
+    a fresh env, before the episode is an infrastructure failure (`env.reset_retries`)."""
+    reset_backoff_s: float = 0.5
+    """Wait before the first retry, doubled before each next one."""
 
     def __post_init__(self) -> None:
         if self.format is None:
@@ -139,6 +146,9 @@ class AgentStats:
 
     episodes: int = 0
     env_errors: int = 0
+    """Episodes that ended in an infrastructure failure (`env_error`)."""
+    reset_retries: int = 0
+    """Resets tried again after one failed (`AgentJob.reset_retries`)."""
     context_limit: int = 0
     aborted: int = 0
     turns: int = 0
@@ -162,6 +172,8 @@ class AgentStats:
     def metrics(self) -> dict[str, float]:
         n = max(self.episodes, 1)
         return {"env/episodes": float(self.episodes), "env/errors": float(self.env_errors),
+                "env/infra_failure_frac": self.env_errors / n,
+                "env/reset_retries": float(self.reset_retries),
                 "env/context_limit_frac": self.context_limit / n,
                 "env/truncated_replies_frac": self.truncated_replies / max(self.replies, 1),
                 "env/aborted": float(self.aborted), "env/turns_mean": self.turns / n,
@@ -217,14 +229,13 @@ async def run_episode(job: AgentJob, env_seed: int, sample_seed: int, group_id: 
     from `sample_seed`. Failures of the env are recorded in the trajectory, never raised.
     One trajectory (its last token chain after a context edit), or with `strip` one per turn
     (`one_sample`: its last chain)."""
-    env = job.make_env()
     tok, fmt = job.tokenizer, job.format
-    finish, info, error = "truncated", {}, None
+    finish, info = "truncated", {}
+    env, obs, error = await _reset(job, env_seed, stats)
     try:
-        obs, _ = await reset_async(env, env_seed, job.step_timeout_s)
-        tools = as_tools(getattr(env, "tools", None))
-    except (EnvError, ValueError, TypeError) as e:  # a broken `tools` fails only its episode
-        obs, error, tools = "", str(e), []
+        tools = as_tools(getattr(env, "tools", None)) if error is None else []
+    except (ValueError, TypeError) as e:  # a broken `tools` fails only its episode
+        error, tools = str(e), []
     if tools:
         fmt = fmt.with_tools([t.schema for t in tools], job.tool_parser)
     episode = _Episode(fmt.prompt_ids(obs), obs)
@@ -363,6 +374,25 @@ def _last_chain(job: AgentJob, episode: _Episode, whole: Trajectory,
         prompt_text=job.tokenizer.decode(first.prompt_ids),
         response_text="".join(s["text"] for s in segments),
         reward_info=whole.reward_info | {"chain": chain})
+
+
+async def _reset(job: AgentJob, env_seed: int, stats: AgentStats) -> tuple[Any, str, str | None]:
+    """(env, first observation, error or None): a fresh env reset with `env_seed`, tried again
+    on a fresh env up to `job.reset_retries` times, with backoff, when the reset fails (a
+    flaky sandbox or env server often recovers)."""
+    for attempt in range(job.reset_retries + 1):
+        if attempt:
+            stats.reset_retries += 1
+            await asyncio.sleep(job.reset_backoff_s * 2 ** (attempt - 1))
+        env = None
+        try:
+            env = job.make_env()
+            obs, _ = await reset_async(env, env_seed, job.step_timeout_s)
+            return env, obs, None
+        except EnvError as e:
+            error = str(e) + (f" (after {attempt} {'retry' if attempt == 1 else 'retries'})"
+                              if attempt else "")
+    return env, "", error
 
 
 async def _tool_turn(job: AgentJob, tools: list[Tool], action: str, stats: AgentStats
