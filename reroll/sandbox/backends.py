@@ -153,7 +153,7 @@ class BwrapBackend:
                     f"system interpreter (`apt-get install python3`) or a path outside private homes"
                 )
 
-    def _mounts(self, tmpfs_bytes: int) -> list[str]:
+    def _mounts(self, tmpfs_bytes: int, bind_workdir: str | None) -> list[str]:
         args = ["--ro-bind", "/usr", "/usr"]
         for top in _TOP_LEVEL:
             if os.path.islink(top):
@@ -167,10 +167,16 @@ class BwrapBackend:
             args += ["--ro-bind", path, path]
         size = str(tmpfs_bytes)
         args += ["--proc", "/proc", "--dev", "/dev", "--size", size, "--tmpfs", "/dev/shm"]
-        args += ["--size", size, "--tmpfs", "/tmp", "--size", size, "--tmpfs", self.config.workdir]
+        args += ["--size", size, "--tmpfs", "/tmp"]
+        if bind_workdir is None:
+            args += ["--size", size, "--tmpfs", self.config.workdir]
+        else:  # a session's host directory (a size-capped tmpfs of its own, see files.py)
+            args += ["--bind", bind_workdir, self.config.workdir]
         return [*args, "--remount-ro", "/dev", "--remount-ro", "/"]
 
-    def launch_spec(self, tmpfs_bytes: int) -> LaunchSpec:
+    def launch_spec(self, tmpfs_bytes: int, bind_workdir: str | None = None) -> LaunchSpec:
+        """``bind_workdir``: a host directory to bind read-write as the workdir (a session's)
+        instead of a private tmpfs."""
         argv = [
             self.bwrap,
             "--unshare-all",
@@ -181,7 +187,7 @@ class BwrapBackend:
             "--as-pid-1",
             "--cap-drop", "ALL",
             "--hostname", "sandbox",
-            *self._mounts(tmpfs_bytes),
+            *self._mounts(tmpfs_bytes, bind_workdir),
             "--chdir", self.config.workdir,
             "--clearenv",
             "--setenv", "PATH", "/usr/bin:/bin",
@@ -196,7 +202,9 @@ class BwrapBackend:
             info_fd=True,
             sandbox_env=_sandbox_env(self.config),
             seccomp=self.seccomp,
-            tmpfs_mounts=("/dev/shm", "/tmp", self.config.workdir) if os.geteuid() == 0 else (),
+            tmpfs_mounts=tuple(m for m in ("/dev/shm", "/tmp", self.config.workdir)
+                               if m != self.config.workdir or bind_workdir is None)
+            if os.geteuid() == 0 else (),
             tmpfs_inodes=self.config.tmpfs_inodes,
         )
 
