@@ -159,6 +159,10 @@ class Session:
             "spec": self.spec.model_dump(mode="json"),
         }  # fmt: skip
 
+    async def state(self) -> dict:
+        """`info`, awaitable like a remote session's."""
+        return self.info()
+
     def _check_open(self) -> None:
         if self.state in ("closed", "failed"):
             raise SessionGone(f"session {self.id} is {self.state}: {self.reason}")

@@ -218,6 +218,9 @@ class SessionManager:
     def get(self, session_id: str) -> Session:
         session = self._sessions.get(session_id)
         if session is None:
+            if session_id in self._closed:
+                info = self._closed[session_id]
+                raise SessionGone(f"session {session_id} is {info['state']}: {info['reason']}")
             raise SessionNotFound(session_id)
         return session
 
