@@ -159,6 +159,11 @@ def run(req):
     os.close(state_r)
     saved = _parse_state(bytes(state)) if exited else None
     if saved is not None:
+        for name in req.get("env") or {}:  # this command's own variables do not last
+            if name in STATE["env"]:
+                saved[1][name] = STATE["env"][name]
+            else:
+                saved[1].pop(name, None)
         STATE["cwd"], STATE["env"] = saved
     code = os.waitstatus_to_exitcode(status)
     return {

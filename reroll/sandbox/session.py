@@ -163,8 +163,10 @@ class Session:
         """`info`, awaitable like a remote session's."""
         return self.info()
 
-    def _check_open(self) -> None:
-        if self.state in ("closed", "failed"):
+    def _check_open(self, files: bool = False) -> None:
+        """Commands need a session that is not closed or failed; files (``files``) stay
+        readable in a failed session until it is closed."""
+        if self.state == "closed" or (self.state == "failed" and not files):
             raise SessionGone(f"session {self.id} is {self.state}: {self.reason}")
 
     # -- process -------------------------------------------------------------------------------
@@ -286,17 +288,17 @@ class Session:
             return reply["cwd"], reply["env"]
 
     async def read(self, path: str) -> bytes:
-        self._check_open()
+        self._check_open(files=True)
         self.last_used = time.monotonic()
         return self.dir.read(path, self.manager.config.max_read_bytes)
 
     async def write(self, path: str, data: str | bytes, mode: int = 0o644) -> None:
-        self._check_open()
+        self._check_open(files=True)
         self.last_used = time.monotonic()
         self.dir.write(path, data.encode() if isinstance(data, str) else bytes(data), mode)
 
     async def list(self, path: str = "", recursive: bool = False) -> list[dict]:
-        self._check_open()
+        self._check_open(files=True)
         self.last_used = time.monotonic()
         return [e.as_dict() for e in self.dir.list(path, recursive)]
 
