@@ -8,7 +8,7 @@
 
 `SessionClient` speaks to the service with httpx; `LocalSessions` wraps a `SessionManager`.
 Both hand out sessions with the same async methods (``exec``, ``read``, ``write``, ``list``,
-``fork``, ``stop``, ``close``, ``state``) and raise the same errors: `SessionNotFound`,
+``fork``, ``stop``, ``close``, ``describe``) and raise the same errors: `SessionNotFound`,
 `SessionGone` (closed or failed, with the reason), `SessionLimitReached`, ``ValueError`` for a
 bad request or path, and `SandboxError` when the sandbox, or the service itself, fails (an
 infrastructure failure, never the program's).
@@ -49,7 +49,7 @@ class SessionHandle(Protocol):
     async def fork(self, n: int = 1) -> list[SessionHandle]: ...
     async def stop(self) -> None: ...
     async def close(self) -> None: ...
-    async def state(self) -> dict: ...
+    async def describe(self) -> dict: ...
 
 
 class RemoteSession:
@@ -97,7 +97,7 @@ class RemoteSession:
     async def close(self) -> None:
         await self.client.request("DELETE", f"/sessions/{self.id}")
 
-    async def state(self) -> dict:
+    async def describe(self) -> dict:
         return (await self.client.request("GET", f"/sessions/{self.id}")).json()
 
 

@@ -159,7 +159,7 @@ class Session:
             "spec": self.spec.model_dump(mode="json"),
         }  # fmt: skip
 
-    async def state(self) -> dict:
+    async def describe(self) -> dict:
         """`info`, awaitable like a remote session's."""
         return self.info()
 
