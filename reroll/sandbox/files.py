@@ -11,19 +11,21 @@ because nothing is resolved by name from the top again. Only regular files are r
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import errno
 import logging
 import os
 import posixpath
 import shutil
 import stat
-import subprocess
 from dataclasses import dataclass
 
 logger = logging.getLogger(__name__)
 
-_MOUNT = shutil.which("mount", path="/usr/bin:/bin:/usr/sbin:/sbin") or "mount"
-_UMOUNT = shutil.which("umount", path="/usr/bin:/bin:/usr/sbin:/sbin") or "umount"
+_LIBC = ctypes.CDLL(None, use_errno=True)
+_MNT_DETACH = 2
+SUBDIRS = {"work": 0o755, "tmp": 0o1777, "shm": 0o1777}
+"""The session tmpfs's directories: the workdir, /tmp and /dev/shm (one quota for the three)."""
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
@@ -101,31 +103,47 @@ class SessionDir:
         self.mounted = False
 
     def create(self, quota_bytes: int, inodes: int) -> None:
-        """Make the directory; as root, a tmpfs of ``quota_bytes`` (the session's disk quota)."""
+        """Make the directory; as root, a tmpfs of ``quota_bytes`` (the session's disk quota),
+        holding the sandbox's workdir, /tmp and /dev/shm (``SUBDIRS``)."""
         os.makedirs(self.path, mode=0o700)
         if os.geteuid() != 0:
             logger.warning("sandbox sessions: the host process is not root, so a session's "
                            "directory is a plain directory and its disk quota is not enforced")
-            return
-        uid, gid = self.owner or (0, 0)
-        options = f"size={quota_bytes},nr_inodes={inodes},mode=0755,uid={uid},gid={gid}"
-        done = subprocess.run([_MOUNT, "-t", "tmpfs", "-o", options, "reroll-session", self.path],
-                              capture_output=True, text=True, check=False)
-        if done.returncode:
-            os.rmdir(self.path)
-            raise OSError(f"cannot mount the session's tmpfs: {done.stderr.strip()}")
-        self.mounted = True
+        else:
+            uid, gid = self.owner or (0, 0)
+            options = f"size={quota_bytes},nr_inodes={inodes},mode=0755,uid={uid},gid={gid}"
+            if _LIBC.mount(b"reroll-session", self.path.encode(), b"tmpfs", 0,
+                           options.encode()) != 0:
+                err = ctypes.get_errno()
+                os.rmdir(self.path)
+                raise OSError(err, f"cannot mount the session's tmpfs: {os.strerror(err)}")
+            self.mounted = True
+        for name, mode in SUBDIRS.items():
+            target = os.path.join(self.path, name)
+            os.mkdir(target)
+            os.chmod(target, mode)
+            if self.owner is not None:
+                os.chown(target, *self.owner)
 
     def remove(self) -> None:
         if self.mounted:
-            done = subprocess.run([_UMOUNT, "-l", self.path], capture_output=True, text=True,
-                                  check=False)
-            if done.returncode == 0:
+            if _LIBC.umount2(self.path.encode(), _MNT_DETACH) == 0:
                 self.mounted = False
             else:
-                logger.warning("cannot unmount %s: %s", self.path, done.stderr.strip())
+                logger.warning("cannot unmount %s: %s", self.path,
+                               os.strerror(ctypes.get_errno()))
         if not self.mounted:
             shutil.rmtree(self.path, ignore_errors=True)
+
+    def binds(self, workdir: str) -> dict[str, str]:
+        """Sandbox path -> host path, for bubblewrap's ``--bind``."""
+        return {workdir: os.path.join(self.path, "work"), "/tmp": os.path.join(self.path, "tmp"),
+                "/dev/shm": os.path.join(self.path, "shm")}
+
+    @property
+    def root(self) -> str:
+        """The workdir's host path: what the file API reads and writes."""
+        return os.path.join(self.path, "work")
 
     def usage(self) -> int:
         st = os.statvfs(self.path)
@@ -137,7 +155,7 @@ class SessionDir:
         if not rel:
             raise PathError(f"{path!r} is the workdir itself, not a file")
         *dirs, name = rel.split("/")
-        root = os.open(self.path, _DIR_FLAGS)
+        root = os.open(self.root, _DIR_FLAGS)
         try:
             fd = _open_dir(root, dirs, create, self.owner)
         except OSError as exc:
@@ -191,7 +209,7 @@ class SessionDir:
 
     def list(self, path: str = "", recursive: bool = False, limit: int = 10000) -> list[Entry]:
         rel = relative(path, self.workdir)
-        root = os.open(self.path, _DIR_FLAGS)
+        root = os.open(self.root, _DIR_FLAGS)
         try:
             fd = _open_dir(root, rel.split("/") if rel else [], False, None)
         except OSError as exc:
@@ -223,15 +241,16 @@ class SessionDir:
                         os.close(sub)
 
     def copy_to(self, other: SessionDir) -> None:
-        """Copy this directory's files, directories and symlinks (as links, never followed) into
-        ``other``; FIFOs and sockets are skipped."""
-        src = os.open(self.path, _DIR_FLAGS)
-        dst = os.open(other.path, _DIR_FLAGS)
-        try:
-            _copy_tree(src, dst, other.owner)
-        finally:
-            os.close(src)
-            os.close(dst)
+        """Copy this session's workdir and /tmp (files, directories, and symlinks as links, never
+        followed; FIFOs and sockets skipped) into ``other``'s."""
+        for name in ("work", "tmp"):
+            src = os.open(os.path.join(self.path, name), _DIR_FLAGS)
+            dst = os.open(os.path.join(other.path, name), _DIR_FLAGS)
+            try:
+                _copy_tree(src, dst, other.owner)
+            finally:
+                os.close(src)
+                os.close(dst)
 
 
 def _copy_tree(src: int, dst: int, owner: tuple[int, int] | None) -> None:

@@ -93,7 +93,16 @@ def driver_payload(spec: SessionSpec, workdir: str, base_env: dict[str, str]) ->
 
 
 async def open_channel(proc: SandboxProcess, payload: bytes) -> _Channel:
-    """Hand the driver to a started sandbox and connect to its pipes."""
+    """Hand the driver to a started sandbox and connect to its pipes (the sandbox is destroyed
+    when that fails)."""
+    try:
+        return await _connect(proc, payload)
+    except BaseException:
+        await proc.destroy()
+        raise
+
+
+async def _connect(proc: SandboxProcess, payload: bytes) -> _Channel:
     loop = proc.loop
     ack = b""
     with contextlib.suppress(OSError):
@@ -110,6 +119,12 @@ async def open_channel(proc: SandboxProcess, payload: bytes) -> _Channel:
     err, _ = await loop.connect_read_pipe(lambda: _Tail(stderr), proc.popen.stderr)
     writer, _ = await loop.connect_write_pipe(asyncio.Protocol, proc.popen.stdin)
     return _Channel(proc, reader, writer, stderr, [out, err, writer])
+
+
+async def close_channel(channel: _Channel) -> None:
+    for transport in channel.transports:
+        transport.close()
+    await channel.proc.destroy()
 
 
 class Session:
@@ -171,16 +186,11 @@ class Session:
 
     # -- process -------------------------------------------------------------------------------
 
-    async def attach(self, proc: SandboxProcess, state: tuple[str, dict[str, str]] | None) -> None:
-        """Make ``proc`` (started on this session's directory) its running sandbox."""
-        payload = driver_payload(self.spec, self.manager.workdir, proc.spec.sandbox_env)
-        try:
-            channel = await open_channel(proc, payload)
-        except BaseException:
-            await proc.destroy()
-            raise
+    async def attach(self, channel: _Channel, state: tuple[str, dict[str, str]] | None) -> None:
+        """Make the driver behind ``channel`` (on this session's directory) its sandbox, and
+        give it ``state`` (cwd, env) when not None."""
         self._channel = channel
-        proc._exited.add_done_callback(lambda _f, c=channel: self._on_exit(c))
+        channel.proc._exited.add_done_callback(lambda _f, c=channel: self._on_exit(c))
         if state is not None:
             reply = await self._ask({"op": "set", "cwd": state[0], "env": state[1]}, 10.0)
             self.cwd = reply.get("cwd", self.cwd)
@@ -207,9 +217,7 @@ class Session:
             self.manager.spawn(self._kill(channel))
 
     async def _kill(self, channel: _Channel) -> None:
-        for transport in channel.transports:
-            transport.close()
-        await channel.proc.destroy()
+        await close_channel(channel)
 
     async def _ask(self, request: dict, timeout: float) -> dict:
         channel = self._channel

@@ -19,12 +19,13 @@ class SessionSpec(BaseModel):
     limits: Limits = Field(default_factory=Limits)
     """Every limit of a one-shot sandbox, applied per session: the rlimits hold for each of its
     processes, ``wall_time_s``, ``cpu_time_s`` and ``output_bytes`` are each command's defaults
-    (an exec may pass its own), ``tmpfs_bytes`` caps its /tmp and /dev/shm."""
+    (an exec may pass its own). ``tmpfs_bytes`` is not used: ``disk_bytes`` covers the
+    session's workdir, /tmp and /dev/shm together."""
     disk_bytes: int = Field(256 << 20, ge=1 << 20)
-    """Disk quota of the session's workdir (a tmpfs of this size on the host, kept across
-    commands; as root only, elsewhere not enforced and logged)."""
+    """Disk quota of the session: its workdir, /tmp and /dev/shm together (one tmpfs of this
+    size on the host, kept across commands; as root only, elsewhere not enforced and logged)."""
     disk_inodes: int = Field(16384, ge=64, le=1 << 24)
-    """Files, directories and links the workdir may hold."""
+    """Files, directories and links the session may hold (workdir, /tmp and /dev/shm)."""
     ttl_s: float = Field(3600.0, gt=0, le=7 * 24 * 3600)
     """Time to live from creation: past it the session is closed and its files removed."""
     idle_timeout_s: float = Field(600.0, gt=0, le=7 * 24 * 3600)

@@ -24,7 +24,14 @@ from reroll.sandbox.metrics import percentile
 from reroll.sandbox.process import SandboxProcess
 from reroll.sandbox.result import ExecResult, SandboxError
 from reroll.sandbox.sandbox import Sandbox
-from reroll.sandbox.session import Session, SessionGone
+from reroll.sandbox.session import (
+    Session,
+    SessionGone,
+    _Channel,
+    close_channel,
+    driver_payload,
+    open_channel,
+)
 from reroll.sandbox.session_config import SessionsConfig, SessionSpec
 from reroll.sandbox.session_metrics import SessionMetrics
 
@@ -40,10 +47,14 @@ class SessionNotFound(KeyError):
 
 
 class _Warm:
-    """A sandbox started on an empty session directory, waiting for its driver."""
+    """A session sandbox started ahead of time on an empty directory, its driver waiting."""
 
-    def __init__(self, proc: SandboxProcess, directory: SessionDir) -> None:
-        self.proc, self.dir = proc, directory
+    def __init__(self, channel: _Channel, directory: SessionDir) -> None:
+        self.channel, self.dir = channel, directory
+
+    async def discard(self) -> None:
+        await close_channel(self.channel)
+        self.dir.remove()
 
 
 class SessionManager:
@@ -92,9 +103,7 @@ class SessionManager:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         while self._warm:
-            warm = self._warm.pop()
-            await warm.proc.destroy()
-            warm.dir.remove()
+            await self._warm.pop().discard()
         if self.root:
             shutil.rmtree(self.root, ignore_errors=True)
 
@@ -113,16 +122,18 @@ class SessionManager:
         directory.create(spec.disk_bytes, spec.disk_inodes)
         return directory
 
-    async def _start_proc(self, spec: SessionSpec, directory: SessionDir) -> SandboxProcess:
+    async def _open(self, spec: SessionSpec, directory: SessionDir) -> _Channel:
+        """Start a sandbox on ``directory`` and its driver (with ``spec``'s rlimits)."""
         backend = self.sandbox.backend
-        launch = backend.launch_spec(spec.limits.tmpfs_bytes, bind_workdir=directory.path)
-        return await SandboxProcess.start(launch, spec.limits.tmpfs_bytes,
+        launch = backend.launch_spec(spec.limits.tmpfs_bytes, binds=directory.binds(self.workdir))
+        proc = await SandboxProcess.start(launch, spec.limits.tmpfs_bytes,
                                           self.sandbox.config.spawn_timeout_s)
+        payload = driver_payload(spec, self.workdir, proc.spec.sandbox_env)
+        return await open_channel(proc, payload)
 
     def _fits_warm(self, spec: SessionSpec) -> bool:
         default = self.config.session
-        return (spec.limits.tmpfs_bytes == default.limits.tmpfs_bytes
-                and spec.disk_bytes == default.disk_bytes
+        return (spec.limits == default.limits and spec.disk_bytes == default.disk_bytes
                 and spec.disk_inodes == default.disk_inodes)
 
     def _take_warm(self, spec: SessionSpec) -> _Warm | None:
@@ -130,15 +141,11 @@ class SessionManager:
             return None
         while self._warm:
             warm = self._warm.pop(0)
-            if warm.proc.alive:
+            if warm.channel.proc.alive:
                 return warm
             self.record_failure("warm_died")
-            self.spawn(self._discard(warm))
+            self.spawn(warm.discard())
         return None
-
-    async def _discard(self, warm: _Warm) -> None:
-        await warm.proc.destroy()
-        warm.dir.remove()
 
     def _replenish(self) -> None:
         pending = sum(1 for t in self._tasks if t.get_name() == "warm")
@@ -155,32 +162,41 @@ class SessionManager:
         try:
             async with self._starting:
                 directory = self._new_dir(spec)
-                proc = await self._start_proc(spec, directory)
-        except (SandboxError, OSError) as exc:
-            self.record_failure("spawn_error")
-            logger.warning("could not start a warm session sandbox: %s", exc)
+                channel = await self._open(spec, directory)
+        except BaseException as exc:
             if directory is not None:
                 directory.remove()
+            if not isinstance(exc, SandboxError | OSError):
+                raise  # cancelled (the manager closes)
+            self.record_failure("spawn_error")
+            logger.warning("could not start a warm session sandbox: %s", exc)
             return
+        warm = _Warm(channel, directory)
         if self._is_closed:
-            await proc.destroy()
-            directory.remove()
+            await warm.discard()
         else:
-            self._warm.append(_Warm(proc, directory))
+            self._warm.append(warm)
 
     async def _launch(self, session: Session, state, source: Session | None) -> None:
         """Start ``session``'s sandbox: a warm one if it fits, else a new one."""
         warm = self._take_warm(session.spec)
-        async with self._starting:
-            if warm is not None:
-                session.dir, proc = warm.dir, warm.proc
-            else:
+        if warm is not None:
+            session.dir, channel = warm.dir, warm.channel
+            if state is None and session.spec.env != self.config.session.env:
+                state = (self.workdir, {**channel.proc.spec.sandbox_env, **session.spec.env})
+        else:
+            async with self._starting:
                 session.dir = self._new_dir(session.spec)
-                proc = await self._start_proc(session.spec, session.dir)
+                channel = await self._open(session.spec, session.dir)
+        try:
             if source is not None:
                 await asyncio.get_running_loop().run_in_executor(None, source.dir.copy_to,
                                                                  session.dir)
-            await session.attach(proc, state)
+            await session.attach(channel, state)
+        except BaseException:
+            if session._channel is not channel:
+                await asyncio.shield(close_channel(channel))
+            raise
 
     # -- the API -------------------------------------------------------------------------------
 
@@ -257,8 +273,8 @@ class SessionManager:
         """Start a stopped session again on its files, with its saved shell state."""
         state = (session.cwd, session.env) if session.env is not None else None
         async with self._starting:
-            proc = await self._start_proc(session.spec, session.dir)
-            await session.attach(proc, state)
+            channel = await self._open(session.spec, session.dir)
+        await session.attach(channel, state)
 
     async def close_session(self, session_id: str, reason: str = "closed by request") -> None:
         session = self._sessions.pop(session_id, None)

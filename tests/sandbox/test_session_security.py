@@ -83,7 +83,7 @@ def test_a_fork_bomb_is_contained_and_neighbours_keep_working(host):
 
 def test_memory_and_tmp_floods_hit_their_limits():
     async def fn(m):
-        s = await m.create(limits=Limits(memory_bytes="256M", tmpfs_bytes="8M"))
+        s = await m.create(limits=Limits(memory_bytes="256M"), disk_bytes="8M")
         memory = await s.exec("python3 -c 'x = bytearray(1 << 30)'")
         tmp = await s.exec("dd if=/dev/zero of=/tmp/f bs=1M count=64 2>&1 | grep -c 'No space'; "
                            "dd if=/dev/zero of=/dev/shm/f bs=1M count=64 2>&1 | grep -c 'No space'")
