@@ -29,6 +29,7 @@ import marshal
 import math
 import resource
 import socket
+import struct
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -224,8 +225,9 @@ class Session:
         if channel is None:
             raise SessionGone(f"session {self.id} has no running sandbox")
         line = b""
+        frame = marshal.dumps(request)
         with contextlib.suppress(TimeoutError, ConnectionError, asyncio.IncompleteReadError):
-            channel.writer.write(json.dumps(request).encode() + b"\n")
+            channel.writer.write(struct.pack(">I", len(frame)) + frame)
             async with asyncio.timeout(timeout):
                 line = await channel.reader.readline()
         if not line:
@@ -238,7 +240,14 @@ class Session:
             raise SessionGone(f"session {self.id} failed: {self.reason}")
         reply = json.loads(line)
         if "error" in reply:
-            raise SandboxError(f"session {self.id}: {reply['error']}")
+            raise SandboxError(f"session {self.id}: {_text(reply['error'])}")
+        for key in ("stdout", "stderr"):
+            if key in reply:
+                reply[key] = _text(reply[key])
+        if "cwd" in reply:
+            reply["cwd"] = _text(reply["cwd"])
+        if "env" in reply:
+            reply["env"] = _env(reply["env"])
         return reply
 
     # -- the API -------------------------------------------------------------------------------
@@ -264,7 +273,7 @@ class Session:
         if not (0 < wall <= 24 * 3600 and 0 < cpu <= 24 * 3600 and budget >= 1):
             raise ValueError("wall_time_s and cpu_time_s must be in (0, 86400], output_bytes >= 1")
         data = stdin.encode() if isinstance(stdin, str) else (stdin or b"")
-        request = {"op": "exec", "cmd": cmd, "stdin": base64.b64encode(data).decode(),
+        request = {"op": "exec", "cmd": cmd, "stdin": data,
                    "wall_time_s": wall, "cpu_time_s": cpu, "output_bytes": budget,
                    "env": dict(env or {})}
         called = time.perf_counter()
@@ -320,7 +329,8 @@ class Session:
             if self.state != "running":
                 return
             with contextlib.suppress(SandboxError):
-                self.cwd, self.env = (await self._ask({"op": "state"}, _ANSWER_GRACE_S)).values()
+                reply = await self._ask({"op": "state"}, _ANSWER_GRACE_S)
+                self.cwd, self.env = reply["cwd"], reply["env"]
             channel, self._channel = self._channel, None
             if self.state == "running":
                 self._set("stopped", reason)
@@ -345,8 +355,17 @@ class Session:
         await asyncio.get_running_loop().run_in_executor(None, self.dir.remove)
 
 
+def _text(b64: str) -> str:
+    return base64.b64decode(b64).decode("utf-8", "replace")
+
+
+def _env(b64: str) -> dict[str, str]:
+    pairs = (item.partition("=") for item in _text(b64).split("\0") if item)
+    return {name: value for name, _, value in pairs}
+
+
 def _to_result(reply: dict, cpu_limit: float, total: float) -> ExecResult:
-    stderr = base64.b64decode(reply["stderr"]).decode("utf-8", "replace")
+    stderr = reply["stderr"]
     code = int(reply["exit_code"])
     if reply["timed_out"]:
         limit = "wall_time"
@@ -355,7 +374,7 @@ def _to_result(reply: dict, cpu_limit: float, total: float) -> ExecResult:
     else:
         limit = classify_limit(code, stderr[-_STDERR_TAIL:], reply["cpu_s"], cpu_limit)
     return ExecResult(
-        stdout=base64.b64decode(reply["stdout"]).decode("utf-8", "replace"),
+        stdout=reply["stdout"],
         stderr=stderr,
         exit_code=code,
         timed_out=reply["timed_out"],
