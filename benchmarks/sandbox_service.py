@@ -153,8 +153,13 @@ def main() -> None:
     service, url = start_service(args)
     print(f"service at {url}; {args.sessions} sessions, {args.concurrency} at once", flush=True)
     try:
+        t0, cpu0 = time.perf_counter(), os.times()
         out = asyncio.run(run(args, url))
         tree = descendants(service.pid)
+        fields = Path(f"/proc/{service.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        service_cpu = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        cpu1 = os.times()
+        client_cpu = cpu1.user + cpu1.system - cpu0.user - cpu0.system
     finally:
         service.send_signal(signal.SIGTERM)
         service.wait(timeout=120)
@@ -178,6 +183,8 @@ def main() -> None:
         "leaked_sessions": out["leaked_sessions"],
         "leaked_processes": leaked_procs,
         "leaked_mounts": out["mounts_beyond_warm"] + max(session_mounts() - mounts_before, 0),
+        "service_cpu_s": round(service_cpu, 1),
+        "client_cpu_s": round(client_cpu, 1),
         "load_avg_1m": round(os.getloadavg()[0], 2),
     }
     for error in stats["errors"][:5]:
