@@ -153,7 +153,7 @@ def main() -> None:
     service, url = start_service(args)
     print(f"service at {url}; {args.sessions} sessions, {args.concurrency} at once", flush=True)
     try:
-        t0, cpu0 = time.perf_counter(), os.times()
+        cpu0 = os.times()
         out = asyncio.run(run(args, url))
         tree = descendants(service.pid)
         fields = Path(f"/proc/{service.pid}/stat").read_text().rsplit(")", 1)[1].split()

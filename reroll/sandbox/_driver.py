@@ -98,6 +98,19 @@ def _drain(fd, sink, budget):
     return budget
 
 
+def _fork():
+    """``os.fork``, retried for up to 2 s while the session is at its process limit (the
+    processes a killed command left are still being reaped by init)."""
+    deadline = time.monotonic() + 2.0
+    while True:
+        try:
+            return os.fork()
+        except BlockingIOError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.02)
+
+
 def _spawn(req, state_w):
     """Fork and exec the shell: its own session (process group), the command's CPU limit, its
     stdio on three pipes. Returns (pid, stdin, stdout, stderr) of the host side."""
@@ -110,7 +123,13 @@ def _spawn(req, state_w):
     cwd = STATE["cwd"] if os.path.isdir(STATE["cwd"]) else HOME
     envp = [f"{k}={v}" for k, v in env.items()]
     pipes = [os.pipe(), os.pipe(), os.pipe()]
-    pid = os.fork()
+    try:
+        pid = _fork()
+    except OSError:
+        for pair in pipes:
+            os.close(pair[0])
+            os.close(pair[1])
+        raise
     if pid == 0:  # the child: nothing here may return
         try:
             os.setsid()
@@ -190,6 +209,12 @@ def run(req):
     started = time.monotonic()
     try:
         pid, stdin_fd, out_fd, err_fd = _spawn(req, state_w)
+    except OSError as exc:  # the session's own doing (its process limit): the command's result
+        os.close(state_r)
+        message = f"sandbox session: cannot start the command: {exc}\n".encode()
+        return {"exit_code": 126, "stdout": "", "stderr": _b64(message), "timed_out": False,
+                "output_truncated": False, "wall_s": time.monotonic() - started, "cpu_s": 0.0,
+                "max_rss_bytes": 0, "cwd": _b64(STATE["cwd"].encode("utf-8", "surrogateescape"))}
     finally:
         os.close(state_w)
     budget = int(req["output_bytes"])

@@ -95,12 +95,13 @@ def _explain(exc: OSError, path: str) -> PathError:
 class SessionDir:
     """The host directory of one session, bound read-write as the sandbox's workdir."""
 
-    def __init__(self, path: str, workdir: str, owner: tuple[int, int] | None) -> None:
+    def __init__(self, path: str, workdir: str, owner: tuple[int, int] | None,
+                 mounted: bool = False) -> None:
         self.path = path
         self.workdir = workdir
         self.owner = owner
         """The sandbox's host uid/gid (as root); files the host writes are given to it."""
-        self.mounted = False
+        self.mounted = mounted and os.path.ismount(path)
 
     def create(self, quota_bytes: int, inodes: int) -> None:
         """Make the directory; as root, a tmpfs of ``quota_bytes`` (the session's disk quota),

@@ -33,15 +33,12 @@ import struct
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal
+from typing import Literal, Protocol
 
 from reroll.sandbox.files import SessionDir
 from reroll.sandbox.process import SandboxProcess
 from reroll.sandbox.result import ExecResult, SandboxError, SandboxLost, classify_limit
-from reroll.sandbox.session_config import SessionSpec
-
-if TYPE_CHECKING:
-    from reroll.sandbox.sessions import SessionManager
+from reroll.sandbox.session_config import SessionsConfig, SessionSpec
 
 State = Literal["starting", "running", "stopped", "closed", "failed"]
 DRIVER_SOURCE = (Path(__file__).with_name("_driver.py")).read_text()
@@ -128,11 +125,26 @@ async def close_channel(channel: _Channel) -> None:
     await channel.proc.destroy()
 
 
+class Owner(Protocol):
+    """What a session needs of its `SessionManager` (named here, not imported: the manager
+    imports this module)."""
+
+    config: SessionsConfig
+    workdir: str
+
+    def spawn(self, coro) -> None: ...
+    def record_failure(self, cause: str) -> None: ...
+    def record_exec(self, result: ExecResult) -> None: ...
+    async def resume(self, session: Session) -> None: ...
+    async def fork(self, session_id: str, n: int) -> list[Session]: ...
+    async def close_session(self, session_id: str, reason: str) -> None: ...
+
+
 class Session:
     """One session; made by `SessionManager.create` or `fork`. Safe to share between asyncio
     tasks: commands of one session run one at a time, in the order they were asked for."""
 
-    def __init__(self, manager: SessionManager, session_id: str, spec: SessionSpec,
+    def __init__(self, manager: Owner, session_id: str, spec: SessionSpec,
                  directory: SessionDir) -> None:
         self.manager = manager
         self.id = session_id
@@ -350,9 +362,11 @@ class Session:
             self._set("closed", reason)
         else:
             self.history.append(Event(time.time(), "failed", f"removed: {reason}"))
-        if channel is not None:
-            await self._kill(channel)
-        await asyncio.get_running_loop().run_in_executor(None, self.dir.remove)
+        try:
+            if channel is not None:
+                await self._kill(channel)
+        finally:  # even when cancelled: the files and the mount go
+            self.dir.remove()
 
 
 def _text(b64: str) -> str:

@@ -15,15 +15,12 @@ plain windows of recent timings (`SessionManager.summary`).
 from __future__ import annotations
 
 from collections import Counter, deque
-from typing import TYPE_CHECKING
+from collections.abc import Callable
 
 from prometheus_client import CollectorRegistry, Gauge, Histogram, generate_latest
 from prometheus_client import Counter as PromCounter
 
 from reroll.sandbox.result import ExecResult
-
-if TYPE_CHECKING:
-    from reroll.sandbox.sessions import SessionManager
 
 STATES = ("starting", "running", "stopped", "closed", "failed")
 _BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
@@ -32,7 +29,8 @@ _BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
 class SessionMetrics:
     """One registry per manager, so two managers in a process (tests) never share counters."""
 
-    def __init__(self, manager: SessionManager, window: int = 100_000) -> None:
+    def __init__(self, counts: Callable[[], dict[str, int]], window: int = 100_000) -> None:
+        """``counts``: sessions by state, read at each scrape."""
         self.registry = CollectorRegistry(auto_describe=True)
         prefix = "reroll_sandbox_session"
         self._create = Histogram(f"{prefix}_create_seconds", "Session create latency",
@@ -46,7 +44,7 @@ class SessionMetrics:
         states = Gauge("reroll_sandbox_sessions", "Sessions by state", ["state"],
                        registry=self.registry)
         for state in STATES:
-            states.labels(state).set_function(lambda s=state: manager.counts()[s])
+            states.labels(state).set_function(lambda s=state: counts()[s])
         self.create_s: deque[float] = deque(maxlen=window)
         self.exec_s: deque[float] = deque(maxlen=window)
         self.fork_s: deque[float] = deque(maxlen=window)

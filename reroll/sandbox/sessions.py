@@ -53,8 +53,10 @@ class _Warm:
         self.channel, self.dir = channel, directory
 
     async def discard(self) -> None:
-        await close_channel(self.channel)
-        self.dir.remove()
+        try:
+            await close_channel(self.channel)
+        finally:  # even when cancelled (the manager closes): no mount is left behind
+            self.dir.remove()
 
 
 class SessionManager:
@@ -68,7 +70,7 @@ class SessionManager:
                                "bound into a namespace); the rlimit backend has no such thing")
         self.workdir = self.sandbox.config.workdir
         self.root = ""
-        self.metrics = SessionMetrics(self)
+        self.metrics = SessionMetrics(self.counts)
         self._sessions: dict[str, Session] = {}
         self._closed: OrderedDict[str, dict] = OrderedDict()
         self._starting = asyncio.Semaphore(self.config.max_starting)
@@ -105,6 +107,8 @@ class SessionManager:
         while self._warm:
             await self._warm.pop().discard()
         if self.root:
+            for name in os.listdir(self.root):  # a start cut short may have left its mount
+                SessionDir(os.path.join(self.root, name), self.workdir, None, mounted=True).remove()
             shutil.rmtree(self.root, ignore_errors=True)
 
     def spawn(self, coro) -> None:
