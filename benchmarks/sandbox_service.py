@@ -6,7 +6,9 @@ The service is started as a user starts it (a subprocess on a free loopback port
 ``--concurrency`` callers loops: create a session, run one command in it (its output is
 checked), close it, until ``--sessions`` sessions were made. Then one session is prepared (a
 file, a cwd, a variable) and forked 16 times, one fork at a time; every fork is checked and all
-are closed. Latencies are measured by the client around each HTTP call.
+are closed. Latencies are measured by the client around each HTTP call (``*_ms``), and by
+the service around the work itself (``service_*_ms``, from ``GET /stats``): the difference is
+HTTP and the client's own CPU, which shares the machine.
 
 After the run it counts what leaked: sessions the service still lists, session tmpfs mounts
 beyond the warm sandboxes' while it runs, and, once it has exited (SIGTERM), any of its
@@ -133,11 +135,12 @@ async def run(args: argparse.Namespace, url: str) -> dict:
         left = await client.list()
         health = await client.health()
         metrics = await client.metrics()
+        served = await client.stats()
     service_failures = {m.group(1): float(m.group(2)) for m in re.finditer(
         r'reroll_sandbox_session_failures_total\{cause="([^"]+)"\} (\S+)', metrics)}
     return {"stats": stats, "churn_s": churn_s, "leaked_sessions": len(left),
             "mounts_beyond_warm": max(session_mounts() - health["warm"], 0),
-            "service_failures": service_failures}
+            "service_failures": service_failures, "served": served}
 
 
 def main() -> None:
@@ -177,6 +180,9 @@ def main() -> None:
         "exec_p50_ms": round(percentile(stats["exec"], 50) * ms, 1),
         "exec_p99_ms": round(percentile(stats["exec"], 99) * ms, 1),
         "fork_p50_ms": round(percentile(stats["fork"], 50) * ms, 1),
+        "service_create_p50_ms": round(out["served"]["create_p50_ms"], 1),
+        "service_create_p99_ms": round(out["served"]["create_p99_ms"], 1),
+        "service_exec_p50_ms": round(out["served"]["exec_p50_ms"], 1),
         "sessions_per_s": round(args.sessions / out["churn_s"], 1),
         "failures": failures,
         "failures_by_cause": {**stats["failures"], **{f"service:{k}": v for k, v in infra.items()}},

@@ -174,6 +174,10 @@ class SessionClient:
     async def metrics(self) -> str:
         return (await self.request("GET", "/metrics")).text
 
+    async def stats(self) -> dict:
+        """The service's latency percentiles (ms, measured in the service), failures, states."""
+        return (await self.request("GET", "/stats")).json()
+
 
 class LocalSessions:
     """`SessionManager` with the client's interface (``create``, ``get``, ``list``, ...)."""
@@ -205,6 +209,9 @@ class LocalSessions:
 
     async def metrics(self) -> str:
         return self.manager.metrics.exposition().decode()
+
+    async def stats(self) -> dict:
+        return self.manager.summary()
 
 
 def open_sessions(config: SessionsConfig | None = None) -> LocalSessions | SessionClient:

@@ -12,7 +12,7 @@ Endpoints (JSON unless said; the schema is at ``GET /openapi.json``):
 - ``GET /sessions/{id}/files?path=P`` read (the bytes), ``PUT`` the same URL write (the body's
   bytes; ``?mode=0o755``), ``GET /sessions/{id}/list?path=P&recursive=1`` list;
 - ``POST /sessions/{id}/fork`` (``{"n": N}``) copies;
-- ``GET /health``, ``GET /metrics`` (Prometheus).
+- ``GET /health``, ``GET /metrics`` (Prometheus), ``GET /stats`` (percentiles as JSON).
 
 Errors are ``{"error": {"message", "code"}}``: 400 a bad request (naming the field or path),
 401 a missing or wrong key, 404 no such session, 409 the session is closed or failed (the
@@ -204,6 +204,9 @@ class Service:
         return Response(self.sessions.metrics.exposition(),
                         media_type="text/plain; version=0.0.4; charset=utf-8")
 
+    async def stats(self, request: Request) -> JSONResponse:
+        return JSONResponse(self.sessions.summary())
+
     async def openapi(self, request: Request) -> JSONResponse:
         return JSONResponse(openapi_schema())
 
@@ -222,6 +225,7 @@ ROUTES = [
     ("POST", "/sessions/{sid}/fork", "fork", ForkRequest, "Copy a session N times"),
     ("GET", "/health", "health", None, "Health (no key needed)"),
     ("GET", "/metrics", "metrics", None, "Prometheus metrics"),
+    ("GET", "/stats", "stats", None, "Latency percentiles (ms), failures, sessions by state"),
     ("GET", "/openapi.json", "openapi", None, "This schema"),
 ]
 

@@ -76,6 +76,8 @@ def test_sessions_through_the_service(service):
             state = await s.describe()
             sessions = await client.list()
             metrics = await client.metrics()
+            served = await client.stats()
+            assert served["create_p50_ms"] > 0 and served["states"]["running"] == 3
             await s.close()
             with pytest.raises(SessionGone, match="closed"):
                 await s.exec("true")
