@@ -10,6 +10,7 @@ because nothing is resolved by name from the top again. Only regular files are r
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import ctypes
 import errno
@@ -135,6 +136,12 @@ class SessionDir:
                                os.strerror(ctypes.get_errno()))
         if not self.mounted:
             shutil.rmtree(self.path, ignore_errors=True)
+
+    async def remove_async(self) -> None:
+        """`remove` in a thread (an unmount waits ~5-12 ms for RCU here, which would stall the
+        event loop); it completes even if the caller is cancelled meanwhile."""
+        loop = asyncio.get_running_loop()
+        await asyncio.shield(loop.run_in_executor(None, self.remove))
 
     def binds(self, workdir: str) -> dict[str, str]:
         """Sandbox path -> host path, for bubblewrap's ``--bind``."""

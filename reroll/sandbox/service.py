@@ -318,8 +318,9 @@ def serve(config: SessionsConfig, host: str, port: int, api_key: str | None,
             ready(sock.getsockname()[:2])
         await task
 
-    try:
-        asyncio.run(run())
+    try:  # uvicorn's loop (uvloop when installed), as `uvicorn.run` would choose it
+        with asyncio.Runner(loop_factory=server.config.get_loop_factory()) as runner:
+            runner.run(run())
     finally:
         sock.close()
 

@@ -366,7 +366,7 @@ class Session:
             if channel is not None:
                 await self._kill(channel)
         finally:  # even when cancelled: the files and the mount go
-            self.dir.remove()
+            await self.dir.remove_async()
 
 
 def _text(b64: str) -> str:

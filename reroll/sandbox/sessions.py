@@ -56,7 +56,7 @@ class _Warm:
         try:
             await close_channel(self.channel)
         finally:  # even when cancelled (the manager closes): no mount is left behind
-            self.dir.remove()
+            await self.dir.remove_async()
 
 
 class SessionManager:
