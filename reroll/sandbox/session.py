@@ -236,19 +236,26 @@ class Session:
         channel = self._channel
         if channel is None:
             raise SessionGone(f"session {self.id} has no running sandbox")
-        line = b""
+        line, timed_out = b"", False
         frame = marshal.dumps(request)
-        with contextlib.suppress(TimeoutError, ConnectionError, asyncio.IncompleteReadError):
+        try:
             channel.writer.write(struct.pack(">I", len(frame)) + frame)
             async with asyncio.timeout(timeout):
                 line = await channel.reader.readline()
+        except TimeoutError:
+            timed_out = True
+        except (ConnectionError, asyncio.IncompleteReadError):
+            pass
         if not line:
-            if channel.proc.alive:
+            if timed_out:
                 self._fail("unresponsive", f"the session's driver gave no answer within "
                                            f"{timeout:.0f}s")
-            else:
-                await asyncio.sleep(0)  # let the exit callback name the cause
-                self._fail("session_died", "the session's sandbox ended")
+            else:  # its pipe closed: the sandbox is ending; let its exit status name the cause
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(asyncio.shield(channel.proc._exited), 5.0)
+                if not channel.proc.alive:
+                    self._on_exit(channel)
+                self._fail("session_died", "the session's driver closed its pipe")
             raise SessionGone(f"session {self.id} failed: {self.reason}")
         reply = json.loads(line)
         if "error" in reply:
