@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Literal, Protocol
 
 from reroll.sandbox.files import SessionDir
+from reroll.sandbox.limits import check_env
 from reroll.sandbox.process import SandboxProcess
 from reroll.sandbox.result import ExecResult, SandboxError, SandboxLost, classify_limit
 from reroll.sandbox.session_config import SessionsConfig, SessionSpec
@@ -291,6 +292,7 @@ class Session:
         budget = output_bytes if output_bytes is not None else limits.output_bytes
         if not (0 < wall <= 24 * 3600 and 0 < cpu <= 24 * 3600 and budget >= 1):
             raise ValueError("wall_time_s and cpu_time_s must be in (0, 86400], output_bytes >= 1")
+        check_env(dict(env or {}))
         data = stdin.encode() if isinstance(stdin, str) else (stdin or b"")
         request = {"op": "exec", "cmd": cmd, "stdin": data,
                    "wall_time_s": wall, "cpu_time_s": cpu, "output_bytes": budget,

@@ -65,9 +65,20 @@ def test_each_command_has_its_own_limits_and_the_session_survives_them():
         spin = await s.exec("python3 -c 'while True: pass'", cpu_time_s=1, wall_time_s=10)
         own_env = await s.exec("echo $ONLY_HERE", env={"ONLY_HERE": "1"})
         after = await s.exec("echo $KEPT $ONLY_HERE; pwd")
-        return slow, loud, spin, own_env, after, s.state
+        with pytest.raises(ValueError, match="env name"):
+            await s.exec("true", env={"A=B": "1"})
+        rlimits = await s.exec("ulimit -n -u -v -f")
+        big = await s.exec("head -c 40000000 /dev/zero > big", env={})
+        return slow, loud, spin, own_env, after, s.state, rlimits, big
 
-    slow, loud, spin, own_env, after, state = scenario(fn)
+    slow, loud, spin, own_env, after, state, rlimits, big = scenario(fn)
+    limits = Limits()
+    assert rlimits.stdout.split() == [
+        "open", "files", "(-n)", str(limits.open_files), "max", "user", "processes", "(-u)",
+        str(limits.processes), "virtual", "memory", "(kbytes,", "-v)",
+        str(limits.memory_bytes >> 10), "file", "size", "(blocks,", "-f)",
+        str(limits.file_size_bytes >> 10)], rlimits.stdout
+    assert big.limit == "file_size", big
     assert slow.limit == "wall_time" and slow.timed_out and slow.wall_s < 2, slow
     assert loud.limit == "output" and loud.output_truncated and len(loud.stdout) == 4096
     assert spin.limit == "cpu_time" and spin.wall_s < 5, spin
@@ -190,6 +201,29 @@ def test_a_killed_driver_fails_the_session_with_the_reason(host):
     assert later is not None and "failed" in later
     assert state == "failed" and files_still == []
     assert host.descendants() - before == set()
+
+
+def test_no_more_sessions_start_at_once_than_max_starting(monkeypatch):
+    from reroll.sandbox import process
+
+    real_start, running, peak = process.SandboxProcess.start, [0], [0]
+
+    async def counted(*args, **kwargs):
+        running[0] += 1
+        peak[0] = max(peak[0], running[0])
+        try:
+            return await real_start(*args, **kwargs)
+        finally:
+            running[0] -= 1
+
+    monkeypatch.setattr(process.SandboxProcess, "start", counted)
+
+    async def fn(m):
+        sessions = await asyncio.gather(*(m.create() for _ in range(4)))
+        return [s.state for s in sessions]
+
+    assert scenario(fn, max_starting=1) == ["running"] * 4
+    assert peak[0] == 1
 
 
 def test_the_session_cap_and_a_started_limit_spec_are_enforced():
