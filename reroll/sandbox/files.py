@@ -25,6 +25,7 @@ logger = logging.getLogger(__name__)
 
 _LIBC = ctypes.CDLL(None, use_errno=True)
 _MNT_DETACH = 2
+_MS_NOSUID, _MS_NODEV = 2, 4  # no set-uid file or device node of a session means anything
 SUBDIRS = {"work": 0o755, "tmp": 0o1777, "shm": 0o1777}
 """The session tmpfs's directories: the workdir, /tmp and /dev/shm (one quota for the three)."""
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
@@ -114,7 +115,7 @@ class SessionDir:
         else:
             uid, gid = self.owner or (0, 0)
             options = f"size={quota_bytes},nr_inodes={inodes},mode=0755,uid={uid},gid={gid}"
-            if _LIBC.mount(b"reroll-session", self.path.encode(), b"tmpfs", 0,
+            if _LIBC.mount(b"reroll-session", self.path.encode(), b"tmpfs", _MS_NOSUID | _MS_NODEV,
                            options.encode()) != 0:
                 err = ctypes.get_errno()
                 os.rmdir(self.path)
@@ -267,12 +268,12 @@ def _copy_tree(src: int, dst: int, owner: tuple[int, int] | None) -> None:
         if stat.S_ISLNK(st.st_mode):
             os.symlink(os.readlink(name, dir_fd=src), name, dir_fd=dst)
         elif stat.S_ISDIR(st.st_mode):
-            os.mkdir(name, stat.S_IMODE(st.st_mode), dir_fd=dst)
+            os.mkdir(name, st.st_mode & 0o1777, dir_fd=dst)
             sub_src = os.open(name, _DIR_FLAGS, dir_fd=src)
             sub_dst = os.open(name, _DIR_FLAGS, dir_fd=dst)
             try:
                 _copy_tree(sub_src, sub_dst, owner)
-                os.fchmod(sub_dst, stat.S_IMODE(st.st_mode))
+                os.fchmod(sub_dst, st.st_mode & 0o1777)
             finally:
                 os.close(sub_src)
                 os.close(sub_dst)
@@ -289,7 +290,7 @@ def _copy_file(src: int, dst: int, name: str, mode: int) -> None:
     fin = os.open(name, flags, dir_fd=src)
     try:
         fout = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC,
-                       stat.S_IMODE(mode), dir_fd=dst)
+                       mode & 0o777, dir_fd=dst)
         try:
             offset, size = 0, os.fstat(fin).st_size
             while offset < size:
@@ -297,7 +298,7 @@ def _copy_file(src: int, dst: int, name: str, mode: int) -> None:
                 if sent == 0:
                     break
                 offset += sent
-            os.fchmod(fout, stat.S_IMODE(mode))
+            os.fchmod(fout, mode & 0o777)  # never set-uid bits
         finally:
             os.close(fout)
     finally:

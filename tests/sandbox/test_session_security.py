@@ -137,14 +137,16 @@ def test_a_fork_copies_symlinks_as_links_never_their_targets(tmp_path):
 
     async def fn(m):
         s = await m.create()
-        await s.exec(f"ln -s / root; ln -s {secret} link; mkfifo fifo; echo mine > own")
+        await s.exec(f"ln -s / root; ln -s {secret} link; mkfifo fifo; echo mine > own; "
+                     "chmod 4755 own")
         (f,) = await s.fork(1)
         listed = {e["path"]: e["type"] for e in await f.list()}
-        inside = await f.exec("readlink root link; cat own")
+        inside = await f.exec("readlink root link; cat own; stat -c %a own; "
+                              "grep -c ' /work .*nosuid,nodev' /proc/mounts")
         return listed, inside, f.dir.usage()
 
     listed, inside, usage = scenario(fn)
     assert listed == {"root": "symlink", "link": "symlink", "own": "file"}
-    assert inside.stdout == f"/\n{secret}\nmine\n"
+    assert inside.stdout == f"/\n{secret}\nmine\n755\n1\n", inside  # no set-uid bit; nosuid
     assert usage < 1 << 20
     assert json.dumps(listed)  # the listing is plain data
