@@ -143,7 +143,10 @@ class Service:
 
     async def create(self, request: Request) -> JSONResponse:
         body = await _body(request)
-        spec = SessionSpec.model_validate({**self.config.session.model_dump(), **body})
+        default = self.config.session.model_dump()
+        if isinstance(body.get("limits"), dict):  # a limit given is over the service's limits
+            body["limits"] = {**default["limits"], **body["limits"]}
+        spec = SessionSpec.model_validate({**default, **body})
         session = await self.sessions.create(spec)
         return JSONResponse(session.info(), status_code=201)
 

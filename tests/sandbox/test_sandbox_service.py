@@ -39,7 +39,8 @@ def session_mounts() -> int:
 def service(tmp_path_factory):
     """`reroll sandbox serve --port 0` with an API key and a config file; yields its URL."""
     config = tmp_path_factory.mktemp("service") / "sessions.yaml"
-    config.write_text("sessions:\n  warm: 2\n  max_sessions: 32\n  session:\n    ttl_s: 120\n")
+    config.write_text("sessions:\n  warm: 2\n  max_sessions: 32\n  session:\n    ttl_s: 120\n"
+                      "    limits: {processes: 40}\n")
     env = {**os.environ, "PYTHONPATH": str(ROOT), "MY_SANDBOX_KEY": KEY}
     mounts = session_mounts()
     proc = subprocess.Popen(
@@ -115,7 +116,10 @@ def test_the_key_is_required_and_bad_requests_get_one_message(service):
         assert bad.status_code == 400 and "disk_bytes" in bad.json()["error"]["message"]
         typo = http.post("/sessions", json={"tll_s": 5}, headers=auth)
         assert typo.status_code == 400 and "tll_s" in typo.json()["error"]["message"]
-        sid = http.post("/sessions", json={}, headers=auth).json()["id"]
+        made = http.post("/sessions", json={"limits": {"open_files": 64}}, headers=auth).json()
+        assert made["spec"]["limits"]["open_files"] == 64
+        assert made["spec"]["limits"]["processes"] == 40  # the service's own default stays
+        sid = made["id"]
         extra = http.post(f"/sessions/{sid}/exec", json={"command": "ls"}, headers=auth)
         assert extra.status_code == 400 and "cmd" in extra.json()["error"]["message"]
         missing = http.post("/sessions/nope/exec", json={"cmd": "ls"}, headers=auth)
