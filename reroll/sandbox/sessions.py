@@ -208,7 +208,10 @@ class SessionManager:
         """A new running session (``changes`` are `SessionSpec` fields over the defaults)."""
         spec = spec or self.config.session
         if changes:
-            spec = SessionSpec.model_validate({**spec.model_dump(), **changes})
+            base = spec.model_dump()
+            if isinstance(changes.get("limits"), dict):  # given limits over the defaults
+                changes["limits"] = {**base["limits"], **changes["limits"]}
+            spec = SessionSpec.model_validate({**base, **changes})
         return await self._make(spec, None, None)
 
     async def _make(self, spec: SessionSpec, state, source: Session | None) -> Session:
