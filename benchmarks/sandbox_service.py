@@ -24,6 +24,7 @@ import asyncio
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -74,6 +75,7 @@ def start_service(args: argparse.Namespace) -> tuple[subprocess.Popen, str]:
          str(config)], stdout=subprocess.PIPE, text=True, cwd=ROOT,
         env={**os.environ, "PYTHONPATH": str(ROOT)})
     line = proc.stdout.readline()
+    shutil.rmtree(config.parent, ignore_errors=True)  # read at the service's start
     match = re.search(r"http://[\d.]+:\d+", line)
     if match is None:
         proc.kill()
