@@ -259,12 +259,14 @@ def build_parser() -> argparse.ArgumentParser:
     from reroll.evaluation import add_eval_parser
     from reroll.export import add_export_parser
     from reroll.pipelines.replay import add_replay_parser
+    from reroll.sandbox.service import add_sandbox_parser
     from reroll.viewer import add_view_parser
 
     add_view_parser(sub)
     add_replay_parser(sub)
     add_eval_parser(sub)
     add_export_parser(sub)
+    add_sandbox_parser(sub)
     return parser
 
 
