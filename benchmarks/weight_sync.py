@@ -64,11 +64,11 @@ def best_seconds(fn, device: str) -> float:
 
 def lora_sync(rank: int, device: str) -> dict:
     """Adapter-only against merged sync of a LoRA policy of SmolLM2's shape, to the HF engine."""
+    import copy
+
     from reroll.config.lora import LoRAConfig
     from reroll.config.schema import OptimizerConfig, TrainConfig
     from reroll.training.local import LocalStrategy
-
-    import copy
 
     config = LlamaConfig(**SMOLLM2)
     base = LlamaForCausalLM(config)
