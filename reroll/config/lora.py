@@ -31,11 +31,12 @@ class LoRAConfig(Section):
     rslora: bool = False
     """Rank-stabilised LoRA: scale by `alpha / sqrt(rank)` instead of `alpha / rank`."""
     sync: Literal["auto", "adapter", "merged"] = "auto"
-    """What each weight sync sends the engines: `adapter` the adapter alone (a few MB; the engine
-    merges it into its own copy of the base weights), `merged` the full merged weights, `auto`
-    the adapter where the engine takes one (the HF engine in the trainer's process, reroll's
-    server behind `elastic`) and merged weights elsewhere (vLLM, Ray engine actors, in-flight
-    updates). `adapter` with an engine that cannot take it is an error."""
+    """What each weight sync sends the engines: `adapter` the adapter alone (a few MB; the HF
+    engine merges it into its own copy of the base weights, vLLM applies it with its LoRA
+    support), `merged` the full merged weights, `auto` the adapter where the engine takes one
+    (the HF engine or vLLM in the trainer's process, reroll's server behind `elastic`) and merged
+    weights elsewhere (Ray engine actors, in-flight updates). `adapter` with an engine that
+    cannot take it is an error. docs/lora.md says when each wins."""
 
     @field_validator("target_modules")
     @classmethod

@@ -480,13 +480,10 @@ class RLRunConfig(RunConfig):
                              "distributed.policy.num_workers: 1 (FSDP2 sharding of a LoRA "
                              "policy is not supported yet)")
         lora = self.model.lora
-        if lora is not None and lora.sync == "adapter" and (
-                self.rollout.engine.type == "vllm" or self.distributed.executor == "ray"):
-            where = "rollout.engine: vllm" if self.rollout.engine.type == "vllm" \
-                else "distributed.executor: ray"
-            raise ValueError(f"model.lora.sync: adapter, but with {where} the engines take "
-                             f"merged weights (docs/lora.md): set model.lora.sync: auto or "
-                             f"merged")
+        if lora is not None and lora.sync == "adapter" and self.distributed.executor == "ray":
+            raise ValueError("model.lora.sync: adapter, but with distributed.executor: ray the "
+                             "engine actors take merged weights (docs/lora.md): set "
+                             "model.lora.sync: auto or merged")
         return self
 
 

@@ -59,8 +59,8 @@ def adapter_only(lora_sync: str | None, engine: Any) -> bool:
     if lora_sync == "adapter" and not takes:
         raise ConfigError(
             f"model.lora.sync: adapter, but the rollout engine ({type(engine).__name__}) cannot "
-            f"take an adapter (the HF engine and reroll's server can; vLLM, Ray engine actors and "
-            f"in-flight updates take merged weights): set model.lora.sync: auto or merged")
+            f"take an adapter (the HF engine, vLLM and reroll's server can; Ray engine actors "
+            f"and in-flight updates take merged weights): set model.lora.sync: auto or merged")
     return lora_sync in ("auto", "adapter") and takes
 
 

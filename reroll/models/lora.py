@@ -259,3 +259,29 @@ class HeldBase:
             for name, (base, weight) in merged.items():
                 self.base.setdefault(name, base)
                 modules[name].weight.copy_(weight)
+
+
+def write_peft_adapter(adapter: dict[str, torch.Tensor], directory: Path, base: str) -> None:
+    """`adapter` (`LoRAAdapter.adapter_tensors`) as a PEFT adapter folder over the model `base`,
+    for loaders that read PEFT's files (vLLM's LoRA support). One rank and scale for all layers,
+    as `model.lora` trains."""
+    from safetensors.torch import save_file
+
+    layers = adapter_layers(adapter)
+    ranks = {a.shape[0] for a, _, _ in layers.values()}
+    scales = {float(s.item()) for _, _, s in layers.values()}
+    if len(ranks) != 1 or len(scales) != 1:
+        raise AdapterError(f"the adapter's layers differ in rank {sorted(ranks)} or scale "
+                           f"{sorted(scales)}")
+    rank, scale = ranks.pop(), scales.pop()
+    directory.mkdir(parents=True, exist_ok=True)
+    state = {}
+    for name, (a, b, _) in layers.items():
+        state[f"base_model.model.{name}.lora_A.weight"] = a.detach().cpu().contiguous()
+        state[f"base_model.model.{name}.lora_B.weight"] = b.detach().cpu().contiguous()
+    save_file(state, str(directory / "adapter_model.safetensors"))
+    config = {"peft_type": "LORA", "task_type": "CAUSAL_LM", "base_model_name_or_path": base,
+              "r": rank, "lora_alpha": scale * rank, "lora_dropout": 0.0, "bias": "none",
+              "use_rslora": False, "fan_in_fan_out": False,
+              "target_modules": sorted({name.rsplit(".", 1)[-1] for name in layers})}
+    (directory / ADAPTER_CONFIG).write_text(json.dumps(config), encoding="utf-8")

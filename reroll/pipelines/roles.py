@@ -125,7 +125,17 @@ def rollout_engine_factory(c: RLConfig, pad_token_id: int, plan: Plan):
     rollout = c.rollout.model_copy(update={"dtype": plan["rollout"].engine_dtype}) \
         if hasattr(c.rollout, "dtype") else c.rollout
     return engine_factory(rollout, c.model.path, c.model.dtype, pad_token_id, c.seed,
-                          c.model.attn_implementation, plan["rollout"].device)
+                          c.model.attn_implementation, plan["rollout"].device,
+                          lora_rank=adapter_rank(c))
+
+
+def adapter_rank(c: RLConfig) -> int:
+    """The LoRA rank an engine in the trainer's process must take adapters of (vLLM then starts
+    with its LoRA support), 0 where the sync sends merged weights: no `model.lora`,
+    `model.lora.sync: merged`, or engines in Ray actors (they take merged weights)."""
+    lora, scheduler = c.model.lora, getattr(c, "scheduler", None)
+    in_actor = c.distributed.executor == "ray" or bool(scheduler and scheduler.engine_process)
+    return lora.rank if lora is not None and lora.sync != "merged" and not in_actor else 0
 
 
 def build_roles(c: RLConfig, total_steps: int, pad_token_id: int) -> Roles:
