@@ -207,17 +207,19 @@ def cmd_diagnose(args: argparse.Namespace) -> None:
         table_rows = diagnose(args.model, attn_implementation=args.attn_implementation)
     table = Table(title=f"reroll check-model --diagnose {args.model}: the engine (dtype, batch "
                         f"size) against the trainer (float32, padded or packed); the first "
-                        f"module whose outputs differ by > 1e-3 of their scale; ratio out: "
-                        f"tokens whose ratio leaves [0.9, 1.1]")
-    columns = ("engine", "batch", "trainer", "first parting module", "rel. diff", "max |dlogp|",
-               "mean |dlogp|", "ratio out")
+                        f"module whose outputs differ by > 1e-3 of their scale, and the one "
+                        f"whose difference is the largest multiple (x) of any before it; ratio out: tokens whose "
+                        f"ratio leaves [0.9, 1.1]")
+    columns = ("engine", "batch", "trainer", "first parting module", "rel. diff",
+               "jumps most at", "x", "max |dlogp|", "mean |dlogp|", "ratio out")
     for column in columns:
         table.add_column(column)
     for r in table_rows:
         table.add_row(r.engine_dtype, str(r.batch_size), r.layout, r.first_parting,
-                      f"{r.parting_rel_diff:.2e}", f"{r.logprob_max_abs_diff:.2e}",
+                      f"{r.parting_rel_diff:.2e}", r.largest_growth, f"{r.growth_factor:.1f}",
+                      f"{r.logprob_max_abs_diff:.2e}",
                       f"{r.logprob_mean_abs_diff:.2e}", f"{r.ratio_outside:.1%}")
-    Console(width=max(Console().width, 120)).print(table)
+    Console(width=max(Console().width, 150)).print(table)
     print(json.dumps({"model": args.model, "diagnosis": as_dicts(table_rows)}))
 
 

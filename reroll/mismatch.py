@@ -7,7 +7,8 @@ model (in the engine's dtype, the rows prefilled `batch_size` at a time, right-p
 hooks record every module's output at the positions that predict a response token, so each
 module of the trainer is compared with the same module of the engine, in the order the trainer
 ran them; the first whose outputs differ by more than `tolerance` (relative to the output's
-largest value) is where the two part. The sweep covers what users change: the engine's dtype,
+largest value) is where the two part, and the one whose difference is the largest multiple of
+any before it is where the most new error enters. The sweep covers what users change: the engine's dtype,
 its batch size and the trainer's layout. The logprob columns are what `behaviour_kl` and the
 importance ratios of a run see.
 """
@@ -37,6 +38,10 @@ class Diagnosis:
     """The first module (in the trainer's order) whose output parts, or `none`."""
     parting_rel_diff: float
     """Its largest difference over its largest value (0 when none parts)."""
+    largest_growth: str
+    """The module (after the first parting) whose difference is the largest multiple of any
+    before it (`growth_factor`), or `none`: where the most new error enters."""
+    growth_factor: float
     logprob_max_abs_diff: float
     logprob_mean_abs_diff: float
     ratio_outside: float
@@ -141,18 +146,21 @@ def engine_side(model, ids, mask, prompt: int, batch_size: int) -> tuple[dict, t
 
 
 def compare(trainer: tuple[dict, torch.Tensor], engine: tuple[dict, torch.Tensor],
-            tolerance: float) -> tuple[str, float, torch.Tensor]:
-    """(first parting module, its relative difference, per-token logprob difference)."""
-    first, rel = "none", 0.0
+            tolerance: float) -> tuple[str, float, str, float, torch.Tensor]:
+    """(first parting module, its relative difference, the module that grows the difference
+    most and by what factor, per-token logprob difference)."""
+    first, rel, growth, factor, worst = "none", 0.0, "none", 1.0, 0.0
     for name, ours in trainer[0].items():
         theirs = engine[0].get(name)
         if theirs is None or theirs.shape != ours.shape:
             continue
         diff = float((ours - theirs).abs().max() / ours.abs().max().clamp(min=1e-12))
-        if diff > tolerance:
+        if first == "none" and diff > tolerance:
             first, rel = name, diff
-            break
-    return first, rel, engine[1] - trainer[1]
+        elif first != "none" and diff / worst > factor:
+            growth, factor = name, diff / worst
+        worst = max(worst, diff)
+    return first, rel, growth, factor, engine[1] - trainer[1]
 
 
 def diagnose(path: str, dtypes: tuple[str, ...] = ("float32", "bfloat16"),
@@ -170,10 +178,11 @@ def diagnose(path: str, dtypes: tuple[str, ...] = ("float32", "bfloat16"),
         for batch_size in batch_sizes:
             engine = engine_side(engine_model, ids, mask, prompt, batch_size)
             for layout in layouts:
-                first, rel, delta = compare(trainers[layout], engine, tolerance)
+                first, rel, growth, factor, delta = compare(trainers[layout], engine, tolerance)
                 ratio = delta.exp()
                 table.append(Diagnosis(
-                    dtype, batch_size, layout, first, rel, float(delta.abs().max()),
+                    dtype, batch_size, layout, first, rel, growth, factor,
+                    float(delta.abs().max()),
                     float(delta.abs().mean()),
                     float(((ratio < 0.9) | (ratio > 1.1)).float().mean())))
     return table
