@@ -12,7 +12,12 @@ Random-init weights of SmolLM2-135M's shape (hidden 576, 30 layers, 9 heads, 3 K
 intermediate 1536, vocabulary 49,152, tied embeddings): the sync's cost depends on the shape, not
 the values.
 
-    .venv/bin/python benchmarks/weight_sync.py [--device cuda]
+With `--lora-rank R` it measures a LoRA run's sync instead (`model.lora` with rank R, alpha 2R,
+all-linear): the adapter alone (`model.lora.sync: adapter`, which the engine merges into its own
+copy of the base weights) against the merged weights (`merged`), the bytes each sends and the
+time each takes; the last line then has `lora_sync_bytes_ratio` (adapter over merged bytes).
+
+    .venv/bin/python benchmarks/weight_sync.py [--device cuda] [--lora-rank 16]
 """
 
 from __future__ import annotations
@@ -57,12 +62,49 @@ def best_seconds(fn, device: str) -> float:
     return best
 
 
+def lora_sync(rank: int, device: str) -> dict:
+    """Adapter-only against merged sync of a LoRA policy of SmolLM2's shape, to the HF engine."""
+    import copy
+
+    from reroll.config.lora import LoRAConfig
+    from reroll.config.schema import OptimizerConfig, TrainConfig
+    from reroll.training.local import LocalStrategy
+
+    config = LlamaConfig(**SMOLLM2)
+    base = LlamaForCausalLM(config)
+    engine_base = copy.deepcopy(base)  # the engines load the same base model as the trainer
+    policy = LocalStrategy(base, OptimizerConfig(), TrainConfig(),
+                           total_steps=1, device=device,
+                           lora=LoRAConfig(rank=rank, alpha=2.0 * rank))
+    with torch.no_grad():  # a trained adapter (B starts at zero)
+        for name, p in policy.model.named_parameters():
+            if ".lora_B." in name:
+                p.normal_(0, 0.01)
+    result: dict = {"device": device, "lora_rank": rank}
+    for mode in ("adapter", "merged"):
+        engine = HFEngine(copy.deepcopy(engine_base).to(device), 8, 0)
+        sync = InProcessSync(policy, engine, mode)
+        metrics = sync(1)
+        if fingerprint(engine.model.state_dict().items()) != \
+                fingerprint(policy.state_dict_for_sync()):
+            raise SystemExit(f"{mode} sync: the engine's weights are not the trainer's merged ones")
+        result[f"{mode}_bytes"] = int(metrics["weight_sync/bytes"])
+        result[f"{mode}_sync_s"] = best_seconds(lambda s=sync: s(1), device)
+    result["lora_sync_bytes_ratio"] = result["adapter_bytes"] / result["merged_bytes"]
+    return result
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--lora-rank", type=int, default=0,
+                   help="measure a LoRA run's adapter-only against merged sync at this rank")
     args = p.parse_args()
     torch.set_num_threads(args.threads)
+    if args.lora_rank:
+        report(lora_sync(args.lora_rank, args.device))
+        return
     config = LlamaConfig(**SMOLLM2)
     policy = Trainer(LlamaForCausalLM(config).to(args.device))
     engine_dtype = torch.bfloat16 if args.device == "cuda" else None
@@ -77,8 +119,12 @@ def main() -> None:
         "fingerprint_s": best_seconds(lambda: fingerprint(policy.state_dict_for_sync()),
                                       args.device),
     }
+    report(result)
+
+
+def report(result: dict) -> None:
     for key, value in result.items():
-        print(f"{key:>16}: {value:.3f}" if isinstance(value, float) else f"{key:>16}: {value}")
+        print(f"{key:>22}: {value:.4f}" if isinstance(value, float) else f"{key:>22}: {value}")
     print(json.dumps({k: round(v, 4) if isinstance(v, float) else v for k, v in result.items()}))
 
 

@@ -177,6 +177,8 @@ def cmd_make_model(args: argparse.Namespace) -> None:
 
 
 def cmd_check_model(args: argparse.Namespace) -> None:
+    if args.diagnose:
+        return cmd_diagnose(args)
     from reroll.check_model import run_checks
 
     with console.status("loading the model") as status:
@@ -195,6 +197,30 @@ def cmd_check_model(args: argparse.Namespace) -> None:
     if summary["failed"]:
         console.print(f"[bold red]failed:[/] {', '.join(summary['failed'])}", highlight=False)
         raise SystemExit(1)
+
+
+def cmd_diagnose(args: argparse.Namespace) -> None:
+    """`check-model --diagnose`: the engine-vs-trainer mismatch table (reroll/mismatch.py)."""
+    from reroll.mismatch import as_dicts, diagnose
+
+    with console.status("running the engine's and the trainer's forwards"):
+        table_rows = diagnose(args.model, attn_implementation=args.attn_implementation)
+    table = Table(title=f"reroll check-model --diagnose {args.model}: the engine (dtype, batch "
+                        f"size) against the trainer (float32, padded or packed); the first "
+                        f"module whose outputs differ by > 1e-3 of their scale, and the one "
+                        f"whose difference is the largest multiple (x) of any before it; ratio out: tokens whose "
+                        f"ratio leaves [0.9, 1.1]")
+    columns = ("engine", "batch", "trainer", "first parting module", "rel. diff",
+               "jumps most at", "x", "max |dlogp|", "mean |dlogp|", "ratio out")
+    for column in columns:
+        table.add_column(column)
+    for r in table_rows:
+        table.add_row(r.engine_dtype, str(r.batch_size), r.layout, r.first_parting,
+                      f"{r.parting_rel_diff:.2e}", r.largest_growth, f"{r.growth_factor:.1f}",
+                      f"{r.logprob_max_abs_diff:.2e}",
+                      f"{r.logprob_mean_abs_diff:.2e}", f"{r.ratio_outside:.1%}")
+    Console(width=max(Console().width, 150)).print(table)
+    print(json.dumps({"model": args.model, "diagnosis": as_dicts(table_rows)}))
 
 
 def cmd_make_data(args: argparse.Namespace) -> None:
@@ -307,6 +333,10 @@ def _add_model_commands(sub) -> None:
                    help="as model.attn_implementation in configs (default auto)")
     p.add_argument("--vllm", action=argparse.BooleanOptionalAction, default=None,
                    help="check the vLLM engine too (default: when installed)")
+    p.add_argument("--diagnose", action="store_true",
+                   help="instead of the checks: run the same rows through the engine's and the "
+                        "trainer's forward module by module, name the first module where they "
+                        "part, swept over engine dtype, batch size and padded/packed")
     p.set_defaults(fn=cmd_check_model)
 
 

@@ -119,6 +119,9 @@ ALLOWLIST = {
         "imports the 540 MB GGUF (the tests' `smollm2` fixture does the same import)",
     "reroll check-model models/smollm2": "needs the imported 135M model; check-model is tested "
                                          "in tests/models/test_real_model.py",
+    "reroll check-model models/smollm2 --diagnose": "needs the imported 135M model; --diagnose "
+                                                    "is tested on the tiny model in "
+                                                    "tests/models/test_mismatch.py",
     # A template with placeholders; the concrete command is in AGENTIC_CHAIN.
     "reroll make-episodes --env ID --out F.jsonl": "a template (ID, F.jsonl)",
     # Benchmarks: minutes each; their figures are in docs/benchmarks.md.

@@ -13,7 +13,8 @@ class LoRAConfig(Section):
     """Low-rank adapters (PEFT's LoRA) on the policy's linear layers: only the adapter's
     parameters get gradients and optimizer state, the base weights stay frozen. The reference
     of a KL term is the same model with the adapter switched off (no second copy in memory);
-    engines receive the merged weights `W + alpha/rank * B A` (docs/lora.md)."""
+    engines receive the adapter alone or the merged weights `W + alpha/rank * B A` (`sync`,
+    docs/lora.md)."""
 
     rank: int = Field(16, ge=1, le=4096)
     """Rank r of each adapter (`A` is r x in, `B` is out x r)."""
@@ -29,6 +30,13 @@ class LoRAConfig(Section):
     suffix). A name the model does not have is an error listing the model's linear layers."""
     rslora: bool = False
     """Rank-stabilised LoRA: scale by `alpha / sqrt(rank)` instead of `alpha / rank`."""
+    sync: Literal["auto", "adapter", "merged"] = "auto"
+    """What each weight sync sends the engines: `adapter` the adapter alone (a few MB; the HF
+    engine merges it into its own copy of the base weights, vLLM applies it with its LoRA
+    support), `merged` the full merged weights, `auto` the adapter where the engine takes one
+    (the HF engine or vLLM in the trainer's process, reroll's server behind `elastic`) and merged
+    weights elsewhere (Ray engine actors, in-flight updates). `adapter` with an engine that
+    cannot take it is an error. docs/lora.md says when each wins."""
 
     @field_validator("target_modules")
     @classmethod

@@ -42,6 +42,10 @@ class PolicyGroup:
     def state_dict_for_sync(self):
         return iter(self.cluster.call("state_dict_for_sync")[0].items())
 
+    def adapter_for_sync(self) -> dict[str, torch.Tensor]:
+        """With `model.lora`: the adapter alone (rank 0's: LoRA trains in one process)."""
+        return self.cluster.call("adapter_for_sync")[0]
+
     def offload(self) -> None:
         """Every rank moves its optimizer state off the devices (a colocated engine's turn)."""
         self.cluster.call("offload")

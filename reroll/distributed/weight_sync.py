@@ -5,7 +5,8 @@ are built (`reroll.pipelines.roles`), and the collective transport that runs ins
 and actor processes is `collective.py`.
 
 `InProcessSync`: the engine takes the policy's weights in memory (colocated, or an engine actor
-fed by an in-process policy, which packs the weights itself).
+fed by an in-process policy, which packs the weights itself); with `model.lora`, the adapter
+alone when the engine takes adapters (`model.lora.sync`), merged weights otherwise.
 `PublishedSync`: asynchronous training with in-flight updates hands the weights over.
 `ObjectStoreSync`: the policy's rank 0 packs the full weights into one flat buffer in Ray's
 object store and the engine actor takes it from there (the driver never touches the bytes).
@@ -17,14 +18,24 @@ travels through Ray.
 
 from __future__ import annotations
 
+import logging
 import time
 from typing import Any, Protocol
 
 from reroll.config.distributed import DistributedConfig
+from reroll.config.errors import ConfigError
 from reroll.distributed.engine_actor import ActorEngine
 from reroll.distributed.engine_pool import EnginePool
 from reroll.distributed.groups import PolicyGroup
-from reroll.engines.base import Engine, WeightSyncError, fingerprint
+from reroll.engines.base import (
+    AdapterSyncError,
+    Engine,
+    WeightSyncError,
+    adapter_bytes,
+    fingerprint,
+)
+
+log = logging.getLogger(__name__)
 
 
 class WeightSync(Protocol):
@@ -40,16 +51,54 @@ def _check(policy_fp: str, engine_fp: str, version: int) -> None:
             f"not match the policy's: the engine would sample from stale weights")
 
 
+def adapter_only(lora_sync: str | None, engine: Any) -> bool:
+    """Whether a LoRA run's sync sends the adapter alone: `lora_sync` is `model.lora.sync` (None:
+    no LoRA). `auto` does where the engine takes adapters; `adapter` with one that does not is a
+    ConfigError naming it."""
+    takes = bool(getattr(engine, "takes_adapters", False))
+    if lora_sync == "adapter" and not takes:
+        raise ConfigError(
+            f"model.lora.sync: adapter, but the rollout engine ({type(engine).__name__}) cannot "
+            f"take an adapter (the HF engine, vLLM and reroll's server can; Ray engine actors "
+            f"and in-flight updates take merged weights): set model.lora.sync: auto or merged")
+    return lora_sync in ("auto", "adapter") and takes
+
+
 class InProcessSync:
-    def __init__(self, policy: Any, engine: Engine):
+    def __init__(self, policy: Any, engine: Engine, lora_sync: str | None = None):
+        """`lora_sync`: `model.lora.sync` of a LoRA run (None: full fine-tuning)."""
         self.policy, self.engine = policy, engine
+        self.adapter_only = adapter_only(lora_sync, engine)
+        self.fallbacks = 0
 
     def __call__(self, version: int) -> dict[str, float]:
         t0 = time.perf_counter()
-        self.engine.load_weights(self.policy.state_dict_for_sync(), version)
-        _check(fingerprint(self.policy.state_dict_for_sync()), self.engine.weights_fingerprint(),
-               version)
-        return {"time/weight_sync_s": time.perf_counter() - t0, "policy_version": version}
+        metrics = self._adapter(version) if self.adapter_only else None
+        if metrics is None:
+            weights = dict(self.policy.state_dict_for_sync())
+            self.engine.load_weights(weights.items(), version)
+            _check(fingerprint(weights.items()), self.engine.weights_fingerprint(), version)
+            metrics = {"weight_sync/bytes": adapter_bytes(weights)}
+        if self.adapter_only:
+            metrics["weight_sync/adapter_fallbacks"] = self.fallbacks
+        return metrics | {"time/weight_sync_s": time.perf_counter() - t0,
+                          "policy_version": version}
+
+    def _adapter(self, version: int) -> dict[str, float] | None:
+        """The adapter alone, checked by its fingerprint; None when it did not take (counted,
+        and the merged weights then overwrite whatever the engine holds)."""
+        adapter = self.policy.adapter_for_sync()
+        try:
+            self.engine.load_adapter(adapter.items(), version)
+            if self.engine.weights_fingerprint() != fingerprint(adapter.items()):
+                raise AdapterSyncError(f"after adapter version {version} the engine's "
+                                       f"fingerprint is not the adapter's")
+        except AdapterSyncError as e:
+            self.fallbacks += 1
+            log.warning("adapter-only weight sync of step %d fell back to merged weights "
+                        "(%d so far): %s", version, self.fallbacks, e)
+            return None
+        return {"weight_sync/bytes": adapter_bytes(adapter)}
 
 
 class PublishedSync:

@@ -22,12 +22,13 @@ from reroll.models.loading import DTYPES, load_model
 
 def build_engine(rollout, model_path: str, dtype: str = "float32", pad_token_id: int = 0,
                  seed: int = 0, attn_implementation: str = "auto", device: str = "cpu",
-                 section: str = "rollout"):
+                 section: str = "rollout", lora_rank: int = 0):
     """The engine `rollout.engine` (of a RolloutConfig) chooses, over the model at `model_path`,
     whose trained weights are in `dtype`; the engine holds them in `rollout.dtype`
     (`attn_implementation` as in `model.attn_implementation`, and `device`, for the HF engine:
     its weights, inputs and KV cache live there; vLLM places itself). `section`: the config
-    section `rollout` is (`reward` for a judge's engine), as its errors name it."""
+    section `rollout` is (`reward` for a judge's engine), as its errors name it. `lora_rank` > 0:
+    vLLM starts with its LoRA support, to take a LoRA run's adapters (`model.lora.sync`)."""
     engine_dtype = dtype if getattr(rollout, "dtype", "auto") == "auto" else rollout.dtype
     match rollout.engine:
         case HFEngineConfig():
@@ -35,7 +36,7 @@ def build_engine(rollout, model_path: str, dtype: str = "float32", pad_token_id:
                               rollout.max_batch_size, pad_token_id, DTYPES[engine_dtype])
         case VLLMEngineConfig() as v:
             engine = _build_vllm(v, rollout.max_batch_size, model_path, engine_dtype, seed,
-                                 section)
+                                 section, lora_rank)
         case RemoteEngineConfig() as r:
             return _build_remote(r, section)
         case _:
@@ -60,16 +61,16 @@ def _with_serving_endpoint(engine, s: ServingEndpointConfig):
 
 
 def engine_factory(rollout, model_path: str, dtype: str = "float32", pad_token_id: int = 0,
-                   seed: int = 0, attn_implementation: str = "auto", device: str = "cpu"
-                   ) -> Callable:
+                   seed: int = 0, attn_implementation: str = "auto", device: str = "cpu",
+                   lora_rank: int = 0) -> Callable:
     """A picklable zero-argument builder of the configured engine, for engines that are built
     inside another process (a Ray actor): the same choice and checks as `build_engine`."""
     return functools.partial(build_engine, rollout, model_path, dtype, pad_token_id, seed,
-                             attn_implementation, device)
+                             attn_implementation, device, lora_rank=lora_rank)
 
 
 def _build_vllm(v: VLLMEngineConfig, max_batch_size: int, model_path: str, dtype: str, seed: int,
-                section: str = "rollout"):
+                section: str = "rollout", lora_rank: int = 0):
     # deferred: importing vllm takes seconds and it is an optional dependency
     from reroll.engines.vllm import VLLMEngine, VLLMOptions, vllm_available
 
@@ -84,7 +85,8 @@ def _build_vllm(v: VLLMEngineConfig, max_batch_size: int, model_path: str, dtype
                           gpu_memory_utilization=v.gpu_memory_utilization,
                           enforce_eager=v.enforce_eager,
                           enable_prefix_caching=v.enable_prefix_caching,
-                          tensor_parallel_size=v.tensor_parallel_size, seed=seed)
+                          tensor_parallel_size=v.tensor_parallel_size, seed=seed,
+                          max_lora_rank=lora_rank)
     return VLLMEngine(model_path, options)
 
 

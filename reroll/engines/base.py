@@ -92,6 +92,16 @@ class WeightSyncError(RunStopped):
     """The engine's weights do not match the policy's after a sync."""
 
 
+class AdapterSyncError(WeightSyncError):
+    """An adapter-only sync that did not take (the engine refused the adapter, holds no base to
+    merge it into, or does not hold the version sent): the engine kept the weights it had, and the
+    sync falls back to merged weights (counted in `weight_sync/adapter_fallbacks`)."""
+
+
+def adapter_bytes(adapter: dict[str, torch.Tensor]) -> int:
+    return sum(t.numel() * t.element_size() for t in adapter.values())
+
+
 @dataclass
 class EngineStats:
     """What an engine reports about its load: requests waiting or decoding, and its speed."""

@@ -49,7 +49,7 @@ from dataclasses import dataclass, field, replace
 
 import torch
 
-from reroll.engines.base import Completion, Engine, Request, WeightSyncError
+from reroll.engines.base import AdapterSyncError, Completion, Engine, Request, WeightSyncError
 from reroll.engines.remote import RemoteEngine, RemoteOptions
 
 
@@ -224,11 +224,37 @@ class ElasticEngine:
             raise WeightSyncError(f"the serving endpoint {self.serving_url} refused weights "
                                   f"version {version}: HTTP {reply.status_code} {reply.text[:200]}")
 
+    @property
+    def takes_adapters(self) -> bool:
+        return bool(getattr(self.dedicated, "takes_adapters", False))
+
+    def load_adapter(self, adapter: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
+        """Both sides; the endpoint gets the adapter alone as a small safetensors body
+        (`POST /v1/adapter`). An endpoint that refuses it raises AdapterSyncError: the sync
+        then sends both sides merged weights."""
+        from safetensors.torch import save
+
+        tensors = {name: t.detach().cpu().contiguous() for name, t in adapter}
+        self.dedicated.load_adapter(tensors.items(), version)
+        self.serving.version = version
+        reply = self._http.post(f"{self.serving_url}/adapter", content=save(tensors),
+                                headers={"X-Reroll-Version": str(version)})
+        if reply.status_code != 200:
+            raise AdapterSyncError(f"the serving endpoint {self.serving_url} refused adapter "
+                                   f"version {version}: HTTP {reply.status_code} "
+                                   f"{reply.text[:200]}")
+
     def weights_fingerprint(self) -> str:
-        """The dedicated engine's fingerprint when the endpoint holds the same weights; otherwise
-        a value that matches no trainer, naming both, so the sync check stops the run."""
+        """The dedicated engine's fingerprint when the endpoint holds the same weights, of the
+        same version; otherwise a value that matches no trainer, naming both, so the sync check
+        stops the run (or, after an adapter, falls back to merged weights)."""
         mine = self.dedicated.weights_fingerprint()
-        theirs = self._http.get(f"{self.serving_url}/weights_fingerprint").json()["fingerprint"]
+        version = getattr(self.dedicated, "version", None)
+        reply = self._http.get(f"{self.serving_url}/weights_fingerprint",
+                               params={} if version is None else {"version": version})
+        if reply.status_code != 200:
+            return f"dedicated {mine} != serving endpoint {self.serving_url}: {reply.text[:200]}"
+        theirs = reply.json()["fingerprint"]
         return mine if theirs == mine else \
             f"dedicated {mine} != serving endpoint {self.serving_url} {theirs}"
 

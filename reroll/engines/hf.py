@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from reroll.engines.base import (
+    AdapterSyncError,
     Completion,
     EngineStats,
     LoadMeter,
@@ -47,6 +48,7 @@ from reroll.engines.base import (
 from reroll.models.attention import GQA_SDPA, decode_row_segments, share_kv_heads_in_sdpa
 from reroll.models.lm_head import OutputHead
 from reroll.models.logprobs import load_weights
+from reroll.models.lora import AdapterError, HeldBase
 
 if TYPE_CHECKING:
     from transformers import DynamicCache
@@ -101,6 +103,9 @@ class HFEngine:
         self.model = model.eval()
         self.model.requires_grad_(False)
         self._received_fingerprint: str | None = None
+        self._held_base: HeldBase | None = None
+        self._adapter_fingerprint: str | None = None
+        self._loaded_in_full = False
         self._cast_to = dtype if dtype is not None and dtype != next(model.parameters()).dtype \
             else None
         if self._cast_to is not None:
@@ -177,9 +182,34 @@ class HFEngine:
             self._received_fingerprint = fingerprint(state.items())
         load_weights(self.model, state, "the weights sent to the engine")
         self.version = version
+        self._loaded_in_full, self._adapter_fingerprint = True, None
+
+    takes_adapters = True
+    """`load_adapter`: LoRA runs can send the adapter alone (`model.lora.sync`)."""
+
+    def load_adapter(self, adapter: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
+        """A LoRA adapter (`LoRAAdapter.adapter_tensors`) merged into the engine's copy of the
+        base weights (`HeldBase`, taken at the first adapter). An engine that got full weights
+        before any adapter holds no base (AdapterSyncError); so does an adapter that does not fit
+        (no weight changed then)."""
+        tensors = dict(adapter)
+        if self._held_base is None:
+            if self._loaded_in_full:
+                raise AdapterSyncError("the engine has loaded full weights since it started, so "
+                                       "it holds no base model to merge an adapter into")
+            self._held_base = HeldBase(self.model)
+        try:
+            self._held_base.apply(tensors)
+        except AdapterError as e:
+            raise AdapterSyncError(f"the engine refused adapter version {version}: {e}") from None
+        self._adapter_fingerprint = fingerprint(tensors.items())
+        self.version = version
 
     def weights_fingerprint(self) -> str:
-        """Of the weights held; with a `dtype` cast, of the weights as last received."""
+        """Of the weights held; with a `dtype` cast, of the weights as last received; after an
+        adapter, of the adapter it merged."""
+        if self._adapter_fingerprint is not None:
+            return self._adapter_fingerprint
         if self._received_fingerprint is not None:
             return self._received_fingerprint
         return fingerprint(self.model.state_dict().items())

@@ -14,7 +14,10 @@ other is the endpoint's own (serving) traffic. `GET /v1/load?window_s=S` reports
 p99 time to first token and time per output token over the last S seconds and the requests in
 flight (`wait_idle_s=T`: first wait up to T seconds for the serving requests running to end);
 `POST /v1/weights` (a safetensors body, header `X-Reroll-Version`) loads new policy
-weights between two decoding steps; `GET /v1/weights_fingerprint` lets the trainer verify them.
+weights between two decoding steps; `POST /v1/adapter` (a LoRA adapter's safetensors, a few MB,
+same header) merges an adapter into the server's copy of the base weights instead;
+`GET /v1/weights_fingerprint` lets the trainer verify them (`?version=N`: a 409 unless the server
+holds version N).
 With `yield_to_serving` (`--yield-to-serving`), a serving request that arrives aborts every
 rollout request running here: they return what they generated (finish reason `abort`) and the
 trainer finishes them elsewhere, and a rollout request that arrives while a serving request
@@ -47,7 +50,7 @@ import math
 import threading
 import time
 
-from reroll.engines.base import Completion, Engine, Request, SamplingParams
+from reroll.engines.base import AdapterSyncError, Completion, Engine, Request, SamplingParams
 from reroll.engines.http import (
     OpenAIError,
     ServerThread,
@@ -279,6 +282,24 @@ class CompletionServer:
         self._loop.run(apply())
         return {"version": version, "fingerprint": self.engine.weights_fingerprint()}
 
+    def load_adapter(self, data: bytes, version: int) -> dict:
+        """A LoRA adapter (safetensors bytes of `LoRAAdapter.adapter_tensors`), merged on the
+        engine's loop between decoding steps. A body that does not parse, or an adapter that
+        does not fit, is a ValueError before any weight changes."""
+        from safetensors import SafetensorError
+        from safetensors.torch import load
+
+        try:
+            tensors = load(data)
+        except SafetensorError as e:  # a truncated or damaged body
+            raise ValueError(f"the body is not a whole safetensors file ({len(data)} bytes: "
+                             f"{e})") from None
+
+        async def apply():
+            self.engine.load_adapter(tensors.items(), version)
+        self._loop.run(apply())
+        return {"version": version, "fingerprint": self.engine.weights_fingerprint()}
+
     def close(self) -> None:
         self._http.close()
         self._loop.close()
@@ -297,6 +318,13 @@ def _integer(body: dict, name: str) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
         raise bad_param(name, f"must be an integer, not {value!r}")
     return value
+
+
+def _version(request) -> int:
+    try:
+        return int(request.headers.get("X-Reroll-Version", 0))
+    except ValueError:
+        raise bad_param("X-Reroll-Version", "must be an integer") from None
 
 
 def _app(server: CompletionServer):
@@ -324,22 +352,32 @@ def _app(server: CompletionServer):
             "paused": len(server._paused), "pauses": server.pauses})
 
     async def fingerprint(request):
-        return JSONResponse({"fingerprint": server.engine.weights_fingerprint()})
+        held = server.engine.version
+        asked = request.query_params.get("version")
+        if asked is not None and asked != str(held):
+            raise OpenAIError(409, f"this server holds weights version {held}, not {asked}",
+                              param="version")
+        return JSONResponse({"fingerprint": server.engine.weights_fingerprint(), "version": held})
 
     async def completions(request):
         body = await json_body(request)
         return JSONResponse(await run_in_threadpool(server.complete, body))
 
     async def weights(request):
-        try:
-            version = int(request.headers.get("X-Reroll-Version", 0))
-        except ValueError:
-            raise bad_param("X-Reroll-Version", "must be an integer") from None
+        version = _version(request)
         data = await request.body()
         try:
             return JSONResponse(await run_in_threadpool(server.load_weights, data, version))
         except (ValueError, TypeError, KeyError) as e:  # not safetensors, or not these weights
             raise OpenAIError(400, f"the weights cannot be loaded: {e}") from None
+
+    async def adapter(request):
+        version = _version(request)
+        data = await request.body()
+        try:
+            return JSONResponse(await run_in_threadpool(server.load_adapter, data, version))
+        except (ValueError, AdapterSyncError) as e:  # not safetensors, or not this model's
+            raise OpenAIError(400, f"the adapter cannot be loaded: {e}") from None
 
     async def beside(request):
         return JSONResponse(server.keep_beside(_integer(await json_body(request), "keep")))
@@ -352,6 +390,7 @@ def _app(server: CompletionServer):
         Route("/v1/weights_fingerprint", fingerprint),
         Route("/v1/completions", completions, methods=["POST"]),
         Route("/v1/weights", weights, methods=["POST"]),
+        Route("/v1/adapter", adapter, methods=["POST"]),
         Route("/v1/beside", beside, methods=["POST"]),
         Route("/v1/reclaim", reclaim, methods=["POST"])])
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import shutil
 import tempfile
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -23,7 +24,14 @@ from pathlib import Path
 import torch
 
 from reroll import settings
-from reroll.engines.base import Completion, EngineStats, LoadMeter, Request, fingerprint
+from reroll.engines.base import (
+    AdapterSyncError,
+    Completion,
+    EngineStats,
+    LoadMeter,
+    Request,
+    fingerprint,
+)
 from reroll.engines.loop import BackgroundLoop
 
 # Environment vLLM reads at import time; set here and nowhere else. Values the user already
@@ -53,6 +61,9 @@ class VLLMOptions:
     enable_prefix_caching: bool = True
     tensor_parallel_size: int = 1
     seed: int = 0
+    max_lora_rank: int = 0
+    """>0: vLLM's LoRA support on, for adapters up to this rank (a LoRA run's adapter-only sync,
+    `model.lora.sync`); rounded up to a rank vLLM accepts."""
 
 
 def vllm_available() -> bool:
@@ -83,6 +94,9 @@ class VLLMEngine:
         self.version = 0
         self.meter = LoadMeter()
         self._fingerprint: str | None = None
+        self._lora = None
+        """The LoRARequest of the adapter every request decodes with (None: the weights alone)."""
+        self._loaded_in_full = False
         self._aborted: set[str] = set()
         self._latest: dict[str, object] = {}
         self.sleep_supported = current_platform.is_sleep_mode_available()
@@ -98,6 +112,7 @@ class VLLMEngine:
             logprobs_mode="processed_logprobs",
             worker_extension_cls="reroll.engines.vllm_worker.RerollWorkerExtension",
             disable_log_stats=True,
+            **_lora_args(options.max_lora_rank),
         )
         self._loop = BackgroundLoop("reroll-vllm")
         try:
@@ -132,6 +147,50 @@ class VLLMEngine:
         if len(set(digests)) != 1:
             raise RuntimeError(f"vLLM workers disagree on the loaded weights: {digests}")
         self._fingerprint, self.version = digests[0], version
+        self._loaded_in_full = True
+        self._drop_adapter()  # the weights are merged ones now: no adapter on top of them
+
+    @property
+    def takes_adapters(self) -> bool:
+        return self.options.max_lora_rank > 0
+
+    def load_adapter(self, adapter: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
+        """A LoRA adapter (`LoRAAdapter.adapter_tensors`) registered with vLLM's LoRA support as
+        version `version` (a LoRARequest of its own); the requests that start after it decode
+        with it, and the previous version is removed. Refused (AdapterSyncError, nothing
+        changed) without LoRA support, after full weights replaced the base, or when vLLM
+        cannot load it."""
+        from vllm.lora.request import LoRARequest
+
+        from reroll.models.lora import AdapterError, write_peft_adapter
+
+        if not self.takes_adapters or self._loaded_in_full:
+            raise AdapterSyncError("this vLLM engine " + (
+                "holds merged weights, not the base an adapter applies to"
+                if self._loaded_in_full else "was started without LoRA support"))
+        tensors = dict(adapter)
+        directory = self._weights_dir / f"adapter-v{version}"
+        request = LoRARequest(f"reroll-v{version}", version + 1, str(directory))
+        try:
+            write_peft_adapter(tensors, directory, self.model_path)
+            if not self._loop.run(self.llm.add_lora(request)):
+                raise AdapterSyncError(f"vLLM did not register adapter version {version}")
+        except (AdapterError, ValueError, RuntimeError) as e:
+            raise AdapterSyncError(f"vLLM refused adapter version {version}: {e}") from None
+        finally:
+            shutil.rmtree(directory, ignore_errors=True)
+        self._drop_adapter()
+        self._lora, self.version = request, version
+        self._fingerprint = fingerprint(tensors.items())
+
+    def adapter_versions(self) -> set[int]:
+        """The adapter versions vLLM holds now."""
+        return {i - 1 for i in self._loop.run(self.llm.list_loras())}
+
+    def _drop_adapter(self) -> None:
+        if self._lora is not None:
+            self._loop.run(self.llm.remove_lora(self._lora.lora_int_id))
+            self._lora = None
 
     def weights_fingerprint(self) -> str:
         """Fingerprint of the weights the workers loaded (as received, before vLLM repacks them);
@@ -178,7 +237,8 @@ class VLLMEngine:
         try:
             if rid not in self._aborted:
                 stream = self.llm.generate({"prompt_token_ids": list(request.prompt_ids)},
-                                           _sampling_params(request), request_id=rid)
+                                           _sampling_params(request), request_id=rid,
+                                           lora_request=self._lora)
                 async for output in stream:
                     final = output
         finally:
@@ -187,6 +247,18 @@ class VLLMEngine:
             completion = _completion(request, final, aborted, self.version)
             self.meter.finished(len(completion.token_ids))
         return completion
+
+
+def _lora_args(max_rank: int) -> dict:
+    """vLLM's LoRA options for adapters up to `max_rank` (none for 0): one adapter at a time (a
+    sync run decodes one version; the next is added before the last is removed), its rank rounded up to one vLLM accepts."""
+    if max_rank <= 0:
+        return {}
+    accepted = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+    rank = next((r for r in accepted if r >= max_rank), None)
+    if rank is None:
+        raise ValueError(f"vLLM takes LoRA adapters up to rank {accepted[-1]}, not {max_rank}")
+    return {"enable_lora": True, "max_lora_rank": rank, "max_loras": 1, "max_cpu_loras": 2}
 
 
 async def _build(async_llm_class, args):

@@ -6,10 +6,11 @@ unchanged), and the PEFT wrapper is kept beside it for what PEFT does well: swit
 off (the reference policy), and the adapter's files (`adapter_config.json` +
 `adapter_model.safetensors`, which `PeftModel.from_pretrained` and vLLM's LoRA loader read).
 
-Engines never see LoRA layers: `merged_state_dict` is the plain model's state dict with every
-adapted weight replaced by `W + scale * B A`, under the plain model's names, so every weight sync
-path (in memory, object store, broadcast, vLLM's `reload_weights`) and the fingerprint check
-work on it as on a fully fine-tuned model.
+Engines never see LoRA layers. They get either the merged weights (`merged_state_dict`: the plain
+model's state dict with every adapted weight replaced by `W + scale * B A`, under the plain
+model's names, which every weight sync path and the fingerprint check take as they take a fully
+fine-tuned model), or the adapter alone (`adapter_tensors`, a few MB), which an engine merges into
+its own copy of the base weights (`HeldBase`): the adapter-only sync of `model.lora.sync`.
 """
 
 from __future__ import annotations
@@ -120,6 +121,21 @@ class LoRAAdapter:
             out[plain] = merged.get(plain, value).detach()
         return out
 
+    def adapter_tensors(self) -> dict[str, torch.Tensor]:
+        """The adapter alone, as engines take it (`HeldBase.apply`): per adapted layer, under the
+        plain model's module name, `<name>.lora_A` [r, in], `<name>.lora_B` [out, r] and
+        `<name>.lora_scale` ([1] float64, so the scale arrives exactly)."""
+        from peft.tuners.lora import LoraLayer
+
+        out = {}
+        for name, module in self.model.named_modules():
+            if isinstance(module, LoraLayer) and ADAPTER_NAME in module.lora_A:
+                out[f"{name}.lora_A"] = module.lora_A[ADAPTER_NAME].weight.detach()
+                out[f"{name}.lora_B"] = module.lora_B[ADAPTER_NAME].weight.detach()
+                out[f"{name}.lora_scale"] = torch.tensor([float(module.scaling[ADAPTER_NAME])],
+                                                         dtype=torch.float64)
+        return out
+
     def save(self, directory: Path) -> None:
         """`adapter_config.json` + `adapter_model.safetensors` (PEFT's format)."""
         self.peft.save_pretrained(str(directory))
@@ -167,3 +183,105 @@ def merge_adapter_dir(model: torch.nn.Module, directory: str | Path) -> torch.nn
         raise ConfigError(f"{directory}: cannot load the LoRA adapter "
                           f"({type(e).__name__}: {detail})") from None
     return peft.merge_and_unload()
+
+
+class AdapterError(ValueError):
+    """An adapter that does not fit the engine's model (a part missing, a layer the model lacks,
+    a shape that differs): nothing was applied."""
+
+
+ADAPTER_PARTS = ("lora_A", "lora_B", "lora_scale")
+
+
+def adapter_layers(adapter: dict[str, torch.Tensor]) -> dict[str, tuple[torch.Tensor, ...]]:
+    """{module name: (A, B, scale)} from `LoRAAdapter.adapter_tensors`' flat names."""
+    layers: dict[str, dict[str, torch.Tensor]] = {}
+    for key, tensor in adapter.items():
+        name, _, part = key.rpartition(".")
+        if part not in ADAPTER_PARTS or not name:
+            raise AdapterError(f"adapter tensor {key!r} is not <layer>.lora_A/lora_B/lora_scale")
+        layers.setdefault(name, {})[part] = tensor
+    for name, parts in layers.items():
+        missing = [p for p in ADAPTER_PARTS if p not in parts]
+        if missing:
+            raise AdapterError(f"the adapter of layer {name} lacks {', '.join(missing)}")
+    return {name: tuple(parts[p] for p in ADAPTER_PARTS) for name, parts in layers.items()}
+
+
+def adapter_delta(a: torch.Tensor, b: torch.Tensor, scale: torch.Tensor,
+                  transposed: bool) -> torch.Tensor:
+    """`scale * B A` as PEFT's own merge computes it (float32 on CPU for half-precision
+    matrices, the weight's layout), so a merge here equals the trainer's bit for bit."""
+    dtype = b.dtype
+    if b.device.type == "cpu" and dtype in (torch.float16, torch.bfloat16):
+        a, b = a.float(), b.float()
+    delta = b @ a
+    delta = (delta.T if transposed else delta) * scale.item()
+    return delta.to(dtype)
+
+
+class HeldBase:
+    """An engine's copy (in CPU memory) of the base weights of the layers an adapter adapts, taken
+    when the first adapter arrives, so that each new adapter merges into the base and never into
+    the previous merge (no drift, and exactly the trainer's `W + scale * B A`). Costs one copy of
+    the adapted weights in host memory."""
+
+    def __init__(self, model: torch.nn.Module):
+        self.model = model
+        self.base: dict[str, torch.Tensor] = {}
+
+    def apply(self, adapter: dict[str, torch.Tensor]) -> None:
+        """Set every adapted layer's weight to base + the adapter's delta. Everything is checked
+        and computed first: an adapter that does not fit raises AdapterError and changes no
+        weight."""
+        from transformers.pytorch_utils import Conv1D
+
+        modules = dict(self.model.named_modules())
+        layers = adapter_layers(adapter)
+        merged = {}
+        for name, (a, b, scale) in layers.items():
+            module = modules.get(name)
+            weight = getattr(module, "weight", None)
+            if not isinstance(weight, torch.Tensor):
+                raise AdapterError(f"the adapter adapts layer {name}, which the engine's model "
+                                   f"does not have")
+            base = self.base.get(name)
+            base = weight.detach().to("cpu", copy=True) if base is None else base
+            delta = adapter_delta(a.to("cpu"), b.to("cpu"), scale, isinstance(module, Conv1D))
+            if delta.shape != base.shape:
+                raise AdapterError(f"the adapter of layer {name} gives a {tuple(delta.shape)} "
+                                   f"update to a {tuple(base.shape)} weight")
+            merged[name] = (base, base + delta.to(base.dtype) if base.dtype == delta.dtype
+                            else (base.float() + delta.float()).to(base.dtype))
+        for name in self.base.keys() - layers.keys():  # no longer adapted: back to the base
+            merged[name] = (self.base[name], self.base[name])
+        with torch.no_grad():
+            for name, (base, weight) in merged.items():
+                self.base.setdefault(name, base)
+                modules[name].weight.copy_(weight)
+
+
+def write_peft_adapter(adapter: dict[str, torch.Tensor], directory: Path, base: str) -> None:
+    """`adapter` (`LoRAAdapter.adapter_tensors`) as a PEFT adapter folder over the model `base`,
+    for loaders that read PEFT's files (vLLM's LoRA support). One rank and scale for all layers,
+    as `model.lora` trains."""
+    from safetensors.torch import save_file
+
+    layers = adapter_layers(adapter)
+    ranks = {a.shape[0] for a, _, _ in layers.values()}
+    scales = {float(s.item()) for _, _, s in layers.values()}
+    if len(ranks) != 1 or len(scales) != 1:
+        raise AdapterError(f"the adapter's layers differ in rank {sorted(ranks)} or scale "
+                           f"{sorted(scales)}")
+    rank, scale = ranks.pop(), scales.pop()
+    directory.mkdir(parents=True, exist_ok=True)
+    state = {}
+    for name, (a, b, _) in layers.items():
+        state[f"base_model.model.{name}.lora_A.weight"] = a.detach().cpu().contiguous()
+        state[f"base_model.model.{name}.lora_B.weight"] = b.detach().cpu().contiguous()
+    save_file(state, str(directory / "adapter_model.safetensors"))
+    config = {"peft_type": "LORA", "task_type": "CAUSAL_LM", "base_model_name_or_path": base,
+              "r": rank, "lora_alpha": scale * rank, "lora_dropout": 0.0, "bias": "none",
+              "use_rslora": False, "fan_in_fan_out": False,
+              "target_modules": sorted({name.rsplit(".", 1)[-1] for name in layers})}
+    (directory / ADAPTER_CONFIG).write_text(json.dumps(config), encoding="utf-8")

@@ -42,6 +42,7 @@ from reroll.distributed.weight_sync import (
     PublishedSync,
     WeightSync,
     actor_weight_sync,
+    adapter_only,
 )
 from reroll.engines import engine_factory
 from reroll.engines.base import Engine
@@ -66,6 +67,8 @@ class Roles:
     clusters: list[Cluster]
     weight_sync: WeightSync
     """Policy -> `engine`, chosen with the roles (in memory, object store or broadcast)."""
+    lora_sync: str | None = None
+    """`model.lora.sync` (None: full fine-tuning): an in-memory sync may send the adapter alone."""
     teacher: Teacher | None = None
     """On-policy distillation's teacher (`algorithm.distill`): logprobs of the samples, or
     their top-k next tokens (`mode: dense`)."""
@@ -84,8 +87,9 @@ def weight_sync_to(roles: Roles, engine: Engine) -> WeightSync:
     if engine is roles.engine:
         return roles.weight_sync
     if getattr(engine, "publishes_weights", False):
+        adapter_only(roles.lora_sync, engine)  # hand-overs are merged: `adapter` is an error
         return PublishedSync(roles.policy, engine)
-    return InProcessSync(roles.policy, engine)
+    return InProcessSync(roles.policy, engine, roles.lora_sync)
 
 
 Plan = dict[str, RoleDevice]
@@ -121,7 +125,17 @@ def rollout_engine_factory(c: RLConfig, pad_token_id: int, plan: Plan):
     rollout = c.rollout.model_copy(update={"dtype": plan["rollout"].engine_dtype}) \
         if hasattr(c.rollout, "dtype") else c.rollout
     return engine_factory(rollout, c.model.path, c.model.dtype, pad_token_id, c.seed,
-                          c.model.attn_implementation, plan["rollout"].device)
+                          c.model.attn_implementation, plan["rollout"].device,
+                          lora_rank=adapter_rank(c))
+
+
+def adapter_rank(c: RLConfig) -> int:
+    """The LoRA rank an engine in the trainer's process must take adapters of (vLLM then starts
+    with its LoRA support), 0 where the sync sends merged weights: no `model.lora`,
+    `model.lora.sync: merged`, or engines in Ray actors (they take merged weights)."""
+    lora, scheduler = c.model.lora, getattr(c, "scheduler", None)
+    in_actor = c.distributed.executor == "ray" or bool(scheduler and scheduler.engine_process)
+    return lora.rank if lora is not None and lora.sync != "merged" and not in_actor else 0
 
 
 def build_roles(c: RLConfig, total_steps: int, pad_token_id: int) -> Roles:
@@ -244,7 +258,9 @@ def _local_roles(c: RLConfig, total_steps: int, pad_token_id: int, plan: Plan) -
     engine = _local_engine(c, pad_token_id, plan)
     teacher = teachers(c, plan, lambda spec: Cluster(spec, 1, LocalExecutor()))
     # An engine actor fed by an in-process policy packs the weights itself (ActorEngine).
-    return Roles(policy, reference, critic, engine, [], InProcessSync(policy, engine), teacher)
+    lora_sync = c.model.lora.sync if c.model.lora else None
+    return Roles(policy, reference, critic, engine, [], InProcessSync(policy, engine, lora_sync),
+                 lora_sync, teacher)
 
 
 def _local_engine(c: RLConfig, pad_token_id: int, plan: Plan) -> Engine:
@@ -344,5 +360,6 @@ def _ray_roles(c: RLConfig, total_steps: int, pad_token_id: int, plan: Plan) -> 
         return clusters[-1]
 
     teacher = teachers(c, plan, teacher_cluster)
+    lora_sync = c.model.lora.sync if c.model.lora else None
     return Roles(policy, reference, critic, engine, clusters, actor_weight_sync(policy, engine, d),
-                 teacher)
+                 lora_sync, teacher)

@@ -208,6 +208,13 @@ class LocalStrategy:
             return iter(self.adapter.merged_state_dict().items())
         return iter(self.model.state_dict().items())
 
+    def adapter_for_sync(self) -> dict[str, torch.Tensor]:
+        """With `model.lora`: the adapter alone, as engines that take adapters merge it
+        (`LoRAAdapter.adapter_tensors`)."""
+        if self.adapter is None:
+            raise RuntimeError("adapter_for_sync needs model.lora")
+        return self.adapter.adapter_tensors()
+
     def save_model(self, directory: Path) -> None:
         """A transformers model folder of the current weights (with LoRA: merged)."""
         if self.adapter is not None:

@@ -69,6 +69,10 @@ class PolicyWorker:
         """The full weights at rank 0 ({} elsewhere)."""
         return dict(self.strategy.state_dict_for_sync())
 
+    def adapter_for_sync(self) -> dict[str, torch.Tensor]:
+        """With `model.lora`: the adapter alone (one process holds it: LoRA trains in one)."""
+        return self.strategy.adapter_for_sync()
+
     def packed_weights_with_fingerprint(self) -> tuple[Any, Any, str | None]:
         """`packed_weights` plus the fingerprint of exactly those weights."""
         weights = self.state_dict_for_sync()

@@ -56,3 +56,12 @@ def test_sft_configs_take_lora_too(tmp_path):
     path = tmp_path / "sft.yaml"
     path.write_text(yaml.safe_dump(data))
     assert load_config(path, expect="sft").model.lora.rank == 2
+
+
+def test_the_sync_mode_defaults_to_auto_and_adapter_is_refused_where_engines_take_merged(tmp_path):
+    assert load(tmp_path, MINIMAL).model.lora.sync == "auto"
+    assert load(tmp_path, MINIMAL, ["model.lora.sync=merged"]).model.lora.sync == "merged"
+    assert "model.lora.sync" in error_of(tmp_path, MINIMAL, ["model.lora.sync=delta"])
+    message = error_of(tmp_path, {**MINIMAL, "distributed": {"executor": "ray"}},
+                       ["model.lora.sync=adapter"])
+    assert "model.lora.sync: adapter" in message and "executor: ray" in message

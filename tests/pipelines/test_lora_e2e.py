@@ -51,8 +51,13 @@ def lora_rl_config(tmp_path: Path, warm: dict, **sections) -> dict:
 
 
 def test_grpo_with_lora_raises_the_held_out_reward(tmp_path, warm_model):
+    """With the default `model.lora.sync: auto` the HF engine gets the adapter alone each step,
+    and its fingerprint (checked every step) is the trainer's adapter's."""
     summary = train(load_config(write(tmp_path / "rl.yaml", lora_rl_config(tmp_path, warm_model))))
     rows = read_metrics(tmp_path / "run")
+    assert all(r["weight_sync/adapter_fallbacks"] == 0 for r in rows)  # no step fell back
+    full_bytes = (Path(warm_model["model"]) / "model.safetensors").stat().st_size
+    assert all(0 < r["weight_sync/bytes"] < full_bytes / 5 for r in rows)  # the adapter alone
     early = sum(r["train/reward_mean"] for r in rows[:3]) / 3
     late = sum(r["train/reward_mean"] for r in rows[-3:]) / 3
     assert late > early + 0.08, (early, late)

@@ -1,6 +1,8 @@
-"""A LoRA run with `rollout.engine: vllm`: vLLM receives the merged weights through
-`reload_weights` (not its LoRA support) and every sync's fingerprint check passes; the greedy eval
-before training equals the hf engine's (the adapter starts at zero)."""
+"""A LoRA run with `rollout.engine: vllm`: with `model.lora.sync: auto` vLLM receives the adapter
+alone through its LoRA support, and every sync's fingerprint check passes without a fallback; the
+greedy eval before training equals the hf engine's (the adapter starts at zero)."""
+
+from pathlib import Path
 
 import pytest
 from test_recipes_e2e import recipe_config, shared_warm_model
@@ -16,7 +18,7 @@ def warm_model(tmp_path_factory, tiny_model):
     return shared_warm_model(tmp_path_factory, tiny_model)
 
 
-def test_lora_grpo_with_vllm_syncs_the_merged_weights(tmp_path, warm_model):
+def test_lora_grpo_with_vllm_syncs_the_adapter_alone(tmp_path, warm_model):
     summaries = {}
     for engine in ("hf", "vllm"):
         config = recipe_config(
@@ -30,4 +32,8 @@ def test_lora_grpo_with_vllm_syncs_the_merged_weights(tmp_path, warm_model):
     assert summaries["vllm"]["eval_reward_start"] == summaries["hf"]["eval_reward_start"]
     rows = read_metrics(tmp_path / "vllm")
     assert [r["step"] for r in rows if "train/reward_mean" in r] == [1, 2]
-    assert all(r["time/weight_sync_s"] > 0 for r in rows if "train/reward_mean" in r)
+    steps = [r for r in rows if "train/reward_mean" in r]
+    assert all(r["time/weight_sync_s"] > 0 for r in steps)
+    assert all(r["weight_sync/adapter_fallbacks"] == 0 for r in steps)
+    full_bytes = (Path(warm_model["model"]) / "model.safetensors").stat().st_size
+    assert all(0 < r["weight_sync/bytes"] < full_bytes / 5 for r in steps)
