@@ -119,6 +119,18 @@ ALLOWLIST = {
         "imports the 540 MB GGUF (the tests' `smollm2` fixture does the same import)",
     "reroll check-model models/smollm2": "needs the imported 135M model; check-model is tested "
                                          "in tests/models/test_real_model.py",
+    # docs/terminal-tasks.md: its commands run in tests/test_terminal_tasks_doc.py, in order,
+    # the SFT, GRPO and eval shrunk (listed there).
+    **{command: "run shrunk by tests/test_terminal_tasks_doc.py" for command in (
+        "reroll make-episodes --env terminal_tasks --kwargs '{\"tasks\": \"data/terminal\"}' "
+        "--episodes 64 --out data/terminal/sft.jsonl",
+        "reroll sft examples/agentic/terminal_tasks_sft.yaml",
+        "reroll train examples/agentic/terminal_tasks.yaml",
+        "reroll eval --model runs/terminal-tasks/checkpoints/step_20 --env terminal_tasks "
+        "--env-kwargs '{\"tasks\": \"data/terminal\"}' --episodes 24 --n 4 --max-turns 4")},
+    **{command: "run as written by tests/test_terminal_tasks_doc.py" for command in (
+        "reroll make-terminal-tasks --out data/terminal --check",
+        "reroll envs --describe terminal_tasks --kwargs '{\"tasks\": \"data/terminal\"}'")},
     # A template with placeholders; the concrete command is in AGENTIC_CHAIN.
     "reroll make-episodes --env ID --out F.jsonl": "a template (ID, F.jsonl)",
     # Benchmarks: minutes each; their figures are in docs/benchmarks.md.
