@@ -294,12 +294,14 @@ def build_parser() -> argparse.ArgumentParser:
     from reroll.evaluation import add_eval_parser
     from reroll.export import add_export_parser
     from reroll.pipelines.replay import add_replay_parser
+    from reroll.sandbox.service import add_sandbox_parser
     from reroll.viewer import add_view_parser
 
     add_view_parser(sub)
     add_replay_parser(sub)
     add_eval_parser(sub)
     add_export_parser(sub)
+    add_sandbox_parser(sub)
     return parser
 
 
@@ -456,7 +458,8 @@ def main(argv: list[str] | None = None) -> int:
         console.print(f"[bold red]error:[/] {escape(str(e))}", highlight=False, soft_wrap=True)
         return 2
     except RunStopped as e:  # WeightSyncError, non-finite updates, a failing reward
-        console.print(f"[bold red]run stopped:[/] {escape(str(e))}", highlight=False)
+        console.print(f"[bold red]run stopped:[/] {escape(str(e))}", highlight=False,
+                      soft_wrap=True)  # one line, as a log reader greps it
         return 1
     except KeyboardInterrupt:
         console.print("interrupted; checkpoints written so far are kept")

@@ -78,6 +78,9 @@ class EvalSpec:
     max_prompts: int | None = None
     max_prompt_tokens: int = 1024
     system_prompt: str | None = None
+    context: Any = None
+    """Episodes: the `env.context` section of the model's run (None: `end`, the episode ends
+    at `max_prompt_tokens`)."""
     threshold: float = 1.0
     seed: int = 0
     batch_size: int = 256
@@ -213,6 +216,7 @@ def _play_env(spec: EvalSpec, env_id: str, engine, tokenizer, params) -> tuple[l
     """`n` episodes for each of `episodes` env seeds; an episode's reward is its return."""
     from reroll.envs.registry import env_arguments, make_env
     from reroll.rollout.agent_loop import AgentJob, run_episodes
+    from reroll.rollout.context import from_config
 
     if "max_turns" in (spec.env_kwargs or {}):
         raise ConfigError("--env-kwargs: max_turns is set with --max-turns (the one turn limit, "
@@ -223,7 +227,7 @@ def _play_env(spec: EvalSpec, env_id: str, engine, tokenizer, params) -> tuple[l
     hosts = _env_processes(env_id, factory)
     job = AgentJob(engine, tokenizer, hosts.make if hosts else factory, params,
                    max_turns=spec.max_turns, max_context_tokens=spec.max_prompt_tokens,
-                   system_prompt=spec.system_prompt)
+                   system_prompt=spec.system_prompt, context=from_config(spec.context))
     # Seeds far from training's (which count up from 0), so the episodes are held out.
     seeds = [1_000_000 + spec.seed * 10_000 + i for i in range(spec.episodes)]
     try:
@@ -488,7 +492,7 @@ def run_settings(model: str, given: dict[str, Any], n: int = 1
         taken = {}
     elif kind.env:
         other = "task" in given or given.get("env", config.env.id) != config.env.id
-        taken = {} if other else _env_settings(config.env)
+        taken = {} if other else _env_settings(config.env, model)
     elif "env" in given:
         taken = {}
     elif getattr(config.data, "domains", None):
@@ -505,11 +509,17 @@ def run_settings(model: str, given: dict[str, Any], n: int = 1
     return run, {k: v for k, v in taken.items() if v[0] is not None and k not in given}
 
 
-def _env_settings(env) -> dict[str, tuple[Any, str]]:
+def _env_settings(env, model: str) -> dict[str, tuple[Any, str]]:
+    """An agentic run's env settings; its context limit unset is the model's own, as in
+    training, and its context policy other than `end` comes along."""
+    from reroll.models.files import model_context
+
+    context = env.max_context_tokens or model_context(model)
     return {"env": (env.id, "env.id"), "env_kwargs": (env.kwargs, "env.kwargs"),
             "max_turns": (env.max_turns, "env.max_turns"),
             "episodes": (env.eval_episodes or None, "env.eval_episodes"),
-            "max_prompt_tokens": (env.max_context_tokens, "env.max_context_tokens"),
+            "max_prompt_tokens": (context, "env.max_context_tokens"),
+            "context": (env.context if env.context.policy != "end" else None, "env.context"),
             "system_prompt": (env.system_prompt, "env.system_prompt")}
 
 

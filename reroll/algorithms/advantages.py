@@ -29,18 +29,40 @@ def _groups(rewards: Tensor, group_size: int) -> Tensor:
 # ----------------------------------------------------------------------------- normalisation
 
 
-def group_mean(rewards: Tensor, group_size: int) -> Tensor:
-    """Mean of each group, repeated to [B]."""
+def _masked(valid: Tensor | None) -> bool:
+    """Whether `valid` [B] leaves out any sample (None or all True: every sample counts)."""
+    return valid is not None and not bool(valid.all())
+
+
+def group_mean(rewards: Tensor, group_size: int, valid: Tensor | None = None) -> Tensor:
+    """Mean of each group, repeated to [B]. With ``valid`` [B] bool, over the group's valid
+    members only (0 for a group without one)."""
     g = _groups(rewards, group_size)
-    return g.mean(-1, keepdim=True).expand_as(g).reshape(-1)
+    if not _masked(valid):
+        return g.mean(-1, keepdim=True).expand_as(g).reshape(-1)
+    w = _groups(valid.to(rewards.dtype), group_size)
+    mean = (g * w).sum(-1, keepdim=True) / w.sum(-1, keepdim=True).clamp_min(1)
+    return mean.expand_as(g).reshape(-1)
 
 
-def group_std(rewards: Tensor, group_size: int) -> Tensor:
-    """Unbiased std of each group, repeated to [B]; 0 for groups of size 1."""
+def group_std(rewards: Tensor, group_size: int, valid: Tensor | None = None) -> Tensor:
+    """Unbiased std of each group, repeated to [B]; 0 for groups of size 1. With ``valid``,
+    over the group's valid members only (0 for a group with fewer than two)."""
     g = _groups(rewards, group_size)
     if group_size == 1:
         return torch.zeros_like(rewards)
-    return g.std(-1, keepdim=True).expand_as(g).reshape(-1)
+    if not _masked(valid):
+        return g.std(-1, keepdim=True).expand_as(g).reshape(-1)
+    w = _groups(valid.to(rewards.dtype), group_size)
+    n = w.sum(-1, keepdim=True)
+    mean = (g * w).sum(-1, keepdim=True) / n.clamp_min(1)
+    var = (w * (g - mean) ** 2).sum(-1, keepdim=True) / (n - 1).clamp_min(1)
+    return var.sqrt().expand_as(g).reshape(-1)
+
+
+def _batch_std(rewards: Tensor, valid: Tensor | None) -> Tensor:
+    kept = rewards[valid] if _masked(valid) else rewards
+    return kept.std() if kept.numel() > 1 else rewards.new_zeros(())
 
 
 def normalize_rewards(
@@ -50,29 +72,32 @@ def normalize_rewards(
     mean_level: NormLevel = "group",
     std_level: NormLevel = "group",
     eps: float = 1e-6,
+    valid: Tensor | None = None,
 ) -> Tensor:
     """(r - mean) / (std + eps), each statistic taken over the group, the batch, or not at all.
 
     rewards: [B] -> [B]. mean: group mean | batch mean | 0. std (of the raw rewards, unbiased,
     independent of the mean level as in ROLL's ``reward_norm``): group std | batch std | none
     (no division). grpo = (group, group), dr_grpo = (group, none), lite_ppo = (group, batch).
-    A group of size 1 (with a group mean) gives 0.
+    A group of size 1 (with a group mean) gives 0. ``valid`` [B] bool: samples outside every
+    statistic (an infrastructure failure), whose own advantage is 0.
     """
     levels = ("group", "batch", "none")
     if mean_level not in levels or std_level not in levels:
         raise ValueError(f"mean_level/std_level must be in {levels}")
     if mean_level == "group":
-        centred = rewards - group_mean(rewards, group_size)
+        centred = rewards - group_mean(rewards, group_size, valid)
     elif mean_level == "batch":
-        centred = rewards - rewards.mean()
+        centred = rewards - (rewards[valid] if _masked(valid) else rewards).mean()
     else:
         centred = rewards
     if std_level == "group":
-        return centred / (group_std(rewards, group_size) + eps)
-    if std_level == "batch":
-        std = rewards.std() if rewards.numel() > 1 else rewards.new_zeros(())
-        return centred / (std + eps)
-    return centred
+        out = centred / (group_std(rewards, group_size, valid) + eps)
+    elif std_level == "batch":
+        out = centred / (_batch_std(rewards, valid) + eps)
+    else:
+        out = centred
+    return out * valid.to(out.dtype) if _masked(valid) else out
 
 
 def clip_rewards(rewards: Tensor, low: float, high: float) -> Tensor:
@@ -99,46 +124,54 @@ def whiten_advantages(
 
 
 def grpo_advantages(
-    rewards: Tensor, group_size: int, *, scale_by_std: bool = True, eps: float = 1e-6
+    rewards: Tensor, group_size: int, *, scale_by_std: bool = True, eps: float = 1e-6,
+    valid: Tensor | None = None,
 ) -> Tensor:
     """GRPO (DeepSeekMath, Shao et al. 2024): A_i = (r_i - mean_g r) / (std_g r + eps).
 
     rewards: [B], consecutive blocks of ``group_size`` form a group -> [B]. std is the
     unbiased (Bessel-corrected) group std, as torch.std in verl / TRL. With
     ``scale_by_std=False``: A_i = r_i - mean_g r (Dr. GRPO). Groups of size 1 give 0.
+    ``valid``: as in :func:`normalize_rewards`.
     """
     return normalize_rewards(
         rewards, group_size, mean_level="group", std_level="group" if scale_by_std else "none",
-        eps=eps,
+        eps=eps, valid=valid,
     )
 
 
-def dr_grpo_advantages(rewards: Tensor, group_size: int) -> Tensor:
+def dr_grpo_advantages(rewards: Tensor, group_size: int, valid: Tensor | None = None) -> Tensor:
     """Dr. GRPO ("Understanding R1-Zero-like training", Liu et al. 2025): A_i = r_i - mean_g r.
 
     rewards [B] -> [B]. Pair with ``seq_mean_token_sum_norm`` aggregation.
     """
-    return normalize_rewards(rewards, group_size, mean_level="group", std_level="none")
+    return normalize_rewards(rewards, group_size, mean_level="group", std_level="none",
+                             valid=valid)
 
 
-def lite_ppo_advantages(rewards: Tensor, group_size: int, *, eps: float = 1e-6) -> Tensor:
+def lite_ppo_advantages(rewards: Tensor, group_size: int, *, eps: float = 1e-6,
+                        valid: Tensor | None = None) -> Tensor:
     """Lite PPO ("Tricks or Traps?", Liu et al. 2025): A_i = (r_i - mean_g r) / (std_batch r + eps).
 
     Group mean, batch std of the rewards (unbiased). rewards [B] -> [B]. Pair with token_mean.
     """
-    return normalize_rewards(rewards, group_size, mean_level="group", std_level="batch", eps=eps)
+    return normalize_rewards(rewards, group_size, mean_level="group", std_level="batch", eps=eps,
+                             valid=valid)
 
 
-def rloo_advantages(rewards: Tensor, group_size: int) -> Tensor:
+def rloo_advantages(rewards: Tensor, group_size: int, valid: Tensor | None = None) -> Tensor:
     """RLOO (Ahmadian et al. 2024): A_i = r_i - mean_{j != i} r_j = n/(n-1) (r_i - mean_g r).
 
-    rewards [B] -> [B]. Groups of size 1 give 0.
+    rewards [B] -> [B]. Groups of size 1 give 0. With ``valid`` [B] bool, n and the mean are
+    over the group's valid members; an invalid sample, or one without a valid sibling, gets 0.
     """
     g = _groups(rewards, group_size)
     if group_size == 1:
         return torch.zeros_like(rewards)
-    loo_mean = (g.sum(-1, keepdim=True) - g) / (group_size - 1)
-    return (g - loo_mean).reshape(-1)
+    w = torch.ones_like(g) if not _masked(valid) else _groups(valid.to(g.dtype), group_size)
+    others = w.sum(-1, keepdim=True) - w  # valid siblings of each member
+    loo_mean = ((g * w).sum(-1, keepdim=True) - g * w) / others.clamp_min(1)
+    return ((g - loo_mean) * w * (others > 0)).reshape(-1)
 
 
 
@@ -251,13 +284,15 @@ def reinforce_pp_baseline_advantages(
     kl_coef: float = 0.0,
     gamma: float = 1.0,
     eps: float = 1e-8,
+    valid: Tensor | None = None,
 ) -> tuple[Tensor, Tensor]:
     """REINFORCE++-baseline: subtract the group mean of the rewards, then REINFORCE++.
 
     r'_i = r_i - mean_g r ; then as :func:`reinforce_pp_advantages` (token returns with the
     KL penalty, whitened over all valid tokens of the batch). rewards [B]; mask, kl [B, T].
+    ``valid`` [B]: samples outside the group means (and, with no token in ``mask``, the rest).
     """
-    centred = rewards - group_mean(rewards, group_size)
+    centred = rewards - group_mean(rewards, group_size, valid)
     return reinforce_pp_advantages(centred, mask, kl=kl, kl_coef=kl_coef, gamma=gamma, eps=eps)
 
 
@@ -305,6 +340,7 @@ def gigpo_advantages(
     step_weight: float = 1.0,
     scale_by_std: bool = True,
     eps: float = 1e-6,
+    valid: Tensor | None = None,
 ) -> tuple[Tensor, Tensor]:
     """GiGPO, Group-in-Group Policy Optimization (Feng et al. 2025).
 
@@ -316,11 +352,15 @@ def gigpo_advantages(
     turn_rewards, state_ids: [B, K] (state_ids: int ids of the observation before turn k, e.g. a
     hash; only compared for equality); turn_ids: [B, T]. Episodes are consecutive blocks of
     ``group_size``. Unbiased stds. Returns (advantages, returns) [B, T], returns = G.
+    ``valid`` [B] bool: episodes outside the episode-level statistics (an infrastructure
+    failure; with no valid turn it is outside the step groups already).
     """
     B, K = turn_rewards.shape
+    episodes = valid
     valid = turn_valid(turn_ids, K)
     episode_return = torch.where(valid, turn_rewards, 0.0).sum(-1)
-    a_episode = grpo_advantages(episode_return, group_size, scale_by_std=scale_by_std, eps=eps)
+    a_episode = grpo_advantages(episode_return, group_size, scale_by_std=scale_by_std, eps=eps,
+                                valid=episodes)
     G = discounted_returns(turn_rewards, valid, gamma)
 
     group = (torch.arange(B, device=turn_rewards.device) // group_size).unsqueeze(-1).expand(B, K)

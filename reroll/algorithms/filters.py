@@ -42,22 +42,33 @@ def dynamic_sampling_keep(
     min_std: float | None = None,
     max_std: float | None = None,
     atol: float = 0.0,
+    valid: Tensor | None = None,
 ) -> Tensor:
     """Group keep-mask for dynamic sampling: rewards [B] -> bool [B // group_size].
 
     A group is dropped when all its rewards are equal (|r - r_0| <= atol; DAPO), or when its mean
     or unbiased std lies outside [min_mean, max_mean] / [min_std, max_std] (ROLL's difficulty
     and std filters; bounds inclusive, None = unbounded). Groups of one have std 0.
-    Expand to responses with ``keep.repeat_interleave(group_size)``.
+    ``valid`` [B] bool: judge each group on its valid members only (infrastructure failures
+    left out). Expand to responses with ``keep.repeat_interleave(group_size)``.
     """
     if group_size < 1 or rewards.shape[0] % group_size != 0:
         raise ValueError(f"batch of {rewards.shape[0]} is not a multiple of group_size={group_size}")
     g = rewards.reshape(-1, group_size).float()
     keep = torch.ones(g.shape[0], dtype=torch.bool, device=rewards.device)
-    if drop_all_equal:
-        keep &= ~((g - g[:, :1]).abs() <= atol).all(-1)
-    mean = g.mean(-1)
-    std = g.std(-1) if group_size > 1 else torch.zeros_like(mean)
+    if valid is not None and not bool(valid.all()):
+        w = valid.reshape(-1, group_size)
+        first = torch.where(w, g, torch.inf).min(-1, keepdim=True).values  # a valid member's
+        if drop_all_equal:
+            keep &= ~(((g - first).abs() <= atol) | ~w).all(-1)
+        mean = (g * w).sum(-1) / w.sum(-1).clamp_min(1)
+        n = w.sum(-1)
+        std = ((w * (g - mean[:, None]) ** 2).sum(-1) / (n - 1).clamp_min(1)).sqrt()
+    else:
+        if drop_all_equal:
+            keep &= ~((g - g[:, :1]).abs() <= atol).all(-1)
+        mean = g.mean(-1)
+        std = g.std(-1) if group_size > 1 else torch.zeros_like(mean)
     for value, lo, hi in ((mean, min_mean, max_mean), (std, min_std, max_std)):
         if lo is not None:
             keep &= value >= lo

@@ -12,6 +12,57 @@ from reroll.config.rewards import JudgeReward, ModelReward
 from reroll.config.schema import RLRunConfig
 
 
+class ContextEnd(Section):
+    """The episode ends cleanly (finish reason `length`, `env/context_limit_frac`) when its
+    history leaves no room for a reply: every episode stays one append-only sample."""
+
+    policy: Literal["end"] = "end"
+    """Which policy: `end`, `drop_oldest`, `truncate` or `hook`."""
+
+
+class ContextDropOldest(Section):
+    """The oldest exchanges (a model turn and the observation or tool results that answered
+    it) are dropped from the history, always keeping the system prompt, the first user message
+    (the task) and the latest exchange."""
+
+    policy: Literal["drop_oldest"] = "drop_oldest"
+    """Which policy: `end`, `drop_oldest`, `truncate` or `hook`."""
+    target_fraction: float = Field(0.5, gt=0, le=1)
+    """Exchanges are dropped until the history plus one reply (`rollout.max_new_tokens`) fits in
+    this fraction of `env.max_context_tokens`: below 1, several turns append before the next
+    edit, so the trained chain (the last) holds more turns. Where nothing more can be dropped
+    and no reply fits, the episode ends (`length`)."""
+
+
+class ContextTruncate(Section):
+    """Every observation (user messages after the first, and tool results) is cut to its first
+    `observation_tokens` tokens when the history outgrows the context; later observations come
+    in whole until it outgrows it again."""
+
+    policy: Literal["truncate"] = "truncate"
+    """Which policy: `end`, `drop_oldest`, `truncate` or `hook`."""
+    observation_tokens: int = Field(128, ge=1)
+    """Most tokens each observation keeps (its content, as the tokenizer encodes it). Where the
+    cut history still leaves no room for a reply, the episode ends (`length`)."""
+
+
+class ContextHook(Section):
+    """Your own function edits the history when it outgrows the context."""
+
+    policy: Literal["hook"] = "hook"
+    """Which policy: `end`, `drop_oldest`, `truncate` or `hook`."""
+    function: str = Field(..., min_length=1)
+    """`module:function(messages) -> messages`, importable from the working directory,
+    checked at start: it gets a copy of the conversation (chat messages, `role` and `content`)
+    and returns the one the model sees next (summarised, filtered, ...). A hook that raises or
+    returns something else fails its episode (`env/errors`, masked from the loss); one whose
+    result leaves no room for a reply ends it (`length`)."""
+
+
+ContextPolicyConfig = choice("policy", "end", ContextEnd, ContextDropOldest, ContextTruncate,
+                             ContextHook)
+
+
 class EnvConfig(Section):
     """The environment episodes run in, and the limits of an episode."""
 
@@ -29,9 +80,17 @@ class EnvConfig(Section):
     that takes a `max_turns` argument (every built-in one; gem ones through a wrapper) gets this
     value (the env may still end an episode earlier, e.g. when solved). `kwargs.max_turns` is
     refused."""
-    max_context_tokens: int = Field(512, ge=16)
-    """First prompt plus every turn's tokens; an episode that would grow past it ends cleanly
-    with finish reason `length`."""
+    max_context_tokens: int | None = Field(None, ge=16)
+    """First prompt plus every turn's tokens (one engine request's prompt and reply). None: the
+    model's own context (`max_position_embeddings` in its config.json: 8192 for
+    SmolLM2-135M-Instruct, 40960 for Qwen3); a number past the model's context is refused at
+    start. What happens when the history outgrows it is `context`."""
+    context: ContextPolicyConfig = Field(default_factory=lambda: ContextEnd())
+    """What happens when an episode's history outgrows `max_context_tokens` (docs/agentic.md,
+    "Context management"): `end` (the episode ends, finish reason `length`), `drop_oldest`,
+    `truncate` or `hook` (your `module:function(messages) -> messages`). The three edits
+    rewrite history, so the episode's later turns are a new token chain; the last chain
+    trains (`env/chains_dropped` counts the others)."""
     step_timeout_s: float = Field(30.0, gt=0)
     """Limit of one env reset or step; past it the episode fails (`env/errors`), the run goes on.
     A call past it is abandoned where it runs (a thread cannot be stopped; with `isolation:
@@ -59,8 +118,9 @@ class EnvConfig(Section):
     and a template that rewrites history is an error asking to choose. `keep`: train on the
     tokens as generated, earlier reasoning included (exact token in/token out, one sample per
     episode; contexts differ from what a template-based server shows the model). `strip`: every
-    turn's context rendered by the template, one sample per turn (agent loop and library; the
-    training pipeline refuses it until its group advantages take per-turn samples)."""
+    turn's context rendered by the template; the turns form token chains (a dropped think
+    block starts a new one) and each episode trains its last chain, exactly the engine's tokens
+    (`env/chains_dropped` counts the others; docs/agentic.md)."""
     tool_parser: Literal["hermes", "llama3_json"] = "hermes"
     """How tool calls are read from the model's text, for an environment that declares
     `tools`: `hermes` (`<tool_call>{"name": ..., "arguments": {...}}</tool_call>`: Hermes,
@@ -74,6 +134,20 @@ class EnvConfig(Section):
     """Training episodes reset the env with seeds drawn from [0, train_seeds)."""
     eval_episodes: int = Field(32, ge=0)
     """Held-out episodes per evaluation, with seeds from 10^9 upwards (never used in training)."""
+    reset_retries: int = Field(2, ge=0, le=10)
+    """More tries of a reset that failed (raised, timed out, returned the wrong shape), each on a
+    fresh environment after a backoff (`reset_backoff_s`, doubled each time), before the episode
+    counts as an infrastructure failure (`env/reset_retries`, `env/errors`)."""
+    reset_backoff_s: float = Field(0.5, ge=0, le=60)
+    """Wait before the first reset retry; each next retry waits twice as long."""
+    max_failure_rate_step: float = Field(1.0, gt=0, le=1)
+    """Stop the run (exit 1, the env and its last error named) when this share of one step's
+    episodes ended in an infrastructure failure (`env_error`: a reset or step that raised,
+    timed out or returned the wrong shape or a non-finite reward; the evaluation before it
+    included). 1.0: a step where every episode failed."""
+    max_failure_rate_run: float = Field(0.5, gt=0, le=1)
+    """Stop the run (exit 1) when this share of all episodes since the start ended in an
+    infrastructure failure (`env/infra_failure_frac` is each step's share)."""
     redundancy: int = Field(0, ge=0)
     """Extra episodes started per group; the first `rollout.group_size` to finish are kept and
     the rest aborted (ROLL's redundant environments)."""
@@ -117,9 +191,11 @@ class AgentConfig(Section):
     """Wall-clock limit of one episode's agent; past it the agent is killed (a command) or
     abandoned (an entrypoint), its session is closed (later calls get 409) and the episode
     counts as `gateway/timeout`, masked from the loss."""
-    max_context_tokens: int = Field(4096, ge=16)
+    max_context_tokens: int | None = Field(None, ge=16)
     """Prompt plus completion of one call; a call whose prompt leaves no room is refused with
-    `context_length_exceeded` (the harness sees an OpenAI error), a completion stops there."""
+    `context_length_exceeded` (the harness sees an OpenAI error), a completion stops there.
+    None: the model's own context (`max_position_embeddings`, as `env.max_context_tokens`); a
+    number past it is refused at start."""
     tool_parser: Literal["hermes", "llama3_json"] = "hermes"
     """The tool-call format the model writes (as `env.tool_parser`): the calls it writes come
     back to the agent as `tool_calls` when its request offered `tools`."""

@@ -51,8 +51,9 @@ class AsyncTrainingConfig(Section):
     come first and long ones wait (past the staleness bound, or untrained at the end of the run):
     async then trains on fewer tokens than sync at the same number of steps. start: in the order
     they were started, so step k trains on the prompts sync's step k would, long responses
-    included (equal work); the trainer waits for its batch's slowest group while the engine
-    works on the next batches."""
+    included (equal work), and two runs, or a run and its resumed copy, train the same prompts
+    step by step (unless timing filters or drops a group); the trainer waits for its batch's slowest group while the engine works on the
+    next batches. With finish, which prompts land in which step depends on timing."""
     partial_rollout: bool = True
     """At a weight update, abort the running requests and resume them under the new weights,
     keeping their tokens and behaviour logprobs (false: let them finish under the old weights

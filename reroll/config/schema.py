@@ -400,6 +400,7 @@ class RunConfig(RunSection):
     resume: bool | str = False
     """true: continue from the newest complete checkpoint of the run directory (data order,
     optimizer, schedule and RNG included: the resumed run is the uninterrupted one step for step;
+    an async run trains the same prompts, its unfinished groups regenerated (docs/async.md);
     incomplete checkpoints are skipped with a message); a path: from that checkpoint. A run whose
     checkpoint is already at its last step is reported as finished and left unchanged; fewer
     steps than done is an error."""

@@ -81,6 +81,14 @@ def trajectory_row(t: Trajectory) -> dict[str, Any]:
             | (t.conversation or {}))
 
 
+def infra_failed(t: Trajectory) -> bool:
+    """Whether the sample ended in an infrastructure failure, not the policy's doing: its
+    environment failed (`env_error`: a reset or step that raised or timed out, a lost env host)
+    or its agent harness did (a gateway episode whose `agent_status` is not `ok`). Such a sample
+    is out of the loss and out of its group's statistics (`RLBatch`'s `valid`)."""
+    return t.finish_reason == "env_error" or t.reward_info.get("agent_status", "ok") != "ok"
+
+
 def collate(trajectories: list[Trajectory], pad_token_id: int) -> tuple[TensorDict, list[dict]]:
     """Right-pad prompt+response sequences into a Batch; returns (tensors, per-sample metadata)."""
     lengths = [len(t.prompt_ids) + len(t.response_ids) for t in trajectories]
@@ -141,12 +149,15 @@ class RLBatch(TensorDict):
     REQUIRED: ClassVar[dict[str, str]] = {
         "input_ids": "B T", "attention_mask": "B T", "response_mask": "B T",
         "behaviour_logprobs": "B T", "rewards": "B", "task_rewards": "B", "group_ids": "B",
-        "index_in_group": "B", "turn_ids": "B T", "turn_rewards": "B K", "state_ids": "B K",
+        "index_in_group": "B", "valid": "B", "turn_ids": "B T", "turn_rewards": "B K",
+        "state_ids": "B K",
         "loss_mask": "B T", "normaliser_mask": "B T", "entropy_mask": "B T", "advantages": "B T",
     }
-    """`rewards`: shaped (overlong penalty); `task_rewards`: as the task gave them. `loss_mask`:
-    the tokens in the policy loss; `normaliser_mask`: the tokens the normalisers count;
-    `entropy_mask`: those in the entropy bonus. `advantages`: 0 until the estimator fills them."""
+    """`rewards`: shaped (overlong penalty); `task_rewards`: as the task gave them. `valid`:
+    False for a sample that ended in an infrastructure failure (`infra_failed`: out of the loss,
+    and out of every group and batch statistic). `loss_mask`: the tokens in the policy loss;
+    `normaliser_mask`: the tokens the normalisers count; `entropy_mask`: those in the entropy
+    bonus. `advantages`: 0 until the estimator fills them."""
     OPTIONAL: ClassVar[dict[str, str]] = {
         "old_logprobs": "B T", "ref_logprobs": "B T", "token_kl": "B T", "is_weights": "B T",
         "values": "B T", "returns": "B T", "teacher_logprobs": "B T", "teacher_route": "B",
@@ -169,6 +180,7 @@ class RLBatch(TensorDict):
         made = {
             "task_rewards": lambda f: rewards.clone(),
             "index_in_group": lambda f: torch.arange(size) % group_size,
+            "valid": lambda f: torch.ones(size, dtype=torch.bool),
             "turn_ids": lambda f: torch.where(mask > 0, 0, -1).long(),
             "turn_rewards": lambda f: rewards[:, None].clone(),
             "state_ids": lambda f: torch.full_like(f["turn_rewards"], -1, dtype=torch.long),

@@ -8,6 +8,13 @@ dropped) and steps them in its own threads, so concurrent episodes overlap there
 the driver. `RemoteEnvs.make()` is the agent loop's `make_env`: a `RemoteEnv` on the host with
 the fewest live environments, whose `areset`/`astep` the loop awaits under its usual step time
 limit (a failed or slow step fails its episode, counted in `env/errors`, never the run).
+
+A host whose process dies (an env that crashed it, a lost node) is restarted by Ray, without
+limit; the calls in flight when it died, and later steps of the episodes whose environments it
+held, fail (Ray does not retry them: `max_task_retries` 0), so those episodes end as
+infrastructure failures (`env_error`, out of the loss and of their groups' statistics), and new
+episodes go to the fresh host. An env that keeps killing its host is stopped by the failure
+bound (`env.max_failure_rate_step`).
 """
 
 from __future__ import annotations
@@ -41,7 +48,10 @@ class EnvHost:
         return _run(env.areset(seed)) if hasattr(env, "areset") else env.reset(seed)
 
     def step(self, key: int, action: str) -> Any:
-        env = self.envs[key]
+        env = self.envs.get(key)
+        if env is None:  # made by an earlier process of this host, which died
+            raise LostEnv("the env host was restarted after its process died; this episode's "
+                          "environment was lost with it")
         return _run(env.astep(action)) if hasattr(env, "astep") else env.step(action)
 
     def drop(self, key: int) -> None:
@@ -55,6 +65,10 @@ class EnvHost:
         import ray  # deferred: Ray is heavy to import and only Ray runs get here
 
         return {"node_id": ray.get_runtime_context().get_node_id(), "live": len(self.envs)}
+
+
+class LostEnv(RuntimeError):
+    """A step of an episode whose environment died with its host's previous process."""
 
 
 def _run(coroutine):
@@ -123,12 +137,15 @@ def _remote_host():
 def start_env_hosts(factory: Callable[[], Any], options: list[dict[str, Any]], *,
                     num_threads: int = 1, name_prefix: str | None = None) -> RemoteEnvs:
     """One host per entry of `options` (Ray actor options: CPUs, resources, label selector),
-    each checking that `factory()` builds there; blocks until every host is up."""
+    each checking that `factory()` builds there; blocks until every host is up. A host that
+    dies is restarted (module docstring)."""
     import ray  # deferred: Ray is heavy to import and only Ray runs get here
 
     actors = []
     for rank, host_options in enumerate(options):
-        opts = {"max_concurrency": ENV_THREADS} | host_options
+        # Restarted when it dies; what was in flight then fails its episode, not retried.
+        opts = {"max_concurrency": ENV_THREADS, "max_restarts": -1,
+                "max_task_retries": 0} | host_options
         if name_prefix:
             opts["name"] = f"{name_prefix}-env-{rank}"
         actors.append(_remote_host().options(**opts).remote(factory, num_threads))

@@ -21,13 +21,14 @@ import functools
 import random
 import re
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
 
 from reroll.config.agentic import AgenticConfig, EnvConfig
-from reroll.config.errors import ConfigError
-from reroll.data.batch import Trajectory
+from reroll.config.errors import ConfigError, RunStopped
+from reroll.data.batch import Trajectory, infra_failed
 from reroll.data.datasets import PromptSampler
 from reroll.engines.base import Engine, SamplingParams
 from reroll.envs import ChatFormat, make_env
@@ -42,8 +43,10 @@ from reroll.pipelines.inputs import TaskInputs
 from reroll.pipelines.judge import reward_factory
 from reroll.pipelines.roles import remote_envs, remote_reward
 from reroll.pipelines.task import held_out, rollout_row
+from reroll.pipelines.validation import context_tokens
 from reroll.rewards import build_runner
 from reroll.rollout.agent_loop import AgentJob, AgentStats, EpisodeReward, run_episodes
+from reroll.rollout.context import from_config
 
 EVAL_SEED_BASE = 10**9
 
@@ -51,11 +54,6 @@ EVAL_SEED_BASE = 10**9
 def check_history(tokenizer, system_prompt: str | None, history_thinking: str | None) -> None:
     """At start: a chat template that renders earlier turns otherwise than the agent loop
     records them (Qwen3's drops their reasoning) needs an explicit `env.history_thinking`."""
-    if history_thinking == "strip":
-        raise ConfigError("env.history_thinking: strip gives one training sample per turn, a "
-                          "number that varies by episode; this pipeline's group advantages "
-                          "need rollout.group_size samples per env seed, so it trains with "
-                          "keep only (strip works in the agent loop, AgentJob)")
     problem = ChatFormat(tokenizer, system_prompt).history_mismatch()
     if problem is not None and history_thinking is None:
         raise ConfigError(f"env.history_thinking: {problem}. Set env.history_thinking: keep to "
@@ -116,10 +114,15 @@ class EnvTask:
         hosts = self.env_hosts or self.env_processes
         self.make_env = hosts.make if hosts is not None else factory
         check_history(tokenizer, env.system_prompt, env.history_thinking)
+        self.context = from_config(env.context)
+        self.max_context_tokens = context_tokens(env.max_context_tokens,
+                                                 "env.max_context_tokens", config.model.path)
         self.label = env.id
         self.sampler = PromptSampler(list(range(env.train_seeds)), config.seed)  # env seeds
         self.eval_seeds = [EVAL_SEED_BASE + i for i in range(env.eval_episodes)]
         self.counters = EpisodeCounters()
+        self._checked = EpisodeCounters()  # the counts at the last failure check
+        self.last_error = ""
         # `reward:`: a learned reward of each episode, in reward actors with
         # `distributed.reward`, else here.
         self.episode_reward = None
@@ -148,6 +151,7 @@ class EnvTask:
         c = self.config
         seeds = self.sampler.next_batch(c.rollout.prompts_per_step)
         trajectories, stats = self.run(seeds, c.rollout.group_size, params, step, c.env.redundancy)
+        self.check_failure_rate(step)  # an environment that keeps failing stops the run here
         success = [t.reward_info.get("success", False) for t in trajectories]
         self._metrics = stats.metrics() | {
             "train/success_rate": sum(success) / max(len(success), 1),
@@ -159,15 +163,19 @@ class EnvTask:
         return trajectories
 
     def evaluate(self, params: SamplingParams) -> dict[str, float]:
-        """Mean return and success rate on the held-out env seeds."""
+        """Mean return and success rate on the held-out env seeds, over the episodes that did
+        not end in an infrastructure failure (`eval/infra_failure_frac`: the share that did)."""
         trajectories, stats = self.run(self.eval_seeds, self.config.eval.samples_per_prompt,
                                        params, step=-1)
         self.eval_trajectories = trajectories
-        returns = torch.tensor([t.reward for t in trajectories])
-        success = torch.tensor([float(t.reward_info.get("success", False)) for t in trajectories])
+        valid = [t for t in trajectories if not infra_failed(t)]
+        returns = torch.tensor([t.reward for t in valid] or [0.0])
+        success = torch.tensor([float(t.reward_info.get("success", False)) for t in valid]
+                               or [0.0])
         metrics = {"eval/reward_mean": float(returns.mean()),
                    "eval/success_rate": float(success.mean()),
-                   "eval/turns_mean": stats.metrics()["env/turns_mean"]}
+                   "eval/turns_mean": stats.metrics()["env/turns_mean"],
+                   "eval/infra_failure_frac": stats.metrics()["env/infra_failure_frac"]}
         if self.episode_reward is not None:
             metrics |= learned_reward_means(trajectories, "eval")
         return metrics
@@ -178,17 +186,38 @@ class EnvTask:
                                            step, redundancy)
         self.counters.episodes += stats.episodes
         self.counters.env_errors += stats.env_errors
+        if stats.errors:
+            self.last_error = " ".join(stats.errors[-1].split())  # one line
         return trajectories, stats
+
+    def check_failure_rate(self, step: int) -> None:
+        """Stop the run (RunStopped: exit 1, one line) when the share of episodes that ended in
+        an infrastructure failure since the last check (this step, with the evaluation before
+        it) or since the start reaches its bound (`env.max_failure_rate_step`, `_run`): an
+        environment that keeps failing trains nothing, and the run must not look finished."""
+        c, last, env = self.counters, self._checked, self.config.env
+        self._checked = EpisodeCounters(**asdict(c))
+        windows = (("step", c.episodes - last.episodes, c.env_errors - last.env_errors,
+                    env.max_failure_rate_step),
+                   ("run so far", c.episodes, c.env_errors, env.max_failure_rate_run))
+        for name, episodes, failed, bound in windows:
+            if episodes and failed / episodes >= bound:
+                raise RunStopped(
+                    f"step {step}: environment {env.id!r} failed in {failed} of {episodes} "
+                    f"episodes this {name} ({failed / episodes:.0%}), at or past the bound of "
+                    f"{bound:.0%} (env.max_failure_rate_{'step' if name == 'step' else 'run'}); "
+                    f"the last failure: {self.last_error[:300] or 'in the run log'}")
 
     def job(self, params: SamplingParams) -> AgentJob:
         env = self.config.env
         return AgentJob(self.engine, self.tokenizer, self.make_env,
                         params, max_turns=env.max_turns,
-                        max_context_tokens=env.max_context_tokens,
+                        max_context_tokens=self.max_context_tokens, context=self.context,
                         step_timeout_s=env.step_timeout_s, system_prompt=env.system_prompt,
-                        history_thinking=env.history_thinking or "keep",
+                        history_thinking=env.history_thinking or "keep", one_sample=True,
                         episode_reward=self.episode_reward, tool_parser=env.tool_parser,
-                        tool_timeout_s=env.tool_timeout_s)
+                        tool_timeout_s=env.tool_timeout_s, reset_retries=env.reset_retries,
+                        reset_backoff_s=env.reset_backoff_s)
 
     def metrics(self) -> dict[str, float]:
         return dict(self._metrics)
@@ -208,6 +237,7 @@ class EnvTask:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.sampler.load_state_dict(state["sampler"])
         self.counters = EpisodeCounters(**state["reward_counters"])
+        self._checked = EpisodeCounters(**state["reward_counters"])
         if self.episode_reward is not None and "learned_reward_counters" in state:
             self.episode_reward.runner.load_counters(state["learned_reward_counters"])
 
@@ -239,6 +269,10 @@ def agentic_step(config: AgenticConfig):
     if env is not None and is_user_id(env.id) and not UNIMPORTABLE.search(env.id):
         check_kwargs(env.id, load_factory(env.id), env_arguments(env.id, env.kwargs,
                                                                  env.max_turns))
+    if env is not None:  # a bad hook or context fails before the run directory is made
+        from_config(env.context)
+        if Path(config.model.path).is_dir():  # (a missing model folder is reported as such)
+            context_tokens(env.max_context_tokens, "env.max_context_tokens", config.model.path)
     return rl.rl_step(config, AgentTask if config.agent is not None else EnvTask)
 
 

@@ -23,6 +23,7 @@ from reroll.data.batch import Trajectory
 from reroll.data.datasets import PromptSampler, _read_records
 from reroll.engines.base import Engine, SamplingParams
 from reroll.pipelines.task import rollout_row
+from reroll.pipelines.validation import context_tokens
 from reroll.rewards.custom import resolve
 from reroll.rollout.gateway import AgentSpec, Gateway, run_episodes
 
@@ -56,6 +57,8 @@ class AgentTask:
         self.spec = agent_spec(config)  # a bad import path fails here, before the models load
         self.tasks = read_tasks(a.tasks, "agent.tasks")
         self.eval_tasks = read_tasks(a.eval_tasks, "agent.eval_tasks") if a.eval_tasks else []
+        self.max_context_tokens = context_tokens(a.max_context_tokens, "agent.max_context_tokens",
+                                                 config.model.path)
         self.label = "agent"
         self.sampler = PromptSampler(self.tasks, config.seed)
         self.eval_trajectories: list[Trajectory] = []
@@ -70,7 +73,7 @@ class AgentTask:
     def start(self, engine: Engine) -> Engine:
         a = self.config.agent
         self.gateway = Gateway(engine, self.tokenizer, Path(self.config.model.path).name,
-                               SamplingParams(), a.max_context_tokens, a.host, a.port,
+                               SamplingParams(), self.max_context_tokens, a.host, a.port,
                                a.tool_parser)
         return engine
 

@@ -230,10 +230,13 @@ def _turn_inputs(batch: TensorDict, kl: Tensor | None, kl_coef: float) -> tuple[
 
 
 def _outcome(fn: Callable[..., Tensor]) -> Callable:
+    """An estimator of one scalar per response: fn(config, outcomes [B], group_size, valid [B])
+    (`valid`: the samples in the group and batch statistics, not infrastructure failures)."""
     def estimate(cfg, batch, group_size, kl, kl_coef):
         mask = batch["response_mask"]
         outcomes = _penalised_outcomes(batch["rewards"], mask, kl, kl_coef)
-        return algorithms.broadcast_to_tokens(fn(cfg, outcomes, group_size), mask), None
+        per_sample = fn(cfg, outcomes, group_size, batch["valid"])
+        return algorithms.broadcast_to_tokens(per_sample, mask), None
     return estimate
 
 
@@ -253,7 +256,7 @@ def _reinforce_pp(cfg, batch, group_size, kl, kl_coef):
 def _reinforce_pp_baseline(cfg, batch, group_size, kl, kl_coef):
     """The group mean of the episode returns is subtracted on each response's last token."""
     mask, token_rewards = batch["response_mask"], _token_rewards(batch)
-    baseline = algorithms.group_mean(token_rewards.sum(-1), group_size)
+    baseline = algorithms.group_mean(token_rewards.sum(-1), group_size, batch["valid"])
     token_rewards = token_rewards - algorithms.scores_to_token_rewards(baseline, mask)
     return algorithms.reinforce_pp_token_advantages(token_rewards, mask, kl=kl, kl_coef=kl_coef,
                                                     gamma=cfg.gamma, eps=cfg.eps)
@@ -282,7 +285,8 @@ def _gigpo(cfg, batch, group_size, kl, kl_coef):
     turn_rewards, turn_ids = _turn_inputs(batch, kl, kl_coef)
     return algorithms.gigpo_advantages(
         turn_rewards, turn_ids, batch["state_ids"], group_size, gamma=cfg.gamma,
-        step_weight=cfg.step_weight, scale_by_std=cfg.scale_by_std, eps=cfg.eps)
+        step_weight=cfg.step_weight, scale_by_std=cfg.scale_by_std, eps=cfg.eps,
+        valid=batch["valid"])
 
 
 def _ipa_chunk(cfg, batch, group_size, kl, kl_coef):
@@ -293,11 +297,12 @@ def _ipa_chunk(cfg, batch, group_size, kl, kl_coef):
 # name -> fn(advantage config, batch, group_size, token_kl or None, kl_coef)
 #         -> (advantages [B, T], returns [B, T] or None). `custom`: `plugins.custom_estimator`.
 ESTIMATORS: dict[str, Callable] = {
-    "grpo": _outcome(lambda c, r, g: algorithms.normalize_rewards(
-        r, g, mean_level=c.mean, std_level=c.std, eps=c.eps)),
-    "dr_grpo": _outcome(lambda c, r, g: algorithms.dr_grpo_advantages(r, g)),
-    "lite_ppo": _outcome(lambda c, r, g: algorithms.lite_ppo_advantages(r, g, eps=c.eps)),
-    "rloo": _outcome(lambda c, r, g: algorithms.rloo_advantages(r, g)),
+    "grpo": _outcome(lambda c, r, g, v: algorithms.normalize_rewards(
+        r, g, mean_level=c.mean, std_level=c.std, eps=c.eps, valid=v)),
+    "dr_grpo": _outcome(lambda c, r, g, v: algorithms.dr_grpo_advantages(r, g, v)),
+    "lite_ppo": _outcome(lambda c, r, g, v: algorithms.lite_ppo_advantages(r, g, eps=c.eps,
+                                                                           valid=v)),
+    "rloo": _outcome(lambda c, r, g, v: algorithms.rloo_advantages(r, g, v)),
     "reinforce_pp": _reinforce_pp,
     "reinforce_pp_baseline": _reinforce_pp_baseline,
     "gae": _gae,

@@ -50,7 +50,7 @@ from tensordict import TensorDict
 
 from reroll import algorithms
 from reroll.config.schema import RLRunConfig
-from reroll.data.batch import RLBatch, Trajectory, collate, turn_tensors
+from reroll.data.batch import RLBatch, Trajectory, collate, infra_failed, turn_tensors
 from reroll.distributed.colocation import take_turns
 from reroll.engines.base import SamplingParams
 from reroll.models.loading import load_tokenizer
@@ -249,7 +249,9 @@ def make_batch(trajectories: list[Trajectory], learner: Learner,
     batch, metrics = collate_for_rl(trajectories, pad_token_id, obj)
     if obj.distill is not None and obj.distill.routed:  # each sample's teacher, by its row's tag
         batch["teacher_route"] = learner.teacher.routes([t.tag for t in trajectories])
+    batch, dropped = drop_failed_groups(batch, obj)
     batch, filtered = filter_groups(batch, obj)
+    filtered |= dropped
     if not batch.batch_size[0]:
         return batch, metrics | filtered
     kl_coef = learner.kl.value
@@ -271,9 +273,10 @@ def collate_for_rl(trajectories: list[Trajectory], pad_token_id: int,
                    obj: Objective) -> tuple[RLBatch, dict[str, float]]:
     """The step's typed batch (`RLBatch`, every required field checked): collate, the turn
     fields (a single-turn response is one turn), the shaped rewards and the loss tokens
-    (overlong handling)."""
+    (overlong handling), and which samples are valid (not an infrastructure failure)."""
     tensors, _ = collate(trajectories, pad_token_id)
     tensors.update(turn_tensors(trajectories, tensors["input_ids"].shape[1]))
+    tensors["valid"] = torch.tensor([not infra_failed(t) for t in trajectories])
     batch = RLBatch.derived(tensors, obj.group_size)
     metrics = shape_rewards(batch, obj)
     if obj.overlong_filter:
@@ -305,15 +308,28 @@ def shape_rewards(batch: TensorDict, obj: Objective) -> dict[str, float]:
     return {"train/overlong_penalty_mean": float(penalty.sum(-1).mean())}
 
 
+def drop_failed_groups(batch: RLBatch, obj: Objective) -> tuple[RLBatch, dict[str, float]]:
+    """Infrastructure failures (`valid` False) are out of their group's statistics; a group left
+    with fewer than two valid members (one, with `group_size` 1) has no baseline to learn
+    from and leaves the step, counted as `train/infra_groups_dropped`."""
+    valid = batch["valid"]
+    if bool(valid.all()):
+        return batch, {"train/infra_groups_dropped": 0.0}
+    keep = valid.reshape(-1, obj.group_size).sum(-1) >= min(2, obj.group_size)
+    metrics = {"train/infra_groups_dropped": float((~keep).sum())}
+    return batch[keep.repeat_interleave(obj.group_size)], metrics
+
+
 def filter_groups(batch: RLBatch, obj: Objective) -> tuple[RLBatch, dict[str, float]]:
-    """Dynamic sampling: keep only the groups that pass the filters (judged on the task reward).
+    """Dynamic sampling: keep only the groups that pass the filters (judged on the task reward
+    of their valid members).
 
     The dropped groups leave the step entirely, so batch-level statistics (Lite PPO's std,
     REINFORCE++'s whitening) and loss normalisers are over the kept groups, as in DAPO.
     """
     if obj.keep_groups is None:
         return batch, {}
-    keep = obj.keep_groups(batch["task_rewards"])
+    keep = obj.keep_groups(batch["task_rewards"], valid=batch["valid"])
     metrics = {"filter/groups_kept": float(keep.sum()),
                "filter/groups_dropped": float((~keep).sum())}
     return batch[keep.repeat_interleave(obj.group_size)], metrics

@@ -113,14 +113,14 @@ class PromptTask:
         return [rollout_row(t) for t in trajectories[:count]]
 
     def state_dict(self) -> dict[str, Any]:
-        state = {"sampler": self.stream.state_dict(),
-                 "reward_counters": self.rewards.counter_state()}
+        # The source's position in the prompts (async: the groups it owes the resumed run too).
+        state = self.source.state_dict() | {"reward_counters": self.rewards.counter_state()}
         if self.eval_rewards is not None:
             state["eval_reward_counters"] = self.eval_rewards.counter_state()
         return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.stream.load_state_dict(state["sampler"])
+        self.source.load_state_dict(state)
         self.rewards.load_counters(state["reward_counters"])
         if self.eval_rewards is not None and "eval_reward_counters" in state:
             self.eval_rewards.load_counters(state["eval_reward_counters"])

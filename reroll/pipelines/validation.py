@@ -109,3 +109,19 @@ def prompt_lengths(tokenizer, rows: list[PromptRow]) -> list[int]:
             ids = [encode_prompt(tokenizer, row, 1 << 62) for row in chunk]
         lengths += [len(x) for x in ids]
     return lengths
+
+
+def context_tokens(value: int | None, field: str, model_path: str) -> int:
+    """A multi-turn context limit (`env.max_context_tokens`, `agent.max_context_tokens`): the
+    model's own context when unset; one past the model's context is a ConfigError (positions
+    it was never built for)."""
+    model = model_context(model_path)
+    if value is None:
+        if model is None:
+            raise ConfigError(f"{field}: the model {model_path} declares no context length "
+                              f"(max_position_embeddings) in a local config.json; set {field}")
+        return model
+    if model is not None and value > model:
+        raise ConfigError(f"{field}: {value} is past the model's context ({model} tokens, "
+                          f"max_position_embeddings of {model_path}); set it to at most {model}")
+    return value

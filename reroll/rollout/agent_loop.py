@@ -9,7 +9,9 @@ sees token for token what the engine consumed and produced.
 Many episodes run concurrently on one event loop; the engine batches their requests, and env
 steps run in worker threads (or the env's own async `astep`), so a slow env overlaps generation
 (environment-level asynchrony, as in ROLL Flash). An env that raises or exceeds
-`step_timeout_s` fails only its episode (finish reason `env_error`, no policy tokens in the loss).
+`step_timeout_s` fails only its episode (finish reason `env_error`, no policy tokens in the loss;
+the trainer also leaves it out of its group's statistics: an infrastructure failure); a reset
+that fails is first tried again on a fresh env (`reset_retries`, with backoff).
 `redundancy` extra episodes per group start with the group; the first `group_size` to finish are
 kept and the rest aborted, so a slow env instance does not hold up the step.
 
@@ -26,6 +28,16 @@ context (the engine then sees what a template-based server shows) and returns on
 turn: its prompt is exactly that turn's request and its response the turn's tokens, each
 scored with the episode's return. Per-turn samples are the only exact form: no single sequence
 holds turn 1 both with (when it was generated) and without (in turn 2's context) its reasoning.
+
+Context management (`AgentJob.context`, `reroll.rollout.context`). When the history would leave
+no room for a reply, `end` ends the episode; an edit (drop the oldest exchanges, truncate the
+observations, a user hook) rewrites the conversation, and the next request is the template's
+rendering of it. The turns then form token chains (the gateway's `assembly.chains`: a turn
+whose request extends the previous request and completion continues its chain). The episode's
+sample is its last chain, exactly the engine's tokens from that chain's first request on, with
+the episode's return and turn rewards (turns of earlier chains hold no tokens); the earlier
+chains are counted (`env/chains_dropped`): the RL step's group advantages take one sample per
+episode.
 """
 
 from __future__ import annotations
@@ -45,6 +57,9 @@ from reroll.envs.base import EnvError, reset_async, step_async
 from reroll.envs.wrappers import ChatFormat
 from reroll.rewards.base import RewardSample
 from reroll.rewards.runner import RewardRunner
+from reroll.rollout.context import ContextPolicy, HookError
+from reroll.rollout.gateway.assembly import chains
+from reroll.rollout.gateway.session import Call
 from reroll.rollout.groups import request_seed
 from reroll.tools.execute import run_calls
 from reroll.tools.parsers import PARSERS, parse_tool_calls
@@ -90,19 +105,30 @@ class AgentJob:
     max_turns: int = 8
     """Safety cap on turns per episode (envs usually end earlier)."""
     max_context_tokens: int = 1024
-    """Prompt + all turns; an episode that would exceed it ends with finish reason `length`."""
+    """One request's prompt + reply; what happens when the history outgrows it is `context`."""
+    context: ContextPolicy = field(default_factory=ContextPolicy)
+    """`end`: the episode ends with finish reason `length`; an edit policy rewrites the history
+    and the episode goes on (its last token chain trains; see the module doc)."""
     step_timeout_s: float | None = 30.0
     system_prompt: str | None = None
     format: ChatFormat | None = None
     history_thinking: str = "keep"
     """`keep`: one sample per episode, the tokens as generated; `strip`: every turn's context
     rendered by the chat template (which may drop earlier reasoning), one sample per turn."""
+    one_sample: bool = False
+    """One sample per episode even with `strip` (the RL step's group advantages): the last
+    token chain, as for an edited history (earlier chains counted, `env/chains_dropped`)."""
     episode_reward: EpisodeReward | None = None
     """A learned reward of each finished episode, added to the environment's (None: none)."""
     tool_parser: str = "hermes"
     """How the model's tool calls are read, for an env with `tools` (`reroll.tools.parsers`)."""
     tool_timeout_s: float = 10.0
     """Limit of one tool call (a tool's own `timeout_s` wins)."""
+    reset_retries: int = 0
+    """More tries of a reset that failed (raised, timed out, returned the wrong shape), each on
+    a fresh env, before the episode is an infrastructure failure (`env.reset_retries`)."""
+    reset_backoff_s: float = 0.5
+    """Wait before the first retry, doubled before each next one."""
 
     def __post_init__(self) -> None:
         if self.format is None:
@@ -120,6 +146,9 @@ class AgentStats:
 
     episodes: int = 0
     env_errors: int = 0
+    """Episodes that ended in an infrastructure failure (`env_error`)."""
+    reset_retries: int = 0
+    """Resets tried again after one failed (`AgentJob.reset_retries`)."""
     context_limit: int = 0
     aborted: int = 0
     turns: int = 0
@@ -134,18 +163,26 @@ class AgentStats:
     """Calls that failed: an unknown tool, bad arguments, a tool that raised or timed out."""
     tool_parse_errors: int = 0
     """Tool calls in the model's text that could not be read (invalid JSON, no name, ...)."""
+    context_edits: int = 0
+    """Histories rewritten by the context policy."""
+    chains_dropped: int = 0
+    """Earlier token chains of edited episodes, not trained (the last chain is)."""
     errors: list[str] = field(default_factory=list)
 
     def metrics(self) -> dict[str, float]:
         n = max(self.episodes, 1)
         return {"env/episodes": float(self.episodes), "env/errors": float(self.env_errors),
+                "env/infra_failure_frac": self.env_errors / n,
+                "env/reset_retries": float(self.reset_retries),
                 "env/context_limit_frac": self.context_limit / n,
                 "env/truncated_replies_frac": self.truncated_replies / max(self.replies, 1),
                 "env/aborted": float(self.aborted), "env/turns_mean": self.turns / n,
                 "env/step_s_mean": self.env_seconds / max(self.turns, 1),
                 "env/tool_calls": float(self.tool_calls),
                 "env/tool_errors": float(self.tool_errors),
-                "env/tool_parse_errors": float(self.tool_parse_errors)}
+                "env/tool_parse_errors": float(self.tool_parse_errors),
+                "env/context_edits": float(self.context_edits),
+                "env/chains_dropped": float(self.chains_dropped)}
 
 
 def state_id(obs: str) -> int:
@@ -190,22 +227,24 @@ async def run_episode(job: AgentJob, env_seed: int, sample_seed: int, group_id: 
                       ) -> list[Trajectory]:
     """One episode of a fresh env reset with `env_seed`; turn k samples with a seed derived
     from `sample_seed`. Failures of the env are recorded in the trajectory, never raised.
-    One trajectory (`keep`) or one per turn (`strip`)."""
-    env = job.make_env()
+    One trajectory (its last token chain after a context edit), or with `strip` one per turn
+    (`one_sample`: its last chain)."""
     tok, fmt = job.tokenizer, job.format
-    finish, info, error = "truncated", {}, None
+    finish, info = "truncated", {}
+    env, obs, error = await _reset(job, env_seed, stats)
     try:
-        obs, _ = await reset_async(env, env_seed, job.step_timeout_s)
-        tools = as_tools(getattr(env, "tools", None))
-    except (EnvError, ValueError, TypeError) as e:  # a broken `tools` fails only its episode
-        obs, error, tools = "", str(e), []
+        tools = as_tools(getattr(env, "tools", None)) if error is None else []
+    except (ValueError, TypeError) as e:  # a broken `tools` fails only its episode
+        error, tools = str(e), []
     if tools:
         fmt = fmt.with_tools([t.schema for t in tools], job.tool_parser)
     episode = _Episode(fmt.prompt_ids(obs), obs)
     episode.messages, episode.tools = fmt.first_messages(obs), fmt.tools
+    view = list(episode.messages)  # the conversation the model sees: edited by `job.context`
     strip = job.history_thinking == "strip"
+    following = episode.context()  # the next request's tokens
     for turn in range(job.max_turns if error is None else 0):
-        context = fmt.messages_ids(episode.messages) if strip and turn else episode.context()
+        context = following
         room = job.max_context_tokens - len(context)
         if room < 1:
             finish = "length"
@@ -228,6 +267,7 @@ async def run_episode(job: AgentJob, env_seed: int, sample_seed: int, group_id: 
         stopped = tok.decode([last]) if completion.finish_reason == "stop" else None
         content = completion.token_ids[:-1] if stopped else completion.token_ids
         episode.messages.append({"role": "assistant", "content": tok.decode(content)})
+        view.append(episode.messages[-1])
         t0 = time.perf_counter()
         results = await _tool_turn(job, tools, action, stats) if tools else None
         try:
@@ -254,17 +294,105 @@ async def run_episode(job: AgentJob, env_seed: int, sample_seed: int, group_id: 
             episode.outcome = tok.decode(obs_ids)
             break
         episode.messages += reply
-        grown = fmt.messages_ids(episode.messages) if strip else episode.context() + obs_ids
+        view += reply
+        grown = fmt.messages_ids(view) if strip else \
+            context + list(completion.token_ids) + obs_ids
+        try:
+            view, grown = _fit(job, fmt, view, grown, stats)
+        except HookError as e:
+            error = str(e)
+            break
         if len(grown) >= job.max_context_tokens:
             finish = "length"
             episode.outcome = tok.decode(obs_ids)
             break
         episode.add(obs_ids, None, turn, tok.decode(obs_ids))
         episode.states.append(state_id(obs))
+        following = grown
     trajectory = _trajectory(job, episode, env_seed, group_id, finish, info, error, stats)
     if job.episode_reward is not None:
         await job.episode_reward.score(trajectory)
-    return _turn_samples(job, episode, trajectory) if strip else [trajectory]
+    if strip and not job.one_sample:
+        return _turn_samples(job, episode, trajectory)
+    if not strip and not job.context.edits:  # append-only: the episode is one chain
+        return [trajectory]
+    return [_last_chain(job, episode, trajectory, stats)]
+
+
+def _fit(job: AgentJob, fmt: ChatFormat, view: list[dict], grown: list[int],
+         stats: AgentStats) -> tuple[list[dict], list[int]]:
+    """The next turn's conversation and request: as they are while a reply fits after them
+    (or the policy is `end`), else after the context policy's edit (unless it changed
+    nothing). A failing hook raises HookError."""
+    if not job.context.edits or len(grown) + job.params.max_new_tokens <= job.max_context_tokens:
+        return view, grown
+    budget = int(job.context.target_fraction * job.max_context_tokens) - job.params.max_new_tokens
+    edited = job.context.edit(view, lambda m: len(fmt.messages_ids(m)), job.tokenizer, budget)
+    if edited == view:
+        return view, grown
+    stats.context_edits += 1
+    return edited, fmt.messages_ids(edited)
+
+
+def _last_chain(job: AgentJob, episode: _Episode, whole: Trajectory,
+                stats: AgentStats) -> Trajectory:
+    """The episode's sample: `whole` (its tokens as generated, one chain) when no edit broke
+    the chain of requests; else its last chain, exactly the engine's tokens from that chain's
+    first request on (its texts those tokens decoded), with `whole`'s return, turn rewards and
+    conversation (scored by a learned reward before). Earlier chains counted."""
+    calls = [Call(k, list(context), list(c.token_ids), list(c.logprobs), c.finish_reason,
+                  c.policy_version) for k, (context, c) in enumerate(episode.turns)]
+    found = chains(calls)
+    if len(found) < 2:
+        return whole
+    stats.chains_dropped += len(found) - 1
+    train = whole.finish_reason != "env_error"
+    first = found[-1].calls[0]
+    ids, logprobs, policy, turn_ids, segments = [], [], [], [], []
+    position = len(first.prompt_ids)
+    for call in found[-1].calls:
+        between = call.prompt_ids[position:]  # the observation since the last completion
+        if between:
+            ids += between
+            logprobs += [0.0] * len(between)
+            policy += [0] * len(between)
+            turn_ids += [-1] * len(between)
+            segments.append({"text": job.tokenizer.decode(between), "policy": False,
+                             "turn": call.index - 1})
+        n = len(call.completion_ids)
+        ids += call.completion_ids
+        logprobs += call.logprobs
+        policy += [int(train)] * n
+        turn_ids += [call.index if train else -1] * n
+        segments.append({"text": job.tokenizer.decode(call.completion_ids), "policy": True,
+                         "turn": call.index})
+        position = len(call.prompt_ids) + n
+    chain = {"calls": [c.index for c in found[-1].calls], "chains": len(found)}
+    return dataclasses.replace(
+        whole, prompt_ids=list(first.prompt_ids), response_ids=ids, behaviour_logprobs=logprobs,
+        policy_mask=policy, turn_ids=turn_ids, segments=segments,
+        prompt_text=job.tokenizer.decode(first.prompt_ids),
+        response_text="".join(s["text"] for s in segments),
+        reward_info=whole.reward_info | {"chain": chain})
+
+
+async def _reset(job: AgentJob, env_seed: int, stats: AgentStats) -> tuple[Any, str, str | None]:
+    """(env, first observation, error or None): a fresh env reset with `env_seed`, tried again
+    on a fresh env up to `job.reset_retries` times, with backoff, when the reset fails (a
+    flaky sandbox or env server often recovers)."""
+    for attempt in range(job.reset_retries + 1):
+        if attempt:
+            stats.reset_retries += 1
+            await asyncio.sleep(job.reset_backoff_s * 2 ** (attempt - 1))
+        env = None
+        try:
+            env = job.make_env()
+            obs, _ = await reset_async(env, env_seed, job.step_timeout_s)
+            return env, obs, None
+        except EnvError as e:
+            error = str(e) + (f" (after {attempt} {'retry' if attempt == 1 else 'retries'})"
+                              if attempt else "")
+    return env, "", error
 
 
 async def _tool_turn(job: AgentJob, tools: list[Tool], action: str, stats: AgentStats

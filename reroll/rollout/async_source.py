@@ -7,6 +7,10 @@ It exposes what the synchronous source (`reroll.rollout.scheduler.SyncSource`) d
 (what the pipeline loads weights into and evaluates with), `next_batch`, `metrics` and `close`;
 only the source differs between the two modes, and both run groups on a `RolloutScheduler`.
 The buffer (`VersionedBuffer`, at the end) is this source's alone.
+
+A checkpoint keeps the trainer's position, not the producer's: the groups launched but not yet
+trained (buffered or still running) are owed to the resumed run, which launches them again
+first, under their own indices and seeds; their samples are regenerated, not kept.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ import torch
 
 from reroll.config.errors import ConfigError
 from reroll.data.batch import Trajectory
+from reroll.data.datasets import PromptRow
 from reroll.engines.base import Engine, Request, SamplingParams, WeightSyncError, fingerprint
 from reroll.rewards.runner import RewardRunner
 from reroll.rollout.groups import Group, KeepFn, State, request_seed
@@ -54,6 +59,10 @@ class AsyncSource:
         self.engine = _ProducerEngine(engine, self, version)
         self.stop = threading.Event()
         self.consumed, self.in_flight = 0, 0
+        self.next_index = 0
+        """Groups launched so far (a group's index is its launch order; it sets its seeds)."""
+        self.owed: deque[tuple[int, PromptRow]] = deque()
+        """Groups a checkpoint owed this run (launched before it, never trained): launched first."""
         self._producer: asyncio.Future | None = None
         self.running: dict[asyncio.Task, Group] = {}
         """The producer's groups being generated (touched on the producer's loop only)."""
@@ -66,6 +75,8 @@ class AsyncSource:
 
     def next_batch(self, step: int, version: int, params: SamplingParams) -> list[Trajectory]:
         if self._producer is None:
+            # A resumed run's weights load first: nothing is generated from the initial ones.
+            self.engine.wait_for_load()
             self._params = params
             self._producer = asyncio.run_coroutine_threadsafe(self._produce(), self.loop)
             self._producer.add_done_callback(lambda f: self.buffer.close(
@@ -86,6 +97,36 @@ class AsyncSource:
 
     def metrics(self) -> dict[str, float]:
         return self._metrics
+
+    def state_dict(self) -> dict:
+        """What a checkpoint keeps: the stream's position (the producer's), and the groups
+        launched but not trained, which the resumed run owes. Taken on the producer's loop, so
+        the stream and the groups are seen at one instant; the trainer is not taking then."""
+        return asyncio.run_coroutine_threadsafe(self._snapshot(), self.loop).result()
+
+    async def _snapshot(self) -> dict:
+        # The trainer's next batch is at version consumed // groups_per_step: what it would drop
+        # as stale, or what the producer aborts as hopeless, is not owed.
+        floor = self.consumed // self.groups_per_step - self.config.async_training.max_staleness
+        owed = dict(self.owed)
+        owed |= {g.index: g.row for g in self.buffer.waiting(floor)}
+        owed |= {g.index: g.row for task, g in self.running.items()
+                 if not task.done() and not g.cancelled and not _hopeless(g, floor)}
+        return {"sampler": self.stream.state_dict(),
+                "async": {"consumed": self.consumed, "next_index": self.next_index,
+                          "owed": [[i, self.stream.row_id(owed[i])] for i in sorted(owed)]}}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Continue from `state_dict()` (before the first batch): the owed groups first."""
+        self.stream.load_state_dict(state["sampler"])
+        saved = state.get("async")
+        if saved is None:  # a sync run's checkpoint, or one written before the groups were kept
+            return
+        self.consumed, self.next_index = saved["consumed"], saved["next_index"]
+        self.owed = deque((i, self.stream.row(r)) for i, r in saved["owed"])
+        indices = [i for i, _ in self.owed]
+        first = min(indices, default=self.next_index)
+        self.buffer.start_at(first, set(range(first, self.next_index)) - set(indices))
 
     def close(self) -> None:
         """Wait for the last weight load (its error is the run's), then stop the producer: abort
@@ -118,18 +159,16 @@ class AsyncSource:
         keep = signal_keep(c.algorithm.dynamic_sampling if c.scheduler.refill_filtered else None,
                            size)
         running = self.running
-        index = 0
+        # Async runs are not reproducible (timing decides versions); seeds stay distinct.
+        seed_fn = functools.partial(request_seed, c.seed, -2)
         try:
             while not self.stop.is_set():
                 if not self._may_start():
                     await asyncio.sleep(0.01)
                     continue
-                row = next(self.stream)
-                # Async runs are not reproducible (timing decides versions); seeds stay distinct.
-                seed_fn = functools.partial(request_seed, c.seed, -2)
+                index, row = self._next_row()
                 group = self.scheduler.new_group(index, row, self._encode(row), size, seed_fn,
                                                  version=self.engine.version)
-                index += 1
                 self.in_flight += 1
                 task = asyncio.ensure_future(self._finish(group, keep))
                 running[task] = group
@@ -139,13 +178,19 @@ class AsyncSource:
             self.scheduler.release()
             await self.scheduler.abort_groups(list(running.values()), dict(running))
 
+    def _next_row(self) -> tuple[int, PromptRow]:
+        """The next group's index and prompt: what a checkpoint owed first, then the stream."""
+        if self.owed:
+            return self.owed.popleft()
+        self.next_index += 1
+        return self.next_index - 1, next(self.stream)
+
     def abort_hopeless(self, version: int) -> None:
         """After the engine moved to `version`: running groups with tokens older than
         version - max_staleness can never be trained on (the next trainer holds `version`), so
         they are aborted now rather than decoded to the end and dropped."""
         floor = version - self.config.async_training.max_staleness
-        hopeless = {task: group for task, group in self.running.items()
-                    if any(s.token_versions for s in group.samples) and group.version < floor}
+        hopeless = {task: group for task, group in self.running.items() if _hopeless(group, floor)}
         if hopeless:
             self.stale_groups_aborted += len(hopeless)
             asyncio.ensure_future(self.scheduler.abort_groups(list(hopeless.values())))
@@ -179,6 +224,11 @@ class AsyncSource:
 
     def _encode(self, row) -> list[int]:
         return encode_prompt(self.tokenizer, row, self.config.data.max_prompt_tokens)
+
+
+def _hopeless(group: Group, floor: int) -> bool:
+    """Whether the running group already has tokens older than version `floor`."""
+    return any(s.token_versions for s in group.samples) and group.version < floor
 
 
 def _copied(named_tensors: Iterable[tuple[str, torch.Tensor]]) -> list[tuple[str, torch.Tensor]]:
@@ -346,6 +396,21 @@ class VersionedBuffer:
             if group is not None:
                 self._groups.append(group)
             self._next_index += 1
+
+    def start_at(self, index: int, skipped: set[int]) -> None:
+        """In order, after a resume: the first group to hand out is `index`; the groups in
+        `skipped` (trained or given up before the checkpoint) will never come."""
+        with self._cond:
+            self._next_index = index
+            self._waiting = dict.fromkeys(skipped)
+            self._release_in_order()
+
+    def waiting(self, floor: int) -> list[Group]:
+        """The groups finished and not taken whose oldest token is of version `floor` or later
+        (those the trainer may still take)."""
+        with self._cond:
+            buffered = list(self._groups) + [g for g in self._waiting.values() if g is not None]
+            return [b.group for b in buffered if b.version >= floor]
 
     def __len__(self) -> int:
         with self._cond:

@@ -7,14 +7,18 @@ from collections import Counter
 
 import torch
 
-from reroll.data.batch import Trajectory
+from reroll.data.batch import Trajectory, infra_failed
 from reroll.rollout.groups import Group
 
 
 def rollout_metrics(trajectories: list[Trajectory], group_size: int) -> dict[str, float]:
-    rewards = torch.tensor([t.reward for t in trajectories])
+    """The step's rewards, lengths and truncation. The reward statistics leave out samples
+    that ended in an infrastructure failure (`infra_failed`: no reward the policy earned)
+    while any other is left."""
+    valid = [t for t in trajectories if not infra_failed(t)] or trajectories
+    rewards = torch.tensor([t.reward for t in valid])
     lengths = torch.tensor([len(t.response_ids) for t in trajectories], dtype=torch.float32)
-    groups = rewards.view(-1, group_size)
+    groups = torch.tensor([t.reward for t in trajectories]).view(-1, group_size)
     return {
         "train/reward_mean": float(rewards.mean()),
         "train/reward_std": float(rewards.std()) if len(rewards) > 1 else 0.0,

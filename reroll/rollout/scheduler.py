@@ -148,6 +148,13 @@ class SyncSource:
     def metrics(self) -> dict[str, float]:
         return self._metrics | engine_metrics(self.engine)
 
+    def state_dict(self) -> dict:
+        """What a checkpoint keeps: the stream's position (a step consumes exactly its rows)."""
+        return {"sampler": self.stream.state_dict()}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.stream.load_state_dict(state["sampler"])
+
     def close(self) -> None:
         shutdown_engine(self.engine)
 

@@ -40,8 +40,15 @@ class PromptStream:
         """Rows to hand out again first, in this order."""
         self.carry[:0] = rows
 
+    def row_id(self, row: PromptRow) -> int:
+        """The row's place in the data (what a checkpoint keeps of it)."""
+        return self._index[id(row)]
+
+    def row(self, row_id: int) -> PromptRow:
+        return self.sampler.rows[row_id]
+
     def state_dict(self) -> dict:
-        return {**self.sampler.state_dict(), "carry": [self._index[id(r)] for r in self.carry]}
+        return {**self.sampler.state_dict(), "carry": [self.row_id(r) for r in self.carry]}
 
     def load_state_dict(self, state: dict) -> None:
         self.sampler.load_state_dict({k: v for k, v in state.items() if k != "carry"})

@@ -5,9 +5,13 @@ fresh bubblewrap sandbox: every namespace unshared (no network), a read-only vie
 interpreter, private size-capped tmpfs for the workdir and /tmp, rlimits on CPU time, memory,
 processes, file size and open files, an output cap and a wall clock that kills the whole process
 tree. `SandboxPool` is the manager: a concurrency limit, warm single-use sandboxes, a health check
-and metrics. See docs/sandbox.md.
+and metrics. A `Session` is a sandbox that lives across commands (files, cwd and environment
+persist; fork; time-to-live), made by a `SessionManager` in this process or by the sandbox
+service (`reroll sandbox serve`) through `SessionClient`; `open_sessions(config)` picks one of
+the two. See docs/sandbox.md.
 """
 
+from reroll.sandbox.client import SessionClient, open_sessions
 from reroll.sandbox.limits import Limits, PoolConfig, SandboxConfig, parse_size
 from reroll.sandbox.pool import Health, SandboxPool
 from reroll.sandbox.result import (
@@ -18,6 +22,9 @@ from reroll.sandbox.result import (
     SandboxUnavailable,
 )
 from reroll.sandbox.sandbox import Job, Sandbox
+from reroll.sandbox.session import Session, SessionGone
+from reroll.sandbox.session_config import SessionsConfig, SessionSpec
+from reroll.sandbox.sessions import SessionLimitReached, SessionManager, SessionNotFound
 
 __all__ = [
     "ExecResult",
@@ -32,5 +39,14 @@ __all__ = [
     "SandboxLost",
     "SandboxPool",
     "SandboxUnavailable",
+    "Session",
+    "SessionClient",
+    "SessionGone",
+    "SessionLimitReached",
+    "SessionManager",
+    "SessionNotFound",
+    "SessionSpec",
+    "SessionsConfig",
+    "open_sessions",
     "parse_size",
 ]

@@ -153,7 +153,7 @@ class BwrapBackend:
                     f"system interpreter (`apt-get install python3`) or a path outside private homes"
                 )
 
-    def _mounts(self, tmpfs_bytes: int) -> list[str]:
+    def _mounts(self, tmpfs_bytes: int, binds: dict[str, str]) -> list[str]:
         args = ["--ro-bind", "/usr", "/usr"]
         for top in _TOP_LEVEL:
             if os.path.islink(top):
@@ -162,15 +162,22 @@ class BwrapBackend:
                 args += ["--ro-bind", top, top]
         for path in _ETC_FILES:
             args += ["--ro-bind-try", path, path]
-        binds = [self.python_tree] if self.python_tree else []
-        for path in [*binds, *self.config.extra_ro_paths]:
+        trees = [self.python_tree] if self.python_tree else []
+        for path in [*trees, *self.config.extra_ro_paths]:
             args += ["--ro-bind", path, path]
         size = str(tmpfs_bytes)
-        args += ["--proc", "/proc", "--dev", "/dev", "--size", size, "--tmpfs", "/dev/shm"]
-        args += ["--size", size, "--tmpfs", "/tmp", "--size", size, "--tmpfs", self.config.workdir]
+        args += ["--proc", "/proc", "--dev", "/dev"]
+        for target in ("/dev/shm", "/tmp", self.config.workdir):
+            if target in binds:  # a session's host directory (see files.py)
+                args += ["--bind", binds[target], target]
+            else:
+                args += ["--size", size, "--tmpfs", target]
         return [*args, "--remount-ro", "/dev", "--remount-ro", "/"]
 
-    def launch_spec(self, tmpfs_bytes: int) -> LaunchSpec:
+    def launch_spec(self, tmpfs_bytes: int, binds: dict[str, str] | None = None) -> LaunchSpec:
+        """``binds``: host directories to bind read-write at some of the workdir, /tmp and
+        /dev/shm (a session's) instead of private tmpfs mounts."""
+        binds = binds or {}
         argv = [
             self.bwrap,
             "--unshare-all",
@@ -181,7 +188,7 @@ class BwrapBackend:
             "--as-pid-1",
             "--cap-drop", "ALL",
             "--hostname", "sandbox",
-            *self._mounts(tmpfs_bytes),
+            *self._mounts(tmpfs_bytes, binds),
             "--chdir", self.config.workdir,
             "--clearenv",
             "--setenv", "PATH", "/usr/bin:/bin",
@@ -196,7 +203,8 @@ class BwrapBackend:
             info_fd=True,
             sandbox_env=_sandbox_env(self.config),
             seccomp=self.seccomp,
-            tmpfs_mounts=("/dev/shm", "/tmp", self.config.workdir) if os.geteuid() == 0 else (),
+            tmpfs_mounts=tuple(m for m in ("/dev/shm", "/tmp", self.config.workdir)
+                               if m not in binds) if os.geteuid() == 0 else (),
             tmpfs_inodes=self.config.tmpfs_inodes,
         )
 

@@ -43,15 +43,16 @@ class WritingEngine:
         pass
 
 
-def _run(tokenizer, think: bool, history: str = "keep", system_prompt: str | None = None):
+def _run(tokenizer, think: bool, history: str = "keep", system_prompt: str | None = None,
+         one_sample: bool = False, with_stats: bool = False):
     engine = WritingEngine(tokenizer, think)
     params = SamplingParams(24, 1.0, 1.0, 0, (tokenizer.eos_token_id,))
     job = AgentJob(engine, tokenizer, lambda: make_env("guess_number", high=8, max_turns=4),
                    params, max_context_tokens=2048, system_prompt=system_prompt,
-                   history_thinking=history)
+                   history_thinking=history, one_sample=one_sample)
     trajectories, stats = run_episodes(job, [1, 2, 3], 3, run_seed=0, step=1)
     assert stats.env_errors == 0
-    return engine, trajectories
+    return (engine, trajectories, stats) if with_stats else (engine, trajectories)
 
 
 def _conversation(tokenizer, env_seed: int, turns: list[list[int]], system_prompt=None):
@@ -189,5 +190,32 @@ def test_training_start_check_asks_to_choose(qwen_tokenizer, smollm2_tokenizer):
         check_history(qwen_tokenizer, None, None)
     check_history(qwen_tokenizer, None, "keep")
     check_history(smollm2_tokenizer, "Play well.", None)
-    with pytest.raises(ConfigError, match="strip gives one training sample per turn"):
-        check_history(smollm2_tokenizer, None, "strip")
+    check_history(qwen_tokenizer, None, "strip")  # trains its last chain (test below)
+
+
+def test_qwen3_strip_in_training_trains_each_episodes_last_chain(qwen_tokenizer):
+    """`strip` in the RL pipeline (`one_sample`): one sample per episode, the group's size
+    kept; its tokens are the engine's own: the last chain's first request, then each later
+    turn's completion and the template's tokens up to the next request. With Qwen3's template
+    every turn after reasoning starts a new chain; the earlier ones are counted."""
+    tok = qwen_tokenizer
+    engine, samples, stats = _run(tok, think=True, history="strip", one_sample=True,
+                                  with_stats=True)
+    assert len(samples) == 9  # 3 env seeds x 3 episodes
+    requests = {}
+    for prompt, ids in engine.log:
+        requests.setdefault(tuple(prompt), []).append(ids)
+    chained = 0
+    for t in samples:
+        ids = t.prompt_ids + t.response_ids
+        assert tuple(t.prompt_ids) in requests  # the chain starts at a real request
+        for a, b in _policy_spans(t):
+            at = len(t.prompt_ids) + a
+            assert ids[at : len(t.prompt_ids) + b] in requests[tuple(ids[:at])]
+        chain = t.reward_info.get("chain")
+        if chain is not None:
+            chained += 1
+            assert chain["calls"][-1] == t.reward_info["turns"] - 1  # the episode's last turn
+            assert "</think>" not in tok.decode(t.prompt_ids)  # the template's own context
+    assert chained > 0 and stats.chains_dropped > 0
+    assert stats.metrics()["env/chains_dropped"] == stats.chains_dropped

@@ -225,3 +225,55 @@ def test_order_start_trains_each_step_on_the_prompts_sync_would(tokenizer, order
 def test_order_is_checked():
     with pytest.raises(ValueError, match="order"):
         config(order="shortest")
+
+
+def run_steps(source, steps: range) -> list[list[str]]:
+    """The prompts of each step's batch (one per group, in the order taken), then the sync."""
+    prompts = []
+    for step in steps:
+        batch = source.next_batch(step, step - 1, PARAMS)
+        prompts.append(list(dict.fromkeys(t.prompt_text for t in batch)))
+        time.sleep(0.02)  # the trainer's update: the producer goes on meanwhile
+        source.engine.load_weights([], step)
+    return prompts
+
+
+@pytest.mark.parametrize("order", ["finish", "start"])
+def test_a_resumed_source_trains_what_was_buffered_or_running_at_the_checkpoint(tokenizer, order):
+    """Issue 46: a run killed after step 2's checkpoint, resumed from it. The groups the
+    producer had launched ahead (buffered or running) are owed by the checkpoint: the resumed
+    source launches them first, so no prompt is lost or trained twice; in start order each
+    step trains the uninterrupted run's prompts. Response lengths vary with the prompt, so in
+    finish order groups overtake each other."""
+    cfg = config(max_staleness=3, max_ahead=1, order=order)
+    engine = lambda: ScriptedEngine(lambda prompt, seed: 4 + 12 * (sum(prompt) % 3),  # noqa: E731
+                                    TOKEN, tick=0.0005)
+    whole = build_source(cfg, engine(), runner(), tokenizer, stream())
+    try:
+        uninterrupted = run_steps(whole, range(1, 6))
+    finally:
+        whole.close()
+    killed = build_source(cfg, engine(), runner(), tokenizer, stream())
+    try:
+        before = run_steps(killed, range(1, 3))
+        time.sleep(0.05)  # the producer's chance to run ahead of the trainer
+        state = killed.state_dict()
+    finally:
+        killed.close()  # what it had buffered or running dies with it
+    launched = [r.prompt_text for r in stream().next_batch(state["async"]["next_index"])]
+    owed = [p for p in launched if p not in sum(before, [])]
+    assert [killed.stream.row(r).prompt_text for _, r in state["async"]["owed"]] == owed
+    assert owed  # the producer had run ahead: the bug lost these
+
+    resumed = build_source(cfg, engine(), runner(), tokenizer, stream())
+    resumed.load_state_dict(state)
+    resumed.engine.load_weights([], 2)  # the checkpoint's weights (the pipeline's weight sync)
+    try:
+        after = run_steps(resumed, range(3, 6))
+    finally:
+        resumed.close()
+    trained = sum(before + after, [])
+    assert len(trained) == len(set(trained)) == 15  # none twice
+    assert set(launched) <= set(trained)  # none lost
+    if order == "start":
+        assert before + after == uninterrupted

@@ -1,6 +1,7 @@
 """The scheduler, sources and async training with the real HF engine and the tiny model."""
 
 import asyncio
+import shutil
 import threading
 
 import pytest
@@ -243,6 +244,28 @@ def test_async_in_start_order_trains_each_step_on_syncs_prompts(tmp_path, tiny_m
                        async_training={"enabled": True, "max_staleness": 2, "max_ahead": 1,
                                        "order": "start"})
     assert trained_prompts(config) == sync and len(sync) == 4
+
+
+def test_a_resumed_async_run_trains_the_uninterrupted_runs_prompts(tmp_path, tiny_model,
+                                                                   arithmetic, reward_module):
+    """Issue 46: a run killed after its step-1 checkpoint had groups buffered and in flight (the
+    producer works a batch ahead); the checkpoint must owe them to the resumed run, not skip to
+    where the producer had got. In start order the resumed steps train the uninterrupted run's
+    prompts, step by step; no prompt is lost or trained twice. (A kill -9 after the checkpoint
+    leaves what deleting the later checkpoints leaves: checkpoints are written whole or not.)"""
+    sections = {"steps": 3, "checkpoint": {"every_steps": 1, "keep_last": 3},
+                "async_training": {"enabled": True, "max_staleness": 2, "max_ahead": 1,
+                                   "order": "start"}}
+    whole = trained_prompts(rl_config(tmp_path, tiny_model, arithmetic, **sections))
+    run = tmp_path / "run"
+    for n in (2, 3):
+        shutil.rmtree(run / "checkpoints" / f"step_{n}")
+    resumed = trained_prompts(rl_config(tmp_path, tiny_model, arithmetic, resume=True,
+                                        **sections))
+    assert len(whole) == 3 and all(len(step) == 4 for step in whole)
+    assert resumed == whole[1:]
+    trained = sum(whole[:1] + resumed, [])
+    assert len(set(trained)) == len(trained) == 12  # none lost, none twice
 
 
 def test_in_flight_updates_need_the_hf_engine(tmp_path, tiny_model, arithmetic):
