@@ -109,8 +109,9 @@ def cmd_make_terminal_tasks(args: argparse.Namespace) -> None:
     import asyncio
     from pathlib import Path
 
-    from reroll.envs.task_folders import check_task, load_tasks
+    from reroll.envs.task_folder import load_suite
     from reroll.envs.terminal_gen import write_suite
+    from reroll.envs.terminal_tasks import check
     from reroll.sandbox import Sandbox
 
     splits = [Path(args.out) / split for split in ("train", "heldout")]
@@ -126,11 +127,11 @@ def cmd_make_terminal_tasks(args: argparse.Namespace) -> None:
     console.print(f"wrote {args.train} train and {args.heldout} held-out tasks to {args.out} "
                   f"({', '.join(f'{k} {v}' for k, v in counts.items())})")
     if args.check:
-        tasks = load_tasks(Path(args.out) / "train") + load_tasks(Path(args.out) / "heldout")
+        tasks = load_suite(Path(args.out) / "train") + load_suite(Path(args.out) / "heldout")
 
         async def check_all():
             sandbox = Sandbox()
-            return await asyncio.gather(*(check_task(task, sandbox) for task in tasks))
+            return await asyncio.gather(*(check(task, sandbox) for task in tasks))
 
         broken = [why for why in asyncio.run(check_all()) if why]
         if broken:

@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 
 import pytest
-
 from test_docs_commands import _project, _run_chain
 
 pytestmark = pytest.mark.e2e

@@ -1,7 +1,7 @@
 """A generated suite of terminal tasks in several families (`reroll make-terminal-tasks`).
 
 Each family draws one task from a seeded `random.Random`: the instruction, a set-up script, a
-test script and an expert's solution (`task_folders.TerminalTask`). Train and held-out tasks come
+test script and an expert's solution (a `TerminalTask`, written as a task folder). Train and held-out tasks come
 from disjoint generator seeds, and a held-out task whose instruction equals a train task's is
 drawn again, so a held-out task is never trained on.
 """
@@ -10,9 +10,49 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
-from reroll.envs.task_folders import TerminalTask
+
+@dataclass(frozen=True)
+class TerminalTask:
+    """One generated task, before it is written as a folder (`write`)."""
+
+    name: str
+    instruction: str
+    test: str
+    setup: str = ""
+    solution: str | None = None
+    metadata: dict[str, Any] = field(default_factory=dict)
+
+    def toml(self) -> str:
+        meta = "".join(f"{k} = {_toml_value(v)}\n" for k, v in self.metadata.items())
+        return (f'version = "1.0"\n\n[metadata]\n{meta}\n[agent]\ntimeout_sec = 120.0\n\n'
+                "[verifier]\ntimeout_sec = 60.0\n\n[environment]\ncpus = 1\nmemory_mb = 512\n"
+                "storage_mb = 64\nallow_internet = false\n")
+
+    def write(self, folder: Path) -> Path:
+        """The task folder (docs/terminal-tasks.md), scripts executable."""
+        contents = {"instruction.md": self.instruction.rstrip() + "\n", "task.toml": self.toml(),
+                    "tests/test.sh": self.test, "environment/setup.sh": self.setup or None,
+                    "solution/solve.sh": self.solution}
+        for name, text in contents.items():
+            if text is None:
+                continue
+            path = folder / name
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(text)
+            if name.endswith(".sh"):
+                path.chmod(0o755)
+        return folder
+
+
+def _toml_value(value: Any) -> str:
+    if isinstance(value, str):
+        return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    return str(value).lower() if isinstance(value, bool) else str(value)
+
 
 WORDS = ["apple", "river", "stone", "cloud", "maple", "tiger", "lemon", "piano", "orbit", "delta",
          "amber", "cedar", "falcon", "garnet", "harbor", "indigo", "jasper", "kernel", "lotus",
@@ -37,7 +77,7 @@ def create_file(rng: random.Random) -> TerminalTask:
     return TerminalTask("", f"Create the file `{path}` (make the folder) holding exactly one "
                         f"line: `{line}`", f'[ "$(cat {path})" = "{line}" ]\n',
                         solution=f"mkdir -p {folder} && echo '{line}' > {path}\n",
-                        metadata={"family": "files", "difficulty": "easy"})
+                        metadata={"category": "files", "difficulty": "easy"})
 
 
 def move_files(rng: random.Random) -> TerminalTask:
@@ -51,7 +91,7 @@ def move_files(rng: random.Random) -> TerminalTask:
     return TerminalTask("", f"Move every `.{ext}` file from `inbox/` into a new folder "
                         f"`archive/`; leave the other files where they are.", test, setup,
                         f"mkdir -p archive && mv inbox/*.{ext} archive/\n",
-                        metadata={"family": "files", "difficulty": "easy"})
+                        metadata={"category": "files", "difficulty": "easy"})
 
 
 def grep_lines(rng: random.Random) -> TerminalTask:
@@ -63,7 +103,7 @@ def grep_lines(rng: random.Random) -> TerminalTask:
     return TerminalTask("", f"Write the lines of `app.log` that start with `{level}` to `{out}`, "
                         "in their order.", f"grep '^{level} ' app.log | cmp -s - {out}\n", setup,
                         f"grep '^{level} ' app.log > {out}\n",
-                        metadata={"family": "text", "difficulty": "easy"})
+                        metadata={"category": "text", "difficulty": "easy"})
 
 
 def replace_word(rng: random.Random) -> TerminalTask:
@@ -78,7 +118,7 @@ def replace_word(rng: random.Random) -> TerminalTask:
     return TerminalTask("", f"In `settings.ini`, replace every occurrence of `{old}` with `{new}`"
                         ", changing nothing else.", test, setup,
                         f"sed -i 's/{old}/{new}/g' settings.ini\n",
-                        metadata={"family": "text", "difficulty": "medium"})
+                        metadata={"category": "text", "difficulty": "medium"})
 
 
 def sum_column(rng: random.Random) -> TerminalTask:
@@ -90,7 +130,7 @@ def sum_column(rng: random.Random) -> TerminalTask:
                         "is a header) to `total.txt`.",
                         f'[ "$(tr -d " \\n" < total.txt)" = "{total}" ]\n', setup,
                         f"awk -F, 'NR>1 {{s+=$2}} END {{print s}}' {name} > total.txt\n",
-                        metadata={"family": "text", "difficulty": "medium"})
+                        metadata={"category": "text", "difficulty": "medium"})
 
 
 def count_distinct(rng: random.Random) -> TerminalTask:
@@ -100,7 +140,7 @@ def count_distinct(rng: random.Random) -> TerminalTask:
                         "words it holds to `distinct.txt`.",
                         f'[ "$(tr -d " \\n" < distinct.txt)" = "{len(set(words))}" ]\n', setup,
                         "sort -u words.txt | wc -l > distinct.txt\n",
-                        metadata={"family": "text", "difficulty": "medium"})
+                        metadata={"category": "text", "difficulty": "medium"})
 
 
 def write_script(rng: random.Random) -> TerminalTask:
@@ -113,7 +153,7 @@ def write_script(rng: random.Random) -> TerminalTask:
                         f"NAME!` when run as `./{script} NAME`.", test,
                         solution=f"printf '#!/bin/sh\\necho \"{greeting}, $1!\"\\n' > {script} "
                         f"&& chmod +x {script}\n",
-                        metadata={"family": "scripts", "difficulty": "medium"})
+                        metadata={"category": "scripts", "difficulty": "medium"})
 
 
 def make_archive(rng: random.Random) -> TerminalTask:
@@ -125,7 +165,7 @@ def make_archive(rng: random.Random) -> TerminalTask:
     return TerminalTask("", f"Create the gzip-compressed tar archive `{archive}.tar.gz` holding "
                         f"the folder `{folder}` (paths inside start with `{folder}/`).", test,
                         setup, f"tar -czf {archive}.tar.gz {folder}\n",
-                        metadata={"family": "archives", "difficulty": "medium"})
+                        metadata={"category": "archives", "difficulty": "medium"})
 
 
 def extract_archive(rng: random.Random) -> TerminalTask:
@@ -135,7 +175,7 @@ def extract_archive(rng: random.Random) -> TerminalTask:
     return TerminalTask("", "`parcel.tar.gz` holds a file named `code.txt`. Write that file's "
                         "content to `answer.txt`.", f'[ "$(cat answer.txt)" = "{code}" ]\n', setup,
                         "tar -xzf parcel.tar.gz && cp */code.txt answer.txt\n",
-                        metadata={"family": "archives", "difficulty": "medium"})
+                        metadata={"category": "archives", "difficulty": "medium"})
 
 
 def permissions(rng: random.Random) -> TerminalTask:
@@ -149,7 +189,7 @@ def permissions(rng: random.Random) -> TerminalTask:
     test = f'[ -x {script} ] && [ "$(stat -c %a {key})" = "{mode}" ]\n'
     return TerminalTask("", f"Make `{script}` executable, and make `{key}` {who}.", test, setup,
                         f"chmod +x {script} && chmod {mode} {key}\n",
-                        metadata={"family": "permissions", "difficulty": "easy"})
+                        metadata={"category": "permissions", "difficulty": "easy"})
 
 
 def fix_script(rng: random.Random) -> TerminalTask:
@@ -164,7 +204,7 @@ def fix_script(rng: random.Random) -> TerminalTask:
                         "prints an empty line. Fix the script.",
                         f'[ "$(bash {script})" = "{n * (n + 1) // 2}" ]\n', setup,
                         f"sed -i 's/echo \\${typo}$/echo ${variable}/' {script}\n",
-                        metadata={"family": "debugging", "difficulty": "medium"})
+                        metadata={"category": "debugging", "difficulty": "medium"})
 
 
 FAMILIES: dict[str, list[Callable[[random.Random], TerminalTask]]] = {
@@ -206,13 +246,14 @@ def suite(train: int, held_out: int, seed: int = 0) -> tuple[list[TerminalTask],
 
 
 def write_suite(out: str | Path, train: int, held_out: int, seed: int = 0) -> dict[str, int]:
-    """The suite's folders under `out/train` and `out/heldout`; returns the counts by family."""
+    """The suite's folders under `out/train` and `out/heldout`; returns the counts by category
+    (family)."""
     root = Path(out)
     train_tasks, held = suite(train, held_out, seed)
     counts: dict[str, int] = {}
     for split, tasks in (("train", train_tasks), ("heldout", held)):
         for task in tasks:
             task.write(root / split / task.name)
-            family = task.metadata["family"]
-            counts[family] = counts.get(family, 0) + 1
+            category = task.metadata["category"]
+            counts[category] = counts.get(category, 0) + 1
     return counts

@@ -14,8 +14,9 @@ import pytest
 from reroll.cli import main
 from reroll.config.errors import ConfigError
 from reroll.envs import make_env
-from reroll.envs.task_folders import check_task, load_task, load_tasks
+from reroll.envs.task_folder import load_suite, load_task
 from reroll.envs.terminal_gen import FAMILIES, HELD_OUT_SEED_BASE, write_suite
+from reroll.envs.terminal_tasks import check
 from reroll.sandbox import Sandbox
 
 pytestmark = pytest.mark.unit
@@ -29,17 +30,18 @@ def suite_dir(tmp_path_factory) -> Path:
 
 
 def test_the_generated_suite_is_valid_in_the_sandbox_and_its_splits_never_meet(suite_dir):
-    train, held = load_tasks(suite_dir / "train"), load_tasks(suite_dir / "heldout")
+    train, held = load_suite(suite_dir / "train"), load_suite(suite_dir / "heldout")
     assert (len(train), len(held)) == (50, 16)
-    families = {t.metadata["family"] for t in train}
+    families = {t.config.metadata.category for t in train}
     assert families == set(FAMILIES) and len(families) >= 5
-    assert all(t.metadata["seed"] < HELD_OUT_SEED_BASE <= h.metadata["seed"]
-               for t in train for h in held)
+    seed = [t.config.metadata.model_extra["seed"] for t in train]
+    held_seed = [h.config.metadata.model_extra["seed"] for h in held]
+    assert max(seed) < HELD_OUT_SEED_BASE <= min(held_seed)
     assert not {t.instruction for t in train} & {h.instruction for h in held}
 
     async def check_all():
         sandbox = Sandbox()
-        return await asyncio.gather(*(check_task(t, sandbox) for t in train + held))
+        return await asyncio.gather(*(check(t, sandbox) for t in train + held))
 
     # each task: its tests fail after the set-up alone, and pass after its solution
     assert [why for why in asyncio.run(check_all()) if why] == []
@@ -47,8 +49,8 @@ def test_the_generated_suite_is_valid_in_the_sandbox_and_its_splits_never_meet(s
 
 def test_training_episodes_draw_train_tasks_and_evaluations_held_out_ones(suite_dir):
     env = make_env("terminal_tasks", tasks=str(suite_dir))
-    train = {t.name for t in load_tasks(suite_dir / "train")}
-    held = {t.name for t in load_tasks(suite_dir / "heldout")}
+    train = {t.name for t in load_suite(suite_dir / "train")}
+    held = {t.name for t in load_suite(suite_dir / "heldout")}
     assert {env.reset(seed)[1]["task"] for seed in range(8)} <= train
     # `reroll eval --env` seeds count from 10^6, a training run's evaluation from 10^9
     assert {env.reset(seed)[1]["task"] for seed in (10**6, 10**6 + 1, 10**9, 10**9 + 3)} <= held
@@ -64,7 +66,7 @@ def hand_written(root: Path) -> Path:
     (folder / "task.toml").write_text(textwrap.dedent("""\
         version = "1.0"
         [metadata]
-        family = "mine"
+        category = "mine"
         [agent]
         timeout_sec = 30
         [verifier]
@@ -83,7 +85,8 @@ def hand_written(root: Path) -> Path:
 def test_a_hand_written_folder_runs_and_the_workspace_keeps_files_and_modes(tmp_path):
     env = make_env("terminal_tasks", tasks=str(hand_written(tmp_path)), max_turns=4)
     obs, info = env.reset(0)
-    assert "Make `tool.sh` executable" in obs and info["task"] == "count-and-flag"
+    assert "Make `tool.sh` executable" in obs and info == {"task": "count-and-flag",
+                                                          "category": "mine"}
     out, reward, done, _, _ = env.step("ls")
     assert "tool.sh" in out and "[exit 0]" in out and not done
     env.step("chmod +x tool.sh")
@@ -117,20 +120,13 @@ def test_the_last_turn_runs_the_tests_without_submit(tmp_path):
     assert done and reward == 1.0 and info["success"]
 
 
-def test_broken_task_folders_are_named(tmp_path):
+def test_bad_task_folders_are_config_errors_naming_them(tmp_path):
     folder = hand_written(tmp_path)
-    (folder / "task.toml").write_text("[agent\n")
-    with pytest.raises(ConfigError, match=r"count-and-flag/task.toml: not valid TOML"):
-        load_task(folder)
-    (folder / "task.toml").write_text("[agent]\ntimeout_sec = -1\n")
-    with pytest.raises(ConfigError, match=r"\[agent\] timeout_sec must be a positive number"):
-        load_task(folder)
-    (folder / "tests" / "test.sh").unlink()
-    with pytest.raises(ConfigError, match=r"not a task folder, it lacks tests/test.sh"):
-        load_task(folder)
-    with pytest.raises(ConfigError, match="holds no task folder"):
-        load_tasks(tmp_path / "count-and-flag" / "environment")
-    with pytest.raises(ConfigError, match="env.kwargs|no such task folder"):
+    (folder / "task.toml").write_text("[environment]\nallow_internet = true\n")
+    with pytest.raises(ConfigError, match=r"env.kwargs: .*task.toml: environment.allow_internet"
+                                          r".*needs the internet"):
+        make_env("terminal_tasks", tasks=str(folder))
+    with pytest.raises(ConfigError, match="env.kwargs: .*nowhere: no task folder"):
         make_env("terminal_tasks", tasks=str(tmp_path / "nowhere"))
 
 
@@ -143,4 +139,5 @@ def test_make_terminal_tasks_checks_the_suite_and_keeps_an_existing_one(tmp_path
     assert main(["make-terminal-tasks", "--out", str(out), "--train", "2"]) == 2
     assert sorted(p.name for p in (out / "train").iterdir()) == before
     task = load_task(out / "train" / before[0])
-    assert json.dumps(task.metadata) and task.solution and task.agent_timeout_s == 120.0
+    assert task.solution["solve.sh"] and task.config.agent.timeout_sec == 120.0
+    assert json.dumps(task.config.metadata.model_dump())
