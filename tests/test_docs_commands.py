@@ -131,6 +131,11 @@ ALLOWLIST = {
     **{command: "run as written by tests/test_terminal_tasks_doc.py" for command in (
         "reroll make-terminal-tasks --out data/terminal --check",
         "reroll envs --describe terminal_tasks --kwargs '{\"tasks\": \"data/terminal\"}'")},
+    # docs/sandbox.md's service: a server that runs until stopped; started as a subprocess the
+    # way the doc shows by tests/sandbox/test_sandbox_service.py.
+    "reroll sandbox serve": "a long-running server; tests/sandbox/test_sandbox_service.py",
+    "reroll sandbox serve --port 0 --config sessions.yaml":
+        "a long-running server; tests/sandbox/test_sandbox_service.py",
     # A template with placeholders; the concrete command is in AGENTIC_CHAIN.
     "reroll make-episodes --env ID --out F.jsonl": "a template (ID, F.jsonl)",
     # Benchmarks: minutes each; their figures are in docs/benchmarks.md.
