@@ -7,7 +7,7 @@ Phases (all on the real bubblewrap sandbox):
   2. warm      — trivial program, one at a time, through `SandboxPool` (sandboxes started ahead)
   3. parallel  — trivial program, `--concurrency` callers in closed loops through a pool of that
                  concurrency (on 2 cores, latency there is mostly waiting for a core)
-  4. testcases — a stdin/stdout solution checked against 10 test cases by `CodeReward`
+  4. testcases — a stdin/stdout solution checked against 10 test cases by `CodeRewardFn`
 
 Latency is measured around each `run` call (queue wait included). The last line printed is one
 JSON object; ``p50_ms`` is the warm one-at-a-time p50 of the trivial program (goal: < 50 ms),
@@ -32,7 +32,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table  # noqa: E402
 
 from reroll.rewards.base import RewardSample  # noqa: E402
-from reroll.rewards.code import CodeReward  # noqa: E402
+from reroll.rewards.code import CodeRewardFn  # noqa: E402
 from reroll.sandbox import Sandbox, SandboxPool  # noqa: E402
 from reroll.sandbox.metrics import percentile  # noqa: E402
 
@@ -93,7 +93,7 @@ async def parallel(
 
 
 async def testcases(pool: SandboxPool, samples: int, tests: int, progress) -> dict[str, float]:
-    reward = CodeReward(sandbox=pool, credit="fractional", time_limit_s=10)
+    reward = CodeRewardFn(sandbox=pool, credit="fractional", time_limit_s=10)
     answer = make_tests(tests)
     task = progress.add_task(f"testcases ({tests} tests/sample)", total=samples)
 

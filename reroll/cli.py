@@ -105,6 +105,42 @@ def cmd_make_episodes(args: argparse.Namespace) -> None:
     console.print(f"wrote {len(rows)} expert rows of {args.episodes} episodes to {path}")
 
 
+def cmd_make_terminal_tasks(args: argparse.Namespace) -> None:
+    import asyncio
+    from pathlib import Path
+
+    from reroll.envs.task_folder import load_suite
+    from reroll.envs.terminal_gen import write_suite
+    from reroll.envs.terminal_tasks import check
+    from reroll.sandbox import Sandbox
+
+    splits = [Path(args.out) / split for split in ("train", "heldout")]
+    if any(p.exists() and any(p.iterdir()) for p in splits) and not args.overwrite:
+        raise ConfigError(f"--out {args.out}: holds a suite already; pass --overwrite to replace "
+                          "it")
+    for path in splits:
+        if path.exists():
+            import shutil
+
+            shutil.rmtree(path)
+    counts = write_suite(args.out, args.train, args.heldout, args.seed)
+    console.print(f"wrote {args.train} train and {args.heldout} held-out tasks to {args.out} "
+                  f"({', '.join(f'{k} {v}' for k, v in counts.items())})")
+    if args.check:
+        tasks = load_suite(Path(args.out) / "train") + load_suite(Path(args.out) / "heldout")
+
+        async def check_all():
+            sandbox = Sandbox()
+            return await asyncio.gather(*(check(task, sandbox) for task in tasks))
+
+        broken = [why for why in asyncio.run(check_all()) if why]
+        if broken:
+            raise ConfigError(f"{len(broken)} of {len(tasks)} tasks are broken: " + "; ".join(
+                broken[:3]))
+        console.print(f"checked {len(tasks)} tasks in the sandbox: each fails before its "
+                      "solution and passes after it")
+
+
 def cmd_make_sft(args: argparse.Namespace) -> None:
     from reroll.data.rejection import rejection_rows
     from reroll.envs.episodes import write_expert_rows
@@ -397,6 +433,20 @@ def _add_data_commands(sub) -> None:
     p.add_argument("--kwargs", default="{}", help='env arguments as JSON, e.g. \'{"noise": 0.5}\'')
     p.add_argument("--system-prompt", default=None)
     p.set_defaults(fn=cmd_make_episodes)
+
+    p = sub.add_parser("make-terminal-tasks",
+                       help="write a generated suite of terminal task folders (Harbor layout: "
+                       "instruction.md, task.toml, environment/setup.sh, tests/test.sh, "
+                       "solution/solve.sh), train and held-out from disjoint generator seeds")
+    p.add_argument("--out", required=True, help="suite folder (gets train/ and heldout/)")
+    p.add_argument("--train", type=int, default=64, help="train tasks")
+    p.add_argument("--heldout", type=int, default=24, help="held-out tasks")
+    p.add_argument("--seed", type=int, default=0, help="first generator seed of the train tasks")
+    p.add_argument("--check", action="store_true",
+                   help="run every task in the sandbox: its tests must fail after its set-up "
+                        "and pass after its solution")
+    p.add_argument("--overwrite", action="store_true", help="replace a suite --out holds")
+    p.set_defaults(fn=cmd_make_terminal_tasks)
 
     p = sub.add_parser("make-sft", help="write SFT rows from a run's recorded rollouts or eval "
                        "samples whose reward is at least --min-reward (rejection sampling)")

@@ -122,6 +122,23 @@ ALLOWLIST = {
     "reroll check-model models/smollm2 --diagnose": "needs the imported 135M model; --diagnose "
                                                     "is tested on the tiny model in "
                                                     "tests/models/test_mismatch.py",
+    # docs/terminal-tasks.md: its commands run in tests/test_terminal_tasks_doc.py, in order,
+    # the SFT, GRPO and eval shrunk (listed there).
+    **{command: "run shrunk by tests/test_terminal_tasks_doc.py" for command in (
+        "reroll make-episodes --env terminal_tasks --kwargs '{\"tasks\": \"data/terminal\"}' "
+        "--episodes 64 --out data/terminal/sft.jsonl",
+        "reroll sft examples/agentic/terminal_tasks_sft.yaml",
+        "reroll train examples/agentic/terminal_tasks.yaml",
+        "reroll eval --model runs/terminal-tasks/checkpoints/step_20 --env terminal_tasks "
+        "--env-kwargs '{\"tasks\": \"data/terminal\"}' --episodes 24 --n 4 --max-turns 4")},
+    **{command: "run as written by tests/test_terminal_tasks_doc.py" for command in (
+        "reroll make-terminal-tasks --out data/terminal --check",
+        "reroll envs --describe terminal_tasks --kwargs '{\"tasks\": \"data/terminal\"}'")},
+    # docs/sandbox.md's service: a server that runs until stopped; started as a subprocess the
+    # way the doc shows by tests/sandbox/test_sandbox_service.py.
+    "reroll sandbox serve": "a long-running server; tests/sandbox/test_sandbox_service.py",
+    "reroll sandbox serve --port 0 --config sessions.yaml":
+        "a long-running server; tests/sandbox/test_sandbox_service.py",
     # A template with placeholders; the concrete command is in AGENTIC_CHAIN.
     "reroll make-episodes --env ID --out F.jsonl": "a template (ID, F.jsonl)",
     # Benchmarks: minutes each; their figures are in docs/benchmarks.md.

@@ -20,6 +20,7 @@ from reroll.envs.gem_adapter import PREFIX as GEM_PREFIX
 from reroll.envs.gem_adapter import GemEnv
 from reroll.envs.grids import FrozenLakeEnv, SokobanEnv
 from reroll.envs.guess_number import GuessNumberEnv
+from reroll.envs.terminal_tasks import TerminalTasksEnv
 from reroll.envs.tools import MathEnv, PythonTool, TerminalEnv
 from reroll.envs.user import check_kwargs, check_protocol, is_user_id, load_factory
 from reroll.envs.wrappers import EpisodeStats, MaxTurns
@@ -51,6 +52,9 @@ def env_specs() -> dict[str, EnvSpec]:
                 "big-number arithmetic with a native `calculator` tool call (expert: call, answer)"),
         EnvSpec("terminal", TerminalEnv,
                 "shell tasks in a Sandbox, checked by the task's test script (Terminal-Bench style)"),
+        EnvSpec("terminal_tasks", TerminalTasksEnv,
+                "task folders in the Harbor/Terminal-Bench layout (`reroll make-terminal-tasks` "
+                "writes a suite): shell commands in a Sandbox, the task's tests decide"),
     ]
     return {spec.id: spec for spec in specs}
 

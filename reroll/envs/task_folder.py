@@ -21,7 +21,7 @@ import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from reroll.sandbox import ExecResult, Limits, SessionSpec
 
@@ -72,6 +72,17 @@ class _Environment(BaseModel):
     """Harbor's prebuilt image: ignored (there is no Docker; environment/setup.sh builds)."""
     gpus: int | None = Field(None, ge=0)
     """Ignored (sessions have no GPU)."""
+    allow_internet: bool = False
+    """Harbor's network switch: reroll's sandboxes have no network, so a task that needs it
+    (true) is refused."""
+
+    @field_validator("allow_internet")
+    @classmethod
+    def _offline(cls, value: bool) -> bool:
+        if value:
+            raise ValueError("the task needs the internet, and reroll's sandboxes have no "
+                             "network")
+        return value
 
 
 class TaskToml(BaseModel):

@@ -1,55 +1,45 @@
-"""The rewards that hold a model of their own, built where they run: the judge of `reward:
-{type: judge}` over a reroll engine (`rewards.judge` knows nothing of engines: rewards sit below
-them, so the pipeline builds the engine and hands the reward a `generate` function, judge
-prompt text -> reply text), and the reward model of `reward: {type: model}`, each on the device
-`reward.device` resolves to in the process that builds it."""
+"""What the rewards that hold a model of their own need from above the rewards layer, built in
+the process where the reward runs: the engine of `reward: {type: judge}` (a reroll engine, local
+or `remote`; `rewards.judge` is handed its `generate`, judge prompt text -> reply text), and the
+device `reward.device` resolves to there. `rewards.build_reward` builds every reward."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from functools import partial
 
-from reroll.config.schema import JudgeReward
+from reroll.config.rewards import JudgeReward, LearnedReward, RewardSection
 from reroll.engines import build_engine
 from reroll.engines.base import Request, SamplingParams
 from reroll.models.devices import machine_devices, resolve_device
 from reroll.models.loading import load_tokenizer
 from reroll.rewards import RewardFn, build_reward
-from reroll.rewards.judge import JudgeRewardFn, parse_choice, parse_score
+from reroll.rewards.judge import Generate
 
 
-def reward_factory(config, seed: int = 0) -> Callable[[], RewardFn]:
-    """What builds a `reward:` section's reward, in this process or inside a reward actor: a
-    judge (its engine sits above rewards) or a reward model here, on the device of the process
-    that calls it; the others by `rewards.build_reward`."""
-    if config.type == "judge":
-        return partial(build_judge, config, seed)
-    if config.type == "model":
-        return partial(build_model_reward, config)
-    return partial(build_reward, config)
+def reward_factory(config: RewardSection, seed: int = 0) -> Callable[[], RewardFn]:
+    """What builds a `reward:` section's reward, in this process or inside a reward actor (it
+    pickles): `rewards.build_reward` with the device and judge engine of the process calling it."""
+    return partial(build_here, config, seed)
 
 
-def reward_device(config) -> str:
-    """`reward.device` in the process building the reward: `cpu` or `cuda:0`."""
+def build_here(config: RewardSection, seed: int = 0) -> RewardFn:
+    """The section's reward built in this process, on this process's device."""
+    return build_reward(config, device=reward_device(config),
+                        judge_engine=partial(judge_engine, seed=seed))
+
+
+def reward_device(config: RewardSection) -> str:
+    """`reward.device` in the process building the reward: `cpu` or `cuda:0` (`cpu` for the
+    rewards that hold no model)."""
+    if not isinstance(config, LearnedReward):
+        return "cpu"
     return resolve_device(config.device, machine_devices()[0], "reward.device")
 
 
-def build_model_reward(config) -> RewardFn:
-    """`reward: {type: model}` on its device."""
-    return build_reward(config, device=reward_device(config))
-
-
-def judge_parser(config: JudgeReward):
-    """The verdict parser `config.verdict` asks for: reply text -> reward."""
-    if config.verdict == "score":
-        return partial(parse_score, low=config.score_min, high=config.score_max,
-                       pattern=config.score_pattern)
-    return partial(parse_choice, choices=config.choices)
-
-
-def build_judge(config: JudgeReward, seed: int = 0) -> JudgeRewardFn:
-    """The judge reward: its engine and tokenizer loaded now (a bad `model` folder is a
-    ConfigError at start-up), prompts templated with the judge's chat template."""
+def judge_engine(config: JudgeReward, seed: int = 0) -> tuple[Generate, Callable[[], None]]:
+    """The judge's engine and tokenizer loaded now (a bad `model` folder is a ConfigError at
+    start-up), prompts templated with the judge's chat template: (`generate`, close)."""
     tokenizer = load_tokenizer(config.model, field="reward.model")
     count, bf16 = machine_devices()
     # `reward.device` is the hf engine's; vLLM places itself, a remote judge is elsewhere
@@ -69,5 +59,4 @@ def build_judge(config: JudgeReward, seed: int = 0) -> JudgeRewardFn:
         completion = await engine.generate(Request(ids, params, seed=seed * 7919 + attempt))
         return tokenizer.decode(completion.token_ids, skip_special_tokens=True)
 
-    return JudgeRewardFn(generate, config.template, judge_parser(config), config.retries,
-                         config.cache, close=engine.close)
+    return generate, engine.close

@@ -21,6 +21,7 @@ import torch
 from tensordict import TensorDict
 
 from reroll.config.errors import ConfigError
+from reroll.config.rewards import JudgeReward
 from reroll.config.schema import RLConfig
 from reroll.distributed.cluster import Cluster, LocalExecutor, RayExecutor, WorkerSpec
 from reroll.distributed.engine_actor import start_engine_actor
@@ -296,7 +297,7 @@ def remote_reward(c: RLConfig, factory: Callable[[], RewardFn]) -> RewardFn | No
     if d.executor != "ray" or d.reward is None:
         return None
     ensure_ray(d.ray_address, d.num_cpus)
-    if c.reward.type == "judge":
+    if isinstance(c.reward, JudgeReward):
         # a bad folder: a ConfigError here, not in an actor
         load_tokenizer(c.reward.model, field="reward.model")
     options = role_options(d, ray_role_names(c), "reward")

@@ -340,7 +340,7 @@ def _short(value: Any) -> str:
     return text if len(text) <= 120 else text[:117] + "..."
 
 
-class CodeReward:
+class CodeRewardFn:
     """``RewardFn`` that scores a program by the test cases it passes (see the module docstring).
 
     ``sandbox`` is anything with `Sandbox.run`'s signature — pass a shared `SandboxPool` to bound

@@ -18,6 +18,7 @@ import asyncio
 import re
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from functools import partial
 
 from reroll.rewards.base import RewardResult, RewardSample
 
@@ -45,6 +46,15 @@ def parse_score(text: str, low: float, high: float, pattern: str | None = None) 
     if not low <= value <= high:
         raise VerdictError(f"score {value} outside [{low}, {high}] in {text[:200]!r}")
     return (value - low) / (high - low)
+
+
+def judge_parser(config) -> Callable[[str], float]:
+    """The verdict parser a `reward: {type: judge}` section's `verdict` asks for: reply text ->
+    reward."""
+    if config.verdict == "score":
+        return partial(parse_score, low=config.score_min, high=config.score_max,
+                       pattern=config.score_pattern)
+    return partial(parse_choice, choices=config.choices)
 
 
 def parse_choice(text: str, choices: dict[str, float]) -> float:

@@ -119,9 +119,9 @@ def test_code_task_demonstrations_pass_their_asserts_unless_sloppy(tmp_path):
     demonstration passes its three asserts; a sloppy one (it adds where the prompt says minus
     or times) fails; eval prompts never appear in train."""
     from reroll.data.tasks import code_rows, write_code
-    from reroll.rewards.code import CodeReward
+    from reroll.rewards.code import CodeRewardFn
 
-    reward = CodeReward(time_limit_s=5)
+    reward = CodeRewardFn(time_limit_s=5)
     rows = list(code_rows(12, seed=3, sloppy_frac=0.5))
     sloppy = [" plus " not in r["prompt"] and "return x + " in r["response"] for r in rows]
     assert any(sloppy) and not all(sloppy)

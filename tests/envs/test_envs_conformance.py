@@ -11,7 +11,7 @@ from reroll.envs import AsyncVectorEnv, EnvError, env_specs, make_env, step_asyn
 from reroll.envs.countdown import evaluate, solve
 
 ENV_IDS = sorted(env_specs())
-SANDBOXED = {"math_python", "terminal"}
+SANDBOXED = {"math_python", "terminal", "terminal_tasks"}
 
 
 def _seeds(env_id: str) -> range:

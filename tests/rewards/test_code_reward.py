@@ -12,8 +12,8 @@ import pytest
 
 from reroll.rewards.base import RewardFn, RewardSample
 from reroll.rewards.code import (
-    CodeReward,
     CodeRewardConfig,
+    CodeRewardFn,
     extract_code,
     outputs_match,
     parse_tests,
@@ -51,13 +51,13 @@ def md(code: str) -> str:
 
 
 @pytest.fixture(scope="module")
-def strict() -> CodeReward:
-    return CodeReward(time_limit_s=2)
+def strict() -> CodeRewardFn:
+    return CodeRewardFn(time_limit_s=2)
 
 
 @pytest.fixture(scope="module")
-def fractional() -> CodeReward:
-    return CodeReward(credit="fractional", time_limit_s=2)
+def fractional() -> CodeRewardFn:
+    return CodeRewardFn(credit="fractional", time_limit_s=2)
 
 
 def test_it_is_a_reward_fn(strict):
@@ -95,7 +95,7 @@ def test_crashing_program(strict, fractional):
 
 def test_timing_out_program_hits_the_per_test_limit(fractional):
     slow = "a, b = map(int, input().split())\nif a == 10:\n    while True:\n        pass\nprint(a + b)\n"
-    reward = CodeReward(credit="fractional", time_limit_s=1)
+    reward = CodeRewardFn(credit="fractional", time_limit_s=1)
     result = score(reward, md(slow), STDIO_TESTS)
     assert result.score == pytest.approx(2 / 3)
     assert result.info["statuses"][1] == "time_limit"
@@ -105,7 +105,7 @@ def test_timing_out_program_hits_the_per_test_limit(fractional):
 def test_all_or_nothing_stops_at_the_first_failure_and_kills_running_tests():
     tests = json.dumps({"inputs": ["0", "1", "2", "3"], "outputs": ["0", "1", "2", "3"]})
     program = "import time\nn = int(input())\nif n > 0:\n    time.sleep(30)\nprint(-1)\n"
-    reward = CodeReward(time_limit_s=30, parallel_tests=2)
+    reward = CodeRewardFn(time_limit_s=30, parallel_tests=2)
     started = time.perf_counter()
     result = score(reward, md(program), tests)
     assert time.perf_counter() - started < 10  # test 1, already running, was killed
@@ -114,7 +114,7 @@ def test_all_or_nothing_stops_at_the_first_failure_and_kills_running_tests():
 
 
 def test_time_limit_from_metadata_overrides_the_default():
-    reward = CodeReward(time_limit_s=30)
+    reward = CodeRewardFn(time_limit_s=30)
     sleeper = "import time\ntime.sleep(10)\nprint(3)\n"
     result = score(
         reward, md(sleeper), json.dumps({"inputs": ["1 2"], "outputs": ["3"]}), time_limit_s=0.5
@@ -154,7 +154,7 @@ def test_function_call_style_livecodebench_with_solution_class(fractional):
 
 def test_function_call_timeout(fractional):
     looping = "def add(a, b):\n    while a < 0:\n        pass\n    return a + b\n"
-    reward = CodeReward(credit="fractional", time_limit_s=1)
+    reward = CodeRewardFn(credit="fractional", time_limit_s=1)
     result = score(reward, md(looping), CALL_TESTS)
     assert result.score == pytest.approx(2 / 3) and result.info["statuses"][2] == "time_limit"
 
@@ -187,7 +187,7 @@ def test_raw_code_without_markdown_and_missing_code(strict):
 def test_shared_pool_can_be_injected():
     async def scenario():
         async with SandboxPool(concurrency=4) as pool:
-            reward = CodeReward(sandbox=pool, credit="fractional")
+            reward = CodeRewardFn(sandbox=pool, credit="fractional")
             samples = [
                 RewardSample("p", md(ADD_CORRECT), STDIO_TESTS),
                 RewardSample("p", md(ADD_WRONG_ON_NEGATIVE), STDIO_TESTS),

@@ -6,7 +6,7 @@ import asyncio
 import pytest
 
 from reroll.config.schema import RLConfig
-from reroll.pipelines.judge import build_judge
+from reroll.pipelines.judge import build_here
 from reroll.rewards import build_runner
 from reroll.rewards.base import RewardSample
 from reroll.rewards.judge import (
@@ -122,7 +122,7 @@ def test_a_judge_on_the_hf_engine_of_the_tiny_model(tiny_model):
     random tiny model says no verdict word, so with a choice of every token it says something."""
     config = reward_config(model=tiny_model, verdict="score", max_new_tokens=8, retries=1,
                            score_pattern=r"(\d)", score_min=0, score_max=9).reward
-    fn = build_judge(config)
+    fn = build_here(config)
     runner = build_runner(config, fn)
 
     async def run():

@@ -8,7 +8,7 @@ import psutil
 import pytest
 
 from reroll.config.schema import RLConfig
-from reroll.pipelines.judge import build_judge
+from reroll.pipelines.judge import build_here
 from reroll.rewards import build_runner
 from reroll.rewards.base import RewardSample
 
@@ -36,7 +36,7 @@ def engine_cores() -> int:
 def judge_replies(config) -> tuple[list[str], int]:
     """The judge's greedy reply to each sample's judge prompt, and the live vLLM engine cores
     while the judge was up."""
-    fn = build_judge(config)
+    fn = build_here(config)
     workers = engine_cores()
     try:
         replies = asyncio.run(_all(fn, [fn.judge_prompt(s) for s in SAMPLES]))
@@ -63,7 +63,7 @@ def test_a_vllm_judge_runs_in_its_own_process_and_replies_as_the_hf_judge(digit_
 def test_a_vllm_judge_scores_through_the_reward_runner(digit_judge):
     """The path a run takes: the runner's time limit and counters around the vLLM judge."""
     config = judge_config(digit_judge, {"type": "vllm", "max_num_seqs": 8})
-    fn = build_judge(config)
+    fn = build_here(config)
     runner = build_runner(config, fn)
 
     async def run():
