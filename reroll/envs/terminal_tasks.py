@@ -108,15 +108,14 @@ class TerminalTasksEnv:
     shell command per turn (its output and exit code come back), and `submit` (or the last turn)
     runs the task's tests: the reward is theirs.
 
+    Training episodes draw train/ tasks (or the folder's), evaluations (seeds >= 10^6) heldout/.
+
     Args:
-        tasks: a suite (`reroll make-terminal-tasks` writes one: train/ and heldout/), one split
-            of it, or one task folder; None: the suite of `reroll make-terminal-tasks`' defaults
-            (64 train and 24 held-out tasks, seed 0). Training episodes draw from train/ (or the
-            folder itself), evaluation episodes (seeds >= 10^6) from heldout/ when there is one.
-        max_turns: shell commands per episode, `submit` included; the last runs the tests too.
+        tasks: a suite (train/, heldout/), a split or one task folder; None: the default suite.
+        max_turns: commands per episode, `submit` included; the last runs the tests too.
         max_output_chars: a command's output is cut to this many characters.
-        command_timeout_s: wall-clock limit of one command (the task's [agent] timeout_sec bounds
-            the episode's commands together).
+        command_timeout_s: one command's time limit (the task's agent timeout_sec: all of them).
+        sandbox: the Sandbox to run in (default: a new one with the default backend).
     """
 
     def __init__(self, tasks: str | None = None, max_turns: int = 6,
