@@ -66,6 +66,9 @@ def test_sft_on_smollm2_lowers_the_loss(tmp_path, smollm2, arithmetic):
         "data": {"train": arithmetic["eval"], "response_key": "solution"}, "epochs": 2.0,
         "batch_size": 16, "optimizer": {"lr": 5e-5}, "train": {"micro_batch_size": 16,
                                                               "num_threads": 2},
+        # only the final checkpoint: by default a 4-step run writes one every step (the 135M
+        # model's weights and its optimizer's state, ~1.6 GB each), and nothing here resumes
+        "checkpoint": {"every_steps": 0},
         "tracking": {"progress": False, "tensorboard": False},
     }
     path = tmp_path / "sft.yaml"
