@@ -56,9 +56,16 @@ xdist workers take whole files (`--dist loadfile`), and a long file handed out l
 other worker idle for its whole length. The rest keep their collected order."""
 
 
-def pytest_collection_modifyitems(config, items) -> None:
+def heavy_first(nodeids: list[str]) -> list[str]:
+    """`nodeids` with HEAVY_FIRST's files first, in its order; each file's tests, and the other
+    files, in the order given."""
     rank = {path: i for i, path in enumerate(HEAVY_FIRST)}
-    items.sort(key=lambda item: rank.get(item.nodeid.split("::", 1)[0], len(rank)))
+    return sorted(nodeids, key=lambda nodeid: rank.get(nodeid.split("::", 1)[0], len(rank)))
+
+
+def pytest_collection_modifyitems(config, items) -> None:
+    order = {nodeid: i for i, nodeid in enumerate(heavy_first([item.nodeid for item in items]))}
+    items.sort(key=lambda item: order[item.nodeid])
     for item in items:
         if any(fnmatch.fnmatchcase(item.nodeid, pattern) for pattern in BWRAP_TESTS):
             item.add_marker(pytest.mark.bwrap)
