@@ -18,6 +18,7 @@ import re
 import shlex
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -350,7 +351,10 @@ def run_documented(command: str, cwd: Path, timeout: int = 600) -> subprocess.Co
 
 def _run_chain(chain: list[str], cwd: Path) -> None:
     for command in chain:
+        start = time.monotonic()
         result = run_documented(command, cwd)
+        # shown with a failure or a timeout: where the chain's time went
+        print(f"{time.monotonic() - start:7.1f} s  {command}")
         output = (result.stdout + result.stderr)[-3000:]
         assert result.returncode == 0, f"`{command}` failed (exit {result.returncode}):\n{output}"
 
