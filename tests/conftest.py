@@ -91,13 +91,13 @@ def session_cache(tmp_path_factory):
     root.mkdir(exist_ok=True)
 
     def get(name: str, build) -> Path:
-        target = root / name
-        with FileLock(f"{target}.lock"):
-            if not (target / ".built").is_file():
+        target, built = root / name, root / f"{name}.built"  # the marker outside: a model
+        with FileLock(f"{target}.lock"):                      # folder holds only the model
+            if not built.is_file():
                 shutil.rmtree(target, ignore_errors=True)
                 target.mkdir()
                 build(target)
-                (target / ".built").touch()
+                built.touch()
         return target
 
     return get
