@@ -129,9 +129,11 @@ test: $(STAMP)
 	$(TIER) "gpu" ; rc=$$?; [ $$rc -eq 0 -o $$rc -eq 5 ] || exit $$rc
 	@# unit and e2e: two workers of one torch thread each, a test file per worker at a time (its
 	@# module fixtures built once). On the 2-core machine: unit 105 s where one process of two
-	@# threads took 195; e2e 19 min where it took 29-31
+	@# threads took 195; e2e 19 min where it took 29-31. The e2e files go out longest first
+	@# (tests/conftest.py's HEAVY_FIRST; --no-loadscope-reorder keeps that order), so that no
+	@# long file starts last while the other worker has nothing left to do
 	OMP_NUM_THREADS=1 $(TIER) "unit or not (e2e or ray or vllm or gpu)" -n 2 --dist loadfile ; rc=$$?; [ $$rc -eq 0 -o $$rc -eq 5 ] || exit $$rc
-	OMP_NUM_THREADS=1 $(TIER) "e2e and not (ray or vllm or gpu)" -n 2 --dist loadfile ; rc=$$?; [ $$rc -eq 0 -o $$rc -eq 5 ] || exit $$rc
+	OMP_NUM_THREADS=1 $(TIER) "e2e and not (ray or vllm or gpu)" -n 2 --dist loadfile --no-loadscope-reorder ; rc=$$?; [ $$rc -eq 0 -o $$rc -eq 5 ] || exit $$rc
 	$(TIER) "ray and not (gpu or multinode)" ; rc=$$?; [ $$rc -eq 0 -o $$rc -eq 5 ] || exit $$rc
 	$(TIER) "multinode and not gpu" ; rc=$$?; [ $$rc -eq 0 -o $$rc -eq 5 ] || exit $$rc
 	$(TIER) "vllm and not gpu" ; rc=$$?; [ $$rc -eq 0 -o $$rc -eq 5 ] || exit $$rc

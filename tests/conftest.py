@@ -40,7 +40,32 @@ def missing_sandbox() -> str | None:
     return None
 
 
+HEAVY_FIRST = (
+    "tests/test_docs_commands.py",
+    "tests/pipelines/test_rm_rlvr_e2e.py",
+    "tests/pipelines/test_dpo_e2e.py",
+    "tests/pipelines/test_real_model_e2e.py",
+    "tests/pipelines/test_distill_e2e.py",
+    "tests/rollout/test_agentic_demo_e2e.py",
+    "tests/rollout/test_gateway_training_e2e.py",
+    "tests/pipelines/test_recipes_e2e.py",
+    "tests/test_api_docs.py",
+)
+"""The e2e tier's longest files (minutes each, `--durations` of `make test`), run first: two
+xdist workers take whole files (`--dist loadfile`), and a long file handed out last leaves the
+other worker idle for its whole length. The rest keep their collected order."""
+
+
+def heavy_first(nodeids: list[str]) -> list[str]:
+    """`nodeids` with HEAVY_FIRST's files first, in its order; each file's tests, and the other
+    files, in the order given."""
+    rank = {path: i for i, path in enumerate(HEAVY_FIRST)}
+    return sorted(nodeids, key=lambda nodeid: rank.get(nodeid.split("::", 1)[0], len(rank)))
+
+
 def pytest_collection_modifyitems(config, items) -> None:
+    order = {nodeid: i for i, nodeid in enumerate(heavy_first([item.nodeid for item in items]))}
+    items.sort(key=lambda item: order[item.nodeid])
     for item in items:
         if any(fnmatch.fnmatchcase(item.nodeid, pattern) for pattern in BWRAP_TESTS):
             item.add_marker(pytest.mark.bwrap)
@@ -55,10 +80,34 @@ def pytest_collection_modifyitems(config, items) -> None:
 
 
 @pytest.fixture(scope="session")
-def tiny_model(tmp_path_factory) -> str:
+def session_cache(tmp_path_factory):
+    """`session_cache(name, build)`: the folder `name`, written by `build(folder)` once per test
+    session and shared by its xdist workers: it lives under the controller's base folder, the
+    first worker to ask builds it while the others wait on its lock (`make test` runs two)."""
+    from filelock import FileLock
+
+    base = tmp_path_factory.getbasetemp()
+    root = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "shared"
+    root.mkdir(exist_ok=True)
+
+    def get(name: str, build) -> Path:
+        target, built = root / name, root / f"{name}.built"  # the marker outside: a model
+        with FileLock(f"{target}.lock"):                      # folder holds only the model
+            if not built.is_file():
+                shutil.rmtree(target, ignore_errors=True)
+                target.mkdir()
+                build(target)
+                built.touch()
+        return target
+
+    return get
+
+
+@pytest.fixture(scope="session")
+def tiny_model(session_cache) -> str:
     from reroll.models.factory import make_model
 
-    return str(make_model(tmp_path_factory.mktemp("models") / "tiny", "tiny", seed=0))
+    return str(session_cache("tiny", lambda out: make_model(out, "tiny", seed=0)))
 
 
 @pytest.fixture(scope="session")

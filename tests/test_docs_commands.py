@@ -18,6 +18,7 @@ import re
 import shlex
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -42,8 +43,8 @@ ARITHMETIC_CHAIN = [
     "reroll make-model --out models/tiny",
     "reroll make-data --out data/arithmetic",
     "reroll sft examples/arithmetic/sft.yaml",
-    "reroll train examples/arithmetic/grpo.yaml optimizer.lr=3e-4 steps=80",
-    "reroll train examples/arithmetic/grpo.yaml resume=true steps=100",
+    "reroll train examples/arithmetic/grpo.yaml optimizer.lr=3e-4 steps=10",
+    "reroll train examples/arithmetic/grpo.yaml resume=true steps=20",
     "reroll train examples/arithmetic/grpo.yaml overwrite=true",
     "reroll view runs/arithmetic-grpo",
     "reroll view runs/arithmetic-grpo --out /tmp/r.html",
@@ -370,7 +371,10 @@ def run_documented(command: str, cwd: Path, timeout: int = 600) -> subprocess.Co
 
 def _run_chain(chain: list[str], cwd: Path) -> None:
     for command in chain:
+        start = time.monotonic()
         result = run_documented(command, cwd)
+        # shown with a failure or a timeout: where the chain's time went
+        print(f"{time.monotonic() - start:7.1f} s  {command}")
         output = (result.stdout + result.stderr)[-3000:]
         assert result.returncode == 0, f"`{command}` failed (exit {result.returncode}):\n{output}"
 

@@ -27,8 +27,8 @@ pytestmark = pytest.mark.e2e
 
 
 @pytest.fixture(scope="module")
-def warm_model(tmp_path_factory, tiny_model):
-    return shared_warm_model(tmp_path_factory, tiny_model)
+def warm_model(session_cache, tiny_model):
+    return shared_warm_model(session_cache, tiny_model)
 
 
 def distill_config(tmp_path, student: str, teacher: dict, steps: int, **distill) -> str:

@@ -24,8 +24,8 @@ LORA = {"rank": 8, "alpha": 16}
 
 
 @pytest.fixture(scope="module")
-def warm_model(tmp_path_factory, tiny_model):
-    return shared_warm_model(tmp_path_factory, tiny_model)
+def warm_model(session_cache, tiny_model):
+    return shared_warm_model(session_cache, tiny_model)
 
 
 def write(path: Path, data: dict) -> Path:

@@ -14,8 +14,8 @@ pytestmark = [pytest.mark.vllm, pytest.mark.e2e]
 
 
 @pytest.fixture(scope="module")
-def warm_model(tmp_path_factory, tiny_model):
-    return shared_warm_model(tmp_path_factory, tiny_model)
+def warm_model(session_cache, tiny_model):
+    return shared_warm_model(session_cache, tiny_model)
 
 
 def test_lora_grpo_with_vllm_syncs_the_adapter_alone(tmp_path, warm_model):

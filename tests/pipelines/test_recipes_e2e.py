@@ -19,16 +19,14 @@ ROOT = Path(__file__).resolve().parents[2]
 RECIPES = sorted((ROOT / "examples" / "recipes").glob("*.yaml"))
 
 
-def shared_warm_model(tmp_path_factory, tiny_model) -> dict:
+def shared_warm_model(session_cache, tiny_model) -> dict:
     """The tiny model after a short SFT on single-digit additions (as in test_rlvr_e2e.py), built
-    once per test session in the session's base folder, for every module that asks for it."""
+    once per test session (`session_cache`: shared by the xdist workers too), for every module
+    that asks for it."""
     from reroll.data.tasks import write_arithmetic
     from reroll.pipelines.sft import train_sft
 
-    root = tmp_path_factory.getbasetemp() / "warm-arithmetic"
-    final = root / "sft" / "final"
-    data = {"train": root / "data" / "train.jsonl", "eval": root / "data" / "eval.jsonl"}
-    if not (final / "config.json").is_file():
+    def build(root: Path) -> None:
         data = write_arithmetic(root / "data", train_size=1200, eval_size=16, seed=0, levels=(1,))
         config = root / "sft.yaml"
         config.write_text(yaml.safe_dump({
@@ -38,12 +36,15 @@ def shared_warm_model(tmp_path_factory, tiny_model) -> dict:
             "train": {"micro_batch_size": 32},
             "tracking": {"progress": False, "tensorboard": False}}))
         train_sft(load_config(config, expect="sft"))
-    return {"model": str(final), "train": str(data["train"]), "eval": str(data["eval"])}
+
+    root = session_cache("warm-arithmetic", build)
+    return {"model": str(root / "sft" / "final"), "train": str(root / "data" / "train.jsonl"),
+            "eval": str(root / "data" / "eval.jsonl")}
 
 
 @pytest.fixture(scope="module")
-def warm_model(tmp_path_factory, tiny_model):
-    return shared_warm_model(tmp_path_factory, tiny_model)
+def warm_model(session_cache, tiny_model):
+    return shared_warm_model(session_cache, tiny_model)
 
 
 def recipe_config(name: str, run_dir: Path, warm: dict, steps: int, **sections) -> RLConfig:

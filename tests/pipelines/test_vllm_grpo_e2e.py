@@ -17,8 +17,8 @@ SMALL = {"rollout": {"prompts_per_step": 4, "group_size": 4, "max_new_tokens": 2
 
 
 @pytest.fixture(scope="module")
-def warm_model(tmp_path_factory, tiny_model):
-    return shared_warm_model(tmp_path_factory, tiny_model)
+def warm_model(session_cache, tiny_model):
+    return shared_warm_model(session_cache, tiny_model)
 
 
 def test_grpo_with_vllm_reaches_the_eval_reward_of_hf(tmp_path, warm_model):
