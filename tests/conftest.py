@@ -50,6 +50,7 @@ HEAVY_FIRST = (
     "tests/rollout/test_gateway_training_e2e.py",
     "tests/pipelines/test_recipes_e2e.py",
     "tests/test_api_docs.py",
+    "tests/test_terminal_tasks_doc.py",
 )
 """The e2e tier's longest files (minutes each, `--durations` of `make test`), run first: two
 xdist workers take whole files (`--dist loadfile`), and a long file handed out last leaves the
