@@ -318,7 +318,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_model_commands(sub)
     _add_data_commands(sub)
 
-    from reroll.evaluation import add_eval_parser
+    from reroll.evaluation_command import add_eval_parser
     from reroll.export import add_export_parser
     from reroll.pipelines.replay import add_replay_parser
     from reroll.sandbox.service import add_sandbox_parser

@@ -5,26 +5,26 @@ Each prompt gets `n` samples; a sample counts as correct when its reward reaches
 pass@k uses the unbiased estimator of Chen et al. (2021), 1 - C(n-c, k) / C(n, k) averaged over
 prompts, so pass@1 is the mean share of correct samples and pass@n is "any sample right";
 mean@k is the mean reward of the samples (for rewards that are not 0/1).
-A multi-domain run's model is evaluated on each of its domains' held-out sets, with each
-domain's reward (`reroll.evaluation_domains`).
+The samples come from the task training evaluates on, built by the same factories (the prompt
+task, a multi-domain run's domains, an environment) and its `evaluate`, which keeps them grouped
+per prompt or env seed (`Task.eval_sets`); only the pass@k on top is computed here. The flags and
+the settings of the model's run are `reroll.evaluation_settings`'s, the command line
+`reroll.evaluation_command`'s.
 """
 
 from __future__ import annotations
 
-import argparse
 import functools
-import json
 import math
 import re
 import tempfile
 import time
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from reroll import settings
 from reroll.config.errors import ConfigError
-from reroll.config.pipelines import kind_of
 
 BUILTIN_TASKS = ("arithmetic",)
 
@@ -87,6 +87,8 @@ class EvalSpec:
     threads: int | None = None
     """torch threads of this process (None: torch's default, every core; `reroll eval` without
     `--threads` gives fewer on a machine already busy: `default_threads`)."""
+    history_thinking: str | None = None
+    """Episodes: the run's `env.history_thinking` (None: `keep`, as training's agent loop)."""
     domains: list[Any] | None = None
     """A multi-domain run's `data.domains` (DomainConfig, a file domain's reward resolved):
     each domain is evaluated on its held-out set with its own reward."""
@@ -114,7 +116,6 @@ def evaluate(spec: EvalSpec) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     import torch
 
     from reroll.data.batch import trajectory_row
-    from reroll.engines.base import SamplingParams
     from reroll.models.loading import load_tokenizer
 
     ks = spec.k_values()
@@ -122,25 +123,16 @@ def evaluate(spec: EvalSpec) -> tuple[dict[str, Any], list[dict[str, Any]]]:
         torch.set_num_threads(spec.threads)
     tokenizer = load_tokenizer(spec.model)
     scratch = tempfile.TemporaryDirectory(prefix="reroll-eval-")
-    engine = _engine(spec, tokenizer, Path(scratch.name))
-    params = SamplingParams(spec.max_new_tokens, spec.sampling_temperature(), spec.top_p, 0,
-                            (tokenizer.eos_token_id,))
-    start = time.perf_counter()
+    tasks: list = []
     try:
-        if spec.env:
-            parts = {env_id: _play_env(spec, env_id, engine, tokenizer, params)
-                     for env_id in spec.env.split(",")}
-        elif spec.domains:
-            parts = {d.name: _sample_domain(spec, d, engine, tokenizer, params)
-                     for d in spec.domains}
-        else:
-            parts = {spec.task: _sample_task(spec, engine, tokenizer, params)}
+        # The tasks first: a bad env id, prompt file or reward fails before the model loads.
+        for build in _task_builders(spec, tokenizer, Path(scratch.name)):
+            tasks.append(build())
+        sets, seconds = _sample(spec, tasks, tokenizer, Path(scratch.name))
     finally:
-        # vLLM's engine core is a process of its own: left to the interpreter's exit it dies
-        # first and the client prints EngineDeadError.
-        engine.close()
+        for task in tasks:
+            task.close()
         scratch.cleanup()
-    seconds = time.perf_counter() - start
     results: dict[str, Any] = {"model": spec.model, "task": spec.task, "env": spec.env,
                                "engine": spec.engine, "n": spec.n,
                                "temperature": spec.sampling_temperature(),
@@ -149,131 +141,162 @@ def evaluate(spec: EvalSpec) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     if spec.run_config:
         results |= {"run_config": spec.run_config, "taken_from_run": dict(spec.taken)}
     per_part, samples, tokens, count = {}, [], 0, 0
-    for name, (trajectories, extra) in parts.items():
-        groups = len(trajectories) // spec.n
-        scores = [[t.reward for t in trajectories[i * spec.n:(i + 1) * spec.n]]
-                  for i in range(groups)]
-        per_part[name] = {"prompts": groups, **summarize(scores, ks, spec.threshold), **extra,
-                          "truncated_frac": sum(t.finish_reason == "length" for t in trajectories)
-                          / len(trajectories)}
+    for s in sets:
+        trajectories = s.trajectories()
+        scores = [[t.reward for t in group] for group in s.groups]
+        per_part[s.name] = {"prompts": len(s.groups), **summarize(scores, ks, spec.threshold),
+                            **s.counters,
+                            "truncated_frac": sum(t.finish_reason == "length"
+                                                  for t in trajectories) / len(trajectories)}
         tokens += sum(len(t.response_ids) for t in trajectories)
         count += len(trajectories)
-        samples += [{"source": name, "prompt_index": i // spec.n} | trajectory_row(t)
-                    for i, t in enumerate(trajectories)]
-    # A suite's headline figures weigh every environment equally; a multi-domain run's weigh
-    # every prompt equally, as training's `eval/reward_mean` does.
-    weights = {name: part["prompts"] if spec.domains else 1 for name, part in per_part.items()}
-    for key in per_part[next(iter(per_part))]:
-        values = [(part[key], weights[name]) for name, part in per_part.items()]
-        results[key] = sum(v for v, _ in values) if key == "prompts" else \
-            sum(v * w for v, w in values) / sum(w for _, w in values)
-    if spec.env:
-        results["envs"] = per_part
-    if spec.domains:
-        results["domains"] = per_part
-        results["eval/reward_mean"] = results[f"mean@{spec.n}"]
-        for name, part in per_part.items():  # the names of training's per-domain eval metrics
-            results[f"eval/{name}/reward_mean"] = part[f"mean@{spec.n}"]
-            results[f"eval/{name}/pass_rate"] = part["pass@1"]
+        samples += [{"source": s.name, "prompt_index": i} | trajectory_row(t)
+                    for i, group in enumerate(s.groups) for t in group]
+    results |= _headline(spec, per_part)
     results |= {"response_len_mean": tokens / count, "seconds": round(seconds, 2),
                 "tokens_per_s": round(tokens / max(seconds, 1e-9), 1)}
     return results, samples
 
 
-def _sample_task(spec: EvalSpec, engine, tokenizer, params) -> tuple[list, dict[str, float]]:
-    from reroll.rewards import build_runner
+def _sample(spec: EvalSpec, tasks: list, tokenizer, scratch: Path) -> tuple[list, float]:
+    """Each task's held-out sets (`Task.eval_sets`), sampled by its `evaluate` on the engine
+    `--engine` names; (sets, seconds)."""
+    from reroll.engines.base import SamplingParams
 
-    rows = load_task(spec)
-    return _score(spec, rows, build_runner(_reward_config(spec)), engine, tokenizer, params)
-
-
-def _sample_domain(spec: EvalSpec, domain, engine, tokenizer, params
-                   ) -> tuple[list, dict[str, float]]:
-    """A domain's held-out prompts scored by the domain's reward, as training's evaluation does."""
-    from reroll.evaluation_domains import held_out
-
-    rows, rewards = held_out(domain, spec.system_prompt, spec.max_prompts)
-    return _score(spec, rows, rewards, engine, tokenizer, params)
-
-
-def _score(spec: EvalSpec, rows: list, rewards, engine, tokenizer, params
-           ) -> tuple[list, dict[str, float]]:
-    """`spec.n` samples of each row, each scored by `rewards` (a RewardRunner, closed here)."""
-    from reroll.rollout.sampling import RolloutJob, rollout
-
+    engine = _engine(spec, tokenizer, scratch)
+    params = SamplingParams(spec.max_new_tokens, spec.sampling_temperature(), spec.top_p, 0,
+                      (tokenizer.eos_token_id,))
+    start = time.perf_counter()
+    sets = []
     try:
-        trajectories = rollout(RolloutJob(engine, rewards, tokenizer, params,
-                                          spec.max_prompt_tokens), rows, spec.n, spec.seed, step=0)
+        for task in tasks:
+            task.start(engine)
+            task.evaluate(params)
+            sets += task.eval_sets
     finally:
-        rewards.close()
-    # A failed call (crash, time-out, NaN/inf score) scores 0 and is counted here.
-    return trajectories, {"reward_errors": float(rewards.counters.errors),
-                          "reward_timeouts": float(rewards.counters.timeouts),
-                          "reward_nonfinite": float(rewards.counters.nonfinite)}
+        # vLLM's engine core is a process of its own: left to the interpreter's exit it dies
+        # first and the client prints EngineDeadError.
+        engine.close()
+    if spec.task and not spec.domains:  # the set is named as the flag (or the run) named it
+        sets = [replace(s, name=spec.task) for s in sets]
+    return sets, time.perf_counter() - start
 
 
-def _play_env(spec: EvalSpec, env_id: str, engine, tokenizer, params) -> tuple[list, dict]:
-    """`n` episodes for each of `episodes` env seeds; an episode's reward is its return."""
-    from reroll.envs.registry import env_arguments, make_env
-    from reroll.rollout.agent_loop import AgentJob, run_episodes
-    from reroll.rollout.context import from_config
+def _headline(spec: EvalSpec, per_part: dict[str, dict[str, float]]) -> dict[str, Any]:
+    """The figures over every set: a suite's weigh every environment equally; a multi-domain
+    run's weigh every prompt equally, as training's `eval/reward_mean` does."""
+    out: dict[str, Any] = {}
+    weights = {name: part["prompts"] if spec.domains else 1 for name, part in per_part.items()}
+    for key in per_part[next(iter(per_part))]:
+        values = [(part[key], weights[name]) for name, part in per_part.items()]
+        out[key] = sum(v for v, _ in values) if key == "prompts" else \
+            sum(v * w for v, w in values) / sum(w for _, w in values)
+    if spec.env:
+        out["envs"] = per_part
+    if spec.domains:
+        out["domains"] = per_part
+        out["eval/reward_mean"] = out[f"mean@{spec.n}"]
+        for name, part in per_part.items():  # the names of training's per-domain eval metrics
+            out[f"eval/{name}/reward_mean"] = part[f"mean@{spec.n}"]
+            out[f"eval/{name}/pass_rate"] = part["pass@1"]
+    return out
 
-    if "max_turns" in (spec.env_kwargs or {}):
-        raise ConfigError("--env-kwargs: max_turns is set with --max-turns (the one turn limit, "
-                          "as env.max_turns in configs)")
-    kwargs = env_arguments(env_id, dict(spec.env_kwargs or {}), spec.max_turns)
-    factory = functools.partial(make_env, env_id, **kwargs)
-    factory()  # unknown ids and bad arguments fail here, as ConfigErrors
-    hosts = _env_processes(env_id, factory)
-    job = AgentJob(engine, tokenizer, hosts.make if hosts else factory, params,
-                   max_turns=spec.max_turns, max_context_tokens=spec.max_prompt_tokens,
-                   system_prompt=spec.system_prompt, context=from_config(spec.context))
-    # Seeds far from training's (which count up from 0), so the episodes are held out.
-    seeds = [1_000_000 + spec.seed * 10_000 + i for i in range(spec.episodes)]
+
+# -- the tasks, built as training builds them -----------------------------------------------------
+
+
+def _task_builders(spec: EvalSpec, tokenizer, scratch: Path) -> list[Callable[[], Any]]:
+    """The training tasks the evaluation samples from, unbuilt: an `EnvTask` per environment of
+    the suite, else the prompt task of `prompt_task` (a multi-domain run's `DomainTask`)."""
+    from reroll.pipelines.agentic import EnvTask
+    from reroll.pipelines.rlvr import prompt_task
+
+    if spec.env:
+        if "max_turns" in (spec.env_kwargs or {}):
+            raise ConfigError("--env-kwargs: max_turns is set with --max-turns (the one turn "
+                              "limit, as env.max_turns in configs)")
+        return [functools.partial(EnvTask, _env_config(spec, env_id), tokenizer)
+                for env_id in spec.env.split(",")]
+    config = _prompt_config(spec, scratch)
+    if spec.domains:  # the domains' errors name them as the run's config does
+        return [functools.partial(prompt_task, config, tokenizer)]
+
+    def build():
+        try:
+            return prompt_task(config, tokenizer)
+        except ConfigError as e:  # the file is named by the flag (`data.train` here is --task's)
+            raise ConfigError(re.sub(r"^data\.(train|eval)\b", f"--task {spec.task}",
+                                     str(e))) from None
+    return [build]
+
+
+def _common(spec: EvalSpec) -> dict[str, Any]:
+    """What an RL config of the evaluation has besides its task: the model, the seed, the
+    samples per prompt and the response budget (the engine and its sampling are `reroll
+    eval`'s own, so the rest keeps its defaults)."""
+    return {"model": {"path": spec.model}, "steps": 1, "seed": spec.seed,
+            "rollout": {"max_new_tokens": spec.max_new_tokens},
+            "eval": {"samples_per_prompt": spec.n, "max_prompts": spec.max_prompts}}
+
+
+def _prompt_config(spec: EvalSpec, scratch: Path):
+    """An RLVR config whose held-out set is `--task`'s prompts (the file trains nothing), or a
+    multi-domain run's domains."""
+    from reroll.config.schema import RLConfig
+
+    data: dict[str, Any] = {"system_prompt": spec.system_prompt,
+                            "max_prompt_tokens": spec.max_prompt_tokens}
+    if spec.domains:
+        data["domains"] = spec.domains
+    else:
+        path = task_file(spec, scratch)
+        data |= {"train": path, "eval": path}
+    return _config(RLConfig, _common(spec) | {"data": data, "reward": _reward_config(spec)})
+
+
+def _env_config(spec: EvalSpec, env_id: str):
+    """An agentic config of one environment of the suite; its held-out seeds are training's."""
+    from reroll.config.agentic import AgenticConfig
+
+    env: dict[str, Any] = {"id": env_id, "kwargs": dict(spec.env_kwargs or {}),
+                           "max_turns": spec.max_turns, "eval_episodes": spec.episodes,
+                           "max_context_tokens": spec.max_prompt_tokens,
+                           "system_prompt": spec.system_prompt,
+                           "history_thinking": spec.history_thinking or "keep"}
+    if spec.context is not None:
+        env["context"] = spec.context
+    return _config(AgenticConfig, _common(spec) | {"env": env})
+
+
+def _config(cls, values: dict[str, Any]):
+    from pydantic import ValidationError
+
     try:
-        trajectories, stats = run_episodes(job, seeds, spec.n, spec.seed, step=0)
-    finally:
-        if hosts is not None:
-            hosts.close()
-    return trajectories, {k: v for k, v in stats.metrics().items() if k != "env/episodes"}
+        return cls.model_validate(values)
+    except ValidationError as e:
+        error = e.errors()[0]
+        where = ".".join(str(p) for p in error["loc"])
+        raise ConfigError(f"reroll eval: {where}: {error['msg']}") from None
 
 
-def _env_processes(env_id: str, factory):
-    """A user's environment (`module:Class`) in an env process of its own, as training's
-    `env.isolation: auto` runs it: one that ends its process fails only its episodes."""
-    from reroll.envs.base import EnvError
-    from reroll.envs.gem_adapter import PREFIX as GEM_PREFIX
-    from reroll.envs.process import EnvProcesses
-    from reroll.envs.user import is_user_id
-
-    if not is_user_id(env_id) or env_id.startswith(GEM_PREFIX):
-        return None
-    try:
-        return EnvProcesses(factory, env_id)
-    except EnvError as e:
-        raise ConfigError(f"--env: {e}") from None
-
-
-def load_task(spec: EvalSpec) -> list:
-    """The prompts of `--task`: a .jsonl/.parquet file, or a built-in task's eval split."""
-    import tempfile
-
+def task_file(spec: EvalSpec, scratch: Path) -> str:
+    """The prompts file of `--task`: the file, or a built-in task's eval split written to
+    `scratch`."""
     from reroll.data.datasets import load_prompts
 
     if spec.task in BUILTIN_TASKS:
         from reroll.data.tasks import write_arithmetic
 
-        with tempfile.TemporaryDirectory() as tmp:  # the split `reroll make-data` writes by default
-            rows = load_prompts(write_arithmetic(tmp, 4000, 200, 0)["eval"], spec.system_prompt)
+        # the split `reroll make-data` writes by default
+        path = str(write_arithmetic(str(scratch / "task"), 4000, 200, 0)["eval"])
     elif Path(spec.task).is_file():
-        rows = load_prompts(spec.task, spec.system_prompt)
+        path = spec.task
     else:
         raise ConfigError(f"--task {spec.task}: not a file, nor a built-in task "
                           f"({', '.join(BUILTIN_TASKS)})")
-    rows = rows[: spec.max_prompts] if spec.max_prompts else rows
-    if not rows:
+    if not load_prompts(path, spec.system_prompt):
         raise ConfigError(f"--task {spec.task}: holds no prompts")
-    return rows
+    return path
 
 
 def _reward_config(spec: EvalSpec):
@@ -326,311 +349,3 @@ def _servable(spec: EvalSpec, scratch: Path) -> str:
         return spec.model
     export(spec.model, str(scratch / "merged"), merge=True)
     return str(scratch / "merged")
-
-
-# -- command line ---------------------------------------------------------------------------------
-
-
-def add_eval_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
-    text = "evaluate a model: pass@1, pass@k and mean@k over a dataset or environments"
-    p = subparsers.add_parser("eval", help=text, description=text + ". Writes JSON, shows a table. "
-                              "A model inside a run directory (runs/X/checkpoints/step_N, "
-                              "runs/X/final) is evaluated on the run's task with its settings "
-                              "(eval set or environment, reward, turns, token limits, system "
-                              "prompt, eval temperature) unless a flag says otherwise; the "
-                              "settings taken are printed. A multi-domain run's model is "
-                              "evaluated on each domain's held-out set with its own reward "
-                              "(eval/<domain>/reward_mean and pass_rate, as in training).")
-    p.add_argument("--model", required=True, help="model folder (Hugging Face format) or checkpoint")
-    where = p.add_mutually_exclusive_group()
-    where.add_argument("--task", help="prompts: a .jsonl/.parquet file with prompt and answer, or "
-                                      f"a built-in task ({', '.join(BUILTIN_TASKS)}); default: "
-                                      "the run's data.eval")
-    where.add_argument("--env", help="environment ids, comma-separated (a suite), played as "
-                                     "multi-turn episodes; `reroll envs` lists them; default: "
-                                     "the run's env.id")
-    p.add_argument("--ignore-run-config", action="store_true",
-                   help="use the built-in defaults below, not the settings of the model's run")
-    p.add_argument("--episodes", type=int, help="env seeds per environment (default 32, or the "
-                                                "run's env.eval_episodes)")
-    p.add_argument("--env-kwargs", help="JSON keyword arguments of the environments (default {}, "
-                                        "or the run's env.kwargs)")
-    p.add_argument("--max-turns", type=int, help="turn cap per episode (default 8, or the run's "
-                                                 "env.max_turns)")
-    p.add_argument("--n", type=int, default=1, help="samples per prompt (default 1)")
-    p.add_argument("--k", default="", help="extra k values for pass@k, e.g. 2,4 (1 and n always)")
-    p.add_argument("--reward", choices=["math", "code", "custom"],
-                   help="default math, or the run's reward.type")
-    p.add_argument("--reward-function", help="for --reward custom: package.module:function")
-    p.add_argument("--engine", default="hf", help="inference engine (default hf)")
-    p.add_argument("--temperature", type=float,
-                   help="sampling temperature (default: the run's eval.temperature; else 0, "
-                        "greedy, for --n 1 and 1.0 for more)")
-    p.add_argument("--top-p", type=float, help="default 1.0, or the run's rollout.top_p")
-    p.add_argument("--max-new-tokens", type=int,
-                   help="default 256, or the run's rollout.max_new_tokens (per turn for envs)")
-    p.add_argument("--max-prompt-tokens", type=int,
-                   help="longest prompt (for envs: the whole episode's context); default 1024, "
-                        "or the run's data.max_prompt_tokens / env.max_context_tokens")
-    p.add_argument("--max-prompts", type=int, help="evaluate the first N prompts only (of each "
-                                                   "domain; default: a multi-domain run's "
-                                                   "eval.max_prompts)")
-    p.add_argument("--domain", help="a multi-domain run's model: evaluate only these domains "
-                                    "(comma-separated names; default: every domain with a "
-                                    "held-out set)")
-    p.add_argument("--system-prompt", help="default none, or the run's system prompt")
-    p.add_argument("--threshold", type=float, default=1.0,
-                   help="a sample is correct when its reward is at least this (default 1.0)")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--batch-size", type=int, default=256, help="most sequences decoded together")
-    p.add_argument("--threads", type=int, help="torch threads (default: every core, or the cores "
-                                               "left idle when the machine is already busy)")
-    p.add_argument("--out", help="results JSON (default runs/eval/<model>-<task>.json); the "
-                                 "samples go next to it as .samples.jsonl")
-    p.set_defaults(fn=cmd_eval)
-    return p
-
-
-def default_threads(flag: int | None) -> tuple[int | None, str | None]:
-    """`--threads`; without it, as a run without `train.num_threads`: torch's default (None) on
-    a quiet machine, the cores left idle on one already busy (`settings.contention`), with the
-    line that says so."""
-    if flag is not None:
-        return flag, None
-    chosen = settings.contention()
-    return (chosen.threads, chosen.line("--threads N")) if chosen else (None, None)
-
-
-def spec_from_args(args: argparse.Namespace) -> EvalSpec:
-    """The flags, checked; a setting no flag gives comes from the model's run (when it is in
-    one and `--ignore-run-config` is not set), else from EvalSpec's defaults."""
-    given = {"task": args.task, "env": args.env, "episodes": args.episodes,
-             "env_kwargs": _json_flag(args.env_kwargs), "max_turns": args.max_turns,
-             "reward": args.reward, "reward_function": args.reward_function,
-             "temperature": args.temperature, "top_p": args.top_p,
-             "max_new_tokens": args.max_new_tokens, "max_prompt_tokens": args.max_prompt_tokens,
-             "system_prompt": args.system_prompt, "max_prompts": args.max_prompts}
-    given = {k: v for k, v in given.items() if v is not None}
-    check_generates(args.model)
-    run, taken = (None, {}) if args.ignore_run_config else run_settings(args.model, given, args.n)
-    if not {"task", "env"} & set(given) and not {"task", "env", "domains"} & set(taken):
-        raise ConfigError("--task or --env: say what to evaluate on (only a model inside a run "
-                          "directory whose config has data.eval or env.id needs neither)")
-    chosen = {k: v for k, (v, _) in taken.items()} | given
-    if args.domain is not None:
-        from reroll.evaluation_domains import pick_domains
-
-        chosen["domains"] = pick_domains(args.domain, chosen.get("domains"))
-    for flag, value, low in (("--n", args.n, 1), ("--max-new-tokens", chosen.get("max_new_tokens", 1), 1),
-                             ("--max-prompt-tokens", chosen.get("max_prompt_tokens", 8), 8),
-                             ("--batch-size", args.batch_size, 1),
-                             ("--episodes", chosen.get("episodes", 1), 1),
-                             ("--max-turns", chosen.get("max_turns", 1), 1),
-                             ("--threads", 1 if args.threads is None else args.threads, 1)):
-        if value < low:
-            raise ConfigError(f"{flag} {value}: must be at least {low}")
-    if args.max_prompts is not None and args.max_prompts < 1:
-        raise ConfigError(f"--max-prompts {args.max_prompts}: must be at least 1")
-    if chosen.get("temperature") is not None and chosen["temperature"] < 0:
-        raise ConfigError(f"--temperature {chosen['temperature']}: must be >= 0")
-    if not re.fullmatch(r"(\d+(,\d+)*)?", args.k.replace(" ", "")):
-        raise ConfigError(f"--k {args.k!r}: expected comma-separated integers, e.g. 2,4")
-    ks = tuple(int(k) for k in args.k.replace(" ", "").split(",") if k)
-    return EvalSpec(model=args.model, n=args.n, ks=ks, engine=args.engine,
-                    threshold=args.threshold, seed=args.seed,
-                    batch_size=args.batch_size, threads=default_threads(args.threads)[0],
-                    **chosen,
-                    run_config=str(run / "config.yaml") if run else None,
-                    taken={k: source for k, (_, source) in taken.items()})
-
-
-def _json_flag(raw: str | None) -> dict[str, Any] | None:
-    if raw is None:
-        return None
-    try:
-        value = json.loads(raw)
-    except json.JSONDecodeError as e:
-        raise ConfigError(f"--env-kwargs {raw!r}: not JSON ({e.msg})") from None
-    if not isinstance(value, dict):
-        raise ConfigError(f"--env-kwargs {raw!r}: expected a JSON object")
-    return value
-
-
-# -- the settings of the model's run ---------------------------------------------------------------
-
-
-def find_run(model: str) -> Path | None:
-    """The run directory a model folder belongs to (`RUN/checkpoints/step_N`, `RUN/final`),
-    when it has a config.yaml; else None."""
-    path = Path(model)
-    for run in (path.parent.parent if path.parent.name == "checkpoints" else None,
-                path.parent if path.name == "final" else None):
-        if run is not None and (run / "config.yaml").is_file():
-            return run
-    return None
-
-
-def run_settings(model: str, given: dict[str, Any], n: int = 1
-                 ) -> tuple[Path | None, dict[str, tuple[Any, str]]]:
-    """(run directory, {spec field: (value, config key)}) for the settings the model's run
-    fixes and no flag in `given` sets: its task (eval set or environment), reward, turn and
-    token limits, system prompt and sampling. Evaluating a checkpoint under other settings than
-    it was trained with (256 new tokens for a run that trained on 16, another env size) measures
-    something else."""
-    run = find_run(model)
-    if run is None:
-        return None, {}
-    from reroll.config import load_config
-
-    try:
-        config = load_config(run / "config.yaml")
-    except ConfigError as e:
-        raise ConfigError(f"--model {model}: its run's config cannot be read to take its settings "
-                          f"({e}); pass --ignore-run-config and the flags you need") from None
-    kind = kind_of(config.pipeline)
-    if kind.env and config.env is None:  # an agent program's run
-        taken = {}
-    elif kind.env:
-        other = "task" in given or given.get("env", config.env.id) != config.env.id
-        taken = {} if other else _env_settings(config.env, model)
-    elif "env" in given:
-        taken = {}
-    elif getattr(config.data, "domains", None):
-        from reroll.evaluation_domains import domain_settings
-
-        taken = domain_settings(config, run, given)
-    else:
-        taken = _prompt_settings(config, run)
-    if kind.rollouts:
-        taken |= {"max_new_tokens": (config.rollout.max_new_tokens, "rollout.max_new_tokens"),
-                  "top_p": (config.rollout.top_p, "rollout.top_p"),
-                  "temperature": (config.eval.temperature, "eval.temperature") if n == 1 else
-                  (config.rollout.temperature, "rollout.temperature")}
-    return run, {k: v for k, v in taken.items() if v[0] is not None and k not in given}
-
-
-def _env_settings(env, model: str) -> dict[str, tuple[Any, str]]:
-    """An agentic run's env settings; its context limit unset is the model's own, as in
-    training, and its context policy other than `end` comes along."""
-    from reroll.models.files import model_context
-
-    context = env.max_context_tokens or model_context(model)
-    return {"env": (env.id, "env.id"), "env_kwargs": (env.kwargs, "env.kwargs"),
-            "max_turns": (env.max_turns, "env.max_turns"),
-            "episodes": (env.eval_episodes or None, "env.eval_episodes"),
-            "max_prompt_tokens": (context, "env.max_context_tokens"),
-            "context": (env.context if env.context.policy != "end" else None, "env.context"),
-            "system_prompt": (env.system_prompt, "env.system_prompt")}
-
-
-def _prompt_settings(config, run: Path) -> dict[str, tuple[Any, str]]:
-    """The held-out prompts of a run trained on a dataset (RL's prompts, SFT's or distillation's
-    examples, a DPO run's pairs), with the run's reward when it has one."""
-    data = config.data
-    if data.eval is not None and not Path(data.eval).is_file():
-        raise ConfigError(f"data.eval of {run / 'config.yaml'}: {data.eval} does not exist from "
-                          f"here; pass --task (or run from where the run was started)")
-    taken = {"task": (data.eval, "data.eval"), "system_prompt": (data.system_prompt,
-                                                                 "data.system_prompt")}
-    if not kind_of(config.pipeline).rollouts:
-        # Trained without sampling (SFT, distillation, DPO): the rows' `answer` is scored by the
-        # default math reward, and the whole-sequence limit bounds the prompt.
-        _check_answers(data.eval, run)
-        return taken | {"max_prompt_tokens": (data.max_tokens, "data.max_tokens")}
-    taken["max_prompt_tokens"] = (data.max_prompt_tokens, "data.max_prompt_tokens")
-    # The run's held-out reward: `eval.reward` when set (a run trained on a learned reward is
-    # measured by its verifier), else `reward`; types --reward cannot name leave the default.
-    reward, key = ((config.eval.reward, "eval.reward") if config.eval.reward is not None
-                   else (config.reward, "reward"))
-    if reward.type not in ("math", "code", "custom"):
-        return taken
-    return taken | {"reward": (reward.type, f"{key}.type"),
-                    "reward_function": (getattr(reward, "function", None), f"{key}.function")}
-
-
-def _check_answers(path: str | None, run: Path) -> None:
-    """The held-out rows of a run without a reward can be scored: each has an `answer`."""
-    from reroll.data.datasets import load_prompts
-
-    if path is None:
-        return
-    missing = [row.source for row in load_prompts(path) if row.answer is None]
-    if missing:
-        raise ConfigError(f"data.eval of {run / 'config.yaml'}: {path} has no `answer` in "
-                          f"{len(missing)} rows (first {missing[0]}) to score samples against; "
-                          f"pass --task FILE (prompts with answers) or --env, with --reward")
-
-
-def check_generates(model: str) -> None:
-    """A reward model (`reroll rm`'s, a sequence classifier) scores responses and writes none."""
-    try:
-        config = json.loads((Path(model) / "config.json").read_text())
-    except (OSError, ValueError):
-        return  # an adapter, or no model: the loaders name the problem
-    if any(str(a).endswith("ForSequenceClassification")
-           for a in config.get("architectures") or []):
-        raise ConfigError(f"--model {model}: a reward model (a sequence classifier, as `reroll "
-                          f"rm` trains) scores responses and does not generate; its held-out "
-                          f"accuracy is its run's eval/accuracy (metrics.jsonl, `reroll view`); "
-                          f"use it in a run as `reward: {{type: model, path: {model}}}`")
-
-
-def check_out(out: Path) -> None:
-    """The results file can be written: checked before the evaluation, which would otherwise
-    run to the end and be lost."""
-    import tempfile
-
-    if out.is_dir():
-        raise ConfigError(f"--out {out}: is a directory (give a .json file name)")
-    try:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryFile(dir=out.parent):
-            pass
-    except OSError as e:
-        raise ConfigError(f"--out {out}: its folder {out.parent} cannot be created or written "
-                          f"({e.strerror or e})") from None
-
-
-def _shown(spec: EvalSpec, key: str) -> Any:
-    """A setting as printed: the domains by name."""
-    value = getattr(spec, key)
-    return [d.name for d in value] if key == "domains" else value
-
-
-def cmd_eval(args: argparse.Namespace) -> None:
-    from rich.console import Console
-    from rich.table import Table
-
-    from reroll.tracking.jsonsafe import dumps
-
-    spec = spec_from_args(args)
-    if spec.taken:
-        Console(stderr=True).print(
-            f"settings from {spec.run_config} (a flag overrides each; --ignore-run-config drops "
-            f"them): " + ", ".join(f"{k}={_shown(spec, k)!r} ({key})"
-                                   for k, key in spec.taken.items()), highlight=False)
-    threads_line = default_threads(args.threads)[1]
-    if threads_line:
-        Console(stderr=True).print(threads_line, highlight=False)
-    what = spec.task or spec.env or "domains"
-    out = Path(args.out) if args.out else Path("runs") / "eval" / (
-        f"{Path(spec.model).name or 'model'}-{Path(what).stem}.json")
-    check_out(out)
-    results, samples = evaluate(spec)
-    out.write_text(dumps(results, indent=2) + "\n")
-    samples_path = out.with_suffix(".samples.jsonl")
-    samples_path.write_text("".join(dumps(s) + "\n" for s in samples))
-    if spec.domains:
-        what = "domains " + ", ".join(d.name for d in spec.domains)
-    table = Table(title=f"{spec.model} on {what} ({results['prompts']} "
-                        f"{'episodes' if spec.env else 'prompts'}, n={spec.n})")
-    table.add_column("metric")
-    table.add_column("value", justify="right")
-    for key, value in results.items():
-        if key.startswith(("pass@", "mean@", "env/", "eval/")) or key in (
-                "truncated_frac", "response_len_mean", "tokens_per_s", "seconds"):
-            table.add_row(key, f"{value:.4f}" if isinstance(value, float) else str(value))
-    console = Console()
-    console.print(table)
-    console.print(f"results: {out}  samples: {samples_path}")
-    print(dumps(results | {"out": str(out)}))

@@ -42,7 +42,7 @@ from reroll.pipelines.agents import AgentTask
 from reroll.pipelines.inputs import TaskInputs
 from reroll.pipelines.judge import reward_factory
 from reroll.pipelines.roles import remote_envs, remote_reward
-from reroll.pipelines.task import held_out, rollout_row
+from reroll.pipelines.task import EvalSet, grouped, held_out, rollout_row
 from reroll.pipelines.validation import context_tokens
 from reroll.rewards import build_runner
 from reroll.rollout.agent_loop import AgentJob, AgentStats, EpisodeReward, run_episodes
@@ -100,7 +100,7 @@ class EnvTask:
         """`inputs`: an environment passed as a Python object (`reroll.api.train`), built
         fresh for each episode instead of `env.id`."""
         self.config, self.tokenizer = config, tokenizer
-        self.eval_trajectories: list[Trajectory] = []
+        self.eval_sets: list[EvalSet] = []
         env = config.env
         kwargs = env_arguments(env.id, env.kwargs, env.max_turns)
         given = (inputs or TaskInputs()).env_factory
@@ -165,9 +165,11 @@ class EnvTask:
     def evaluate(self, params: SamplingParams) -> dict[str, float]:
         """Mean return and success rate on the held-out env seeds, over the episodes that did
         not end in an infrastructure failure (`eval/infra_failure_frac`: the share that did)."""
-        trajectories, stats = self.run(self.eval_seeds, self.config.eval.samples_per_prompt,
-                                       params, step=-1)
-        self.eval_trajectories = trajectories
+        n = self.config.eval.samples_per_prompt
+        trajectories, stats = self.run(self.eval_seeds, n, params, step=-1)
+        self.eval_sets = [EvalSet(self.label, grouped(trajectories, n),
+                                  {k: v for k, v in stats.metrics().items()
+                                   if k != "env/episodes"})]
         valid = [t for t in trajectories if not infra_failed(t)]
         returns = torch.tensor([t.reward for t in valid] or [0.0])
         success = torch.tensor([float(t.reward_info.get("success", False)) for t in valid]

@@ -22,7 +22,7 @@ from reroll.config.errors import ConfigError
 from reroll.data.batch import Trajectory
 from reroll.data.datasets import PromptSampler, _read_records
 from reroll.engines.base import Engine, SamplingParams
-from reroll.pipelines.task import rollout_row
+from reroll.pipelines.task import EvalSet, grouped, rollout_row
 from reroll.pipelines.validation import context_tokens
 from reroll.rewards.custom import resolve
 from reroll.rollout.gateway import AgentSpec, Gateway, run_episodes
@@ -61,7 +61,7 @@ class AgentTask:
                                                  config.model.path)
         self.label = "agent"
         self.sampler = PromptSampler(self.tasks, config.seed)
-        self.eval_trajectories: list[Trajectory] = []
+        self.eval_sets: list[EvalSet] = []
         self.gateway: Gateway | None = None
         self.episodes = 0
         self._metrics: dict[str, float] = {}
@@ -97,9 +97,9 @@ class AgentTask:
         return trajectories
 
     def evaluate(self, params: SamplingParams) -> dict[str, float]:
-        trajectories, stats = self.run(self.eval_tasks, self.config.eval.samples_per_prompt,
-                                       params, EVAL_SEED_BASE)
-        self.eval_trajectories = trajectories
+        n = self.config.eval.samples_per_prompt
+        trajectories, stats = self.run(self.eval_tasks, n, params, EVAL_SEED_BASE)
+        self.eval_sets = [EvalSet(self.label, grouped(trajectories, n), stats.metrics())]
         returns = torch.tensor([t.reward for t in trajectories])
         success = torch.tensor([float(t.reward_info.get("success", False))
                                 for t in trajectories])

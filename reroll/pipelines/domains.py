@@ -34,7 +34,7 @@ from reroll.data.reasoning_gym import generate_rows
 from reroll.engines.base import Engine, SamplingParams
 from reroll.models.files import model_context
 from reroll.pipelines.judge import reward_factory
-from reroll.pipelines.task import held_out, rollout_row
+from reroll.pipelines.task import EvalSet, grouped, held_out, reward_failures, rollout_row
 from reroll.pipelines.validation import (
     check_answers,
     check_lengths,
@@ -162,7 +162,7 @@ class DomainTask:
         self.mixer = DomainMixer([s.weight for s in d.domains], d.reweight, d.reweight_floor,
                                  d.reweight_momentum)
         self.engine: Engine | None = None
-        self.eval_trajectories: list[Trajectory] = []
+        self.eval_sets: list[EvalSet] = []
         self._metrics: dict[str, float] = {}
         self._evaluated = False
         self._start: dict[str, float] = {}
@@ -293,18 +293,19 @@ class DomainTask:
         """Each domain's mean reward and pass rate on its held-out prompts, and the overall mean
         over every held-out sample (`eval/reward_mean`)."""
         c, metrics, everything = self.config, {}, []
-        self.eval_trajectories = []
+        n = c.eval.samples_per_prompt
+        self.eval_sets = []
         for d in self.domains:
             if not d.eval_rows:
                 continue
             timer = time.perf_counter()
             job = RolloutJob(self.engine, d.rewards, self.tokenizer, params,
                              c.data.max_prompt_tokens)
-            trajectories = rollout(job, d.eval_rows, c.eval.samples_per_prompt, d.config.seed,
-                                   step=-1)
+            trajectories = rollout(job, d.eval_rows, n, d.config.seed, step=-1)
             rewards = torch.tensor([t.reward for t in trajectories])
             everything.append(rewards)
-            self.eval_trajectories += trajectories
+            self.eval_sets.append(EvalSet(d.name, grouped(trajectories, n),
+                                          reward_failures(d.rewards)))
             metrics |= {f"eval/{d.name}/reward_mean": float(rewards.mean()),
                         f"eval/{d.name}/pass_rate": float((rewards >= PASS_SCORE).float().mean()),
                         f"time/{d.name}/eval_s": time.perf_counter() - timer}

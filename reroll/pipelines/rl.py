@@ -142,7 +142,7 @@ class RLStep:
         metrics = self.task.evaluate(self.sampling_params(self.config.eval.temperature))
         count = self.config.tracking.record_eval_rollouts
         if count:
-            rows = [rollout_row(t) for t in self.task.eval_trajectories[:count]]
+            rows = [rollout_row(t) for s in self.task.eval_sets for t in s.trajectories()][:count]
             write_rows(self.run_dir / "rollouts" / f"eval_step_{n}.jsonl", rows)
         return metrics
 

@@ -21,7 +21,7 @@ from reroll.pipelines.domains import DomainTask
 from reroll.pipelines.inputs import TaskInputs
 from reroll.pipelines.judge import reward_factory
 from reroll.pipelines.roles import remote_reward
-from reroll.pipelines.task import held_out, rollout_row
+from reroll.pipelines.task import EvalSet, grouped, held_out, reward_failures, rollout_row
 from reroll.pipelines.validation import check_prompts
 from reroll.rewards import build_runner
 from reroll.rewards.runner import RewardRunner
@@ -70,7 +70,7 @@ class PromptTask:
         self.stream = PromptStream(PromptSampler(self.train_rows, c.seed))
         self.source = None
         self.engine: Engine | None = None
-        self.eval_trajectories: list[Trajectory] = []
+        self.eval_sets: list[EvalSet] = []
 
     @property
     def evaluates(self) -> bool:
@@ -97,8 +97,10 @@ class PromptTask:
         c = self.config
         runner = self.eval_rewards or self.rewards
         job = RolloutJob(self.engine, runner, self.tokenizer, params, c.data.max_prompt_tokens)
-        trajectories = rollout(job, self.eval_rows, c.eval.samples_per_prompt, c.seed, step=-1)
-        self.eval_trajectories = trajectories
+        n = c.eval.samples_per_prompt
+        trajectories = rollout(job, self.eval_rows, n, c.seed, step=-1)
+        self.eval_sets = [EvalSet(self.label or "eval", grouped(trajectories, n),
+                                  reward_failures(runner))]
         rewards = torch.tensor([t.reward for t in trajectories])
         return {"eval/reward_mean": float(rewards.mean())}
 

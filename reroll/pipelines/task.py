@@ -9,6 +9,7 @@ another task, never as a subclass of the pipeline.
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from reroll.data.batch import Trajectory, trajectory_row
@@ -18,9 +19,9 @@ from reroll.engines.base import Engine, SamplingParams
 class Task(Protocol):
     label: str
     """Shown before the algorithm's name on the progress bar ("" for none)."""
-    eval_trajectories: list[Trajectory]
-    """The held-out trajectories of the last `evaluate`, in the eval set's order (for the run
-    viewer's `rollouts/eval_step_N.jsonl`)."""
+    eval_sets: list[EvalSet]
+    """The held-out sets of the last `evaluate`, as sampled: the run viewer's
+    `rollouts/eval_step_N.jsonl` and `reroll eval`'s pass@k read them."""
 
     @property
     def evaluates(self) -> bool:
@@ -65,6 +66,33 @@ class Task(Protocol):
 
     def close(self) -> None:
         ...
+
+
+@dataclass
+class EvalSet:
+    """One held-out set as the last `evaluate` sampled it: `groups[i]` holds the
+    `eval.samples_per_prompt` trajectories of its prompt (env seed, task row) i, in the set's
+    order; `counters`: what else the set's sampling counted (its reward's failures so far, the
+    episodes' env counters)."""
+
+    name: str
+    groups: list[list[Trajectory]]
+    counters: dict[str, float] = field(default_factory=dict)
+
+    def trajectories(self) -> list[Trajectory]:
+        return [t for group in self.groups for t in group]
+
+
+def grouped(trajectories: list[Trajectory], size: int) -> list[list[Trajectory]]:
+    """Row-major trajectories (a group contiguous, as `rollout` returns them) as groups."""
+    return [trajectories[i:i + size] for i in range(0, len(trajectories), size)]
+
+
+def reward_failures(rewards) -> dict[str, float]:
+    """A reward runner's failed calls so far (each scored 0): `EvalSet.counters` of prompts."""
+    c = rewards.counters
+    return {"reward_errors": float(c.errors), "reward_timeouts": float(c.timeouts),
+            "reward_nonfinite": float(c.nonfinite)}
 
 
 def held_out(count: int, unit: str, samples: int = 1) -> str:

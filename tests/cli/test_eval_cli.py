@@ -83,6 +83,20 @@ def test_eval_bad_flags_exit_2(tiny_model, capsys, flags, named):
 
 
 @pytest.mark.unit
+def test_eval_checks_the_prompts_as_training_does(tmp_path, tiny_model, capsys):
+    """The prompts are sampled by the training task (`PromptTask`), so training's start-up
+    checks hold: a math-scored row without an answer is refused, naming its file and line, not
+    scored 0 as a wrong response."""
+    rows = tmp_path / "rows.jsonl"
+    rows.write_text('{"prompt": "1 + 1?", "answer": "2"}\n{"prompt": "2 + 2?"}\n')
+    out = tmp_path / "r.json"
+    assert main(["eval", "--model", tiny_model, "--task", str(rows), "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert f"--task {rows}: reward.type=math needs an `answer`" in err and f"{rows}:2" in err
+    assert not out.exists()
+
+
+@pytest.mark.unit
 def test_eval_unknown_engine_exits_2(tiny_model, capsys):
     assert main(["eval", "--model", tiny_model, "--task", "arithmetic", "--engine", "nope"]) == 2
     assert "--engine nope" in capsys.readouterr().err

@@ -84,7 +84,7 @@ def test_an_rlvr_checkpoint_uses_the_runs_eval_set_and_reward(tmp_path, tiny_mod
 
 @pytest.mark.unit
 def test_a_run_trained_on_a_learned_reward_is_evaluated_with_its_eval_reward(tmp_path):
-    from reroll.evaluation import run_settings
+    from reroll.evaluation_settings import run_settings
 
     (tmp_path / "eval.jsonl").write_text('{"prompt": "q", "answer": "1"}\n')
     base = {"pipeline": "rlvr", "steps": 2, "model": {"path": "m"},
@@ -177,7 +177,7 @@ def test_a_preference_or_distillation_runs_model_is_evaluated_on_its_held_out_pr
         tmp_path, pipeline):
     """`reroll eval` on a DPO run's checkpoint crashed (AttributeError: 'PreferenceData' object
     has no attribute 'max_prompt_tokens'); a distillation run's did too (SFTData)."""
-    from reroll.evaluation import run_settings
+    from reroll.evaluation_settings import run_settings
 
     row = PAIR if pipeline == "dpo" else {"prompt": "1+1?", "response": "2", "answer": "2"}
     extra = {"teacher": {"path": "t"}} if pipeline == "distill" else {}

@@ -15,7 +15,8 @@ import torch
 
 from reroll import settings
 from reroll.config.pipelines import KINDS
-from reroll.evaluation import add_eval_parser, default_threads, spec_from_args
+from reroll.evaluation_command import add_eval_parser
+from reroll.evaluation_settings import default_threads, spec_from_args
 from reroll.pipelines.run import Run
 
 pytestmark = pytest.mark.unit

@@ -232,7 +232,7 @@ def test_eval_of_a_run_takes_its_context_policy_and_the_models_context(tmp_path)
 
     import yaml
 
-    from reroll.evaluation import run_settings
+    from reroll.evaluation_settings import run_settings
 
     run = tmp_path / "run"
     checkpoint = run / "checkpoints" / "step_1"
