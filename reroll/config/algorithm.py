@@ -165,8 +165,8 @@ ADVANTAGES = (GRPOAdvantage, DrGRPOAdvantage, LitePPOAdvantage, RLOOAdvantage,
               GiGPOAdvantage, IPAChunkAdvantage, CustomAdvantage)
 AdvantageConfig = choice("name", "grpo", *ADVANTAGES)
 ADVANTAGE_NAMES = tuple(a.model_fields["name"].default for a in ADVANTAGES)
-"""Every advantage estimator by name: the one list of them (objective.py maps each to its
-function; tests derive theirs from it)."""
+"""Every advantage estimator by name: the one list of them (pipelines/advantages.py maps each
+to its function; tests derive theirs from it)."""
 
 # ----------------------------------------------------------------------------------------------
 # Policy losses

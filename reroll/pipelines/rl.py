@@ -22,7 +22,8 @@ The files one batch passes through, from prompt to optimizer step (DESIGN §1 or
 5. `reroll/engines/hf.py` (or `vllm.py`, `remote.py`): token ids in, completions out
 6. `reroll/rewards/runner.py`: each completion's reward as it finishes (isolated, timed out)
 7. `reroll/data/batch.py`: Trajectory and `collate` into the typed, padded RLBatch
-8. `reroll/pipelines/objective.py`: the Objective built at start: estimator, loss terms, KL
+8. `reroll/pipelines/objective.py`: the Objective built at start: estimator (by name in
+   `advantages.py`), loss terms, KL
 9. `reroll/training/local.py` (or `fsdp2.py` behind `workers/policy.py`): the optimizer step
 Records and leaves they use: the group records and request seeds (`reroll/rollout/groups.py`),
 the prompt order and templating (`reroll/rollout/stream.py`), the engine's Request/Completion

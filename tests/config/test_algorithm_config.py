@@ -12,7 +12,7 @@ import yaml
 
 from reroll.config import ConfigError, load_config
 from reroll.config.algorithm import ADVANTAGE_NAMES, AlgorithmConfig
-from reroll.pipelines.objective import ESTIMATORS
+from reroll.pipelines.advantages import ESTIMATORS
 
 pytestmark = pytest.mark.unit
 ROOT = Path(__file__).resolve().parents[2]

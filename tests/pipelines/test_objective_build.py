@@ -17,14 +17,14 @@ from tensordict import TensorDict
 from reroll.config.algorithm import ADVANTAGE_NAMES, POLICY_LOSS_NAMES, AlgorithmConfig
 from reroll.config.errors import ConfigError
 from reroll.data.batch import RLBatch, Trajectory
-from reroll.pipelines import objective, rl
+from reroll.pipelines import advantages, objective, rl
 
 pytestmark = pytest.mark.unit
 PIPELINES = Path(__file__).resolve().parents[2] / "reroll" / "pipelines"
 
 
 def test_every_estimator_and_loss_in_the_schema_has_an_entry():
-    assert set(objective.ESTIMATORS) | {"custom"} == set(ADVANTAGE_NAMES)
+    assert set(advantages.ESTIMATORS) | {"custom"} == set(ADVANTAGE_NAMES)
     assert set(objective.POLICY_LOSSES) | {"custom"} == set(POLICY_LOSS_NAMES)
     for name in ADVANTAGE_NAMES:
         if name != "custom":
