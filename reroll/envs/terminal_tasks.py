@@ -138,13 +138,7 @@ class TerminalTasksEnv:
     async def areset(self, seed: int | None = None) -> tuple[str, dict[str, Any]]:
         seed = seed or 0
         pool = self.held_out if seed >= HELD_OUT_SEED else self.train
-        self.task = pool[seed % len(pool)]
-        self.turn, self.state, self.spent_s, self.solved = 0, b"", 0.0, False
-        _, status = await self._run(setup_script(self.task),
-                                    self.task.config.environment.build_timeout_sec,
-                                    _files(ENVIRONMENT, self.task.environment))
-        if status != 0:  # the task's own set-up: an infrastructure failure, not the policy's
-            raise RuntimeError(f"task {self.task.name}: its set-up failed (exit {status})")
+        await self.begin(pool[seed % len(pool)])
         return (f"Task: {self.task.instruction.strip()}\nYou are in the task's working "
                 "directory. Reply with one shell command per turn; reply `submit` when done."), \
             {"task": self.task.name, "category": self.task.config.metadata.category}
@@ -153,13 +147,32 @@ class TerminalTasksEnv:
         self.turn += 1
         command = (code_block(action) or action).strip()
         if command != "submit":
-            left = self.task.config.agent.timeout_sec - self.spent_s
-            output, status = await self._run(command, max(min(self.command_timeout_s, left), 1))
+            output, status = await self.shell(command)
             if self.turn < self.max_turns:
                 return f"{output}[exit {status}]", 0.0, False, False, {"success": False}
         reward = await self._verify()
         return ("Tests passed." if reward >= 1.0 else "Tests failed."), reward, True, False, \
             {"success": reward >= 1.0}
+
+    async def begin(self, task: TerminalTask) -> None:
+        """Start `task`: a fresh working directory with its set-up run (an agent harness that
+        is not this env's turn loop drives it with `shell` and `verify`)."""
+        self.task = task
+        self.turn, self.state, self.spent_s, self.solved = 0, b"", 0.0, False
+        _, status = await self._run(setup_script(task), task.config.environment.build_timeout_sec,
+                                    _files(ENVIRONMENT, task.environment))
+        if status != 0:  # the task's own set-up: an infrastructure failure, not the policy's
+            raise RuntimeError(f"task {task.name}: its set-up failed (exit {status})")
+
+    async def shell(self, command: str) -> tuple[str, int]:
+        """One command in the working directory (see `_run`), within `command_timeout_s` and
+        what is left of the task's agent time: its output (cut) and exit status."""
+        left = self.task.config.agent.timeout_sec - self.spent_s
+        return await self._run(command, max(min(self.command_timeout_s, left), 1))
+
+    async def verify(self) -> float:
+        """The task's tests on the working directory as it is now: their reward."""
+        return await self._verify()
 
     def expert_action(self) -> str:
         if self.solved or "solve.sh" not in self.task.solution:
