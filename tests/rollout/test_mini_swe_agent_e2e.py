@@ -119,3 +119,36 @@ def test_mini_swe_agent_trains_on_terminal_tasks_through_the_gateway(tiny_model,
     # The step trained on the tests' rewards (the crashes out of the loss).
     assert metrics["train/grad_norm"] > 0 and metrics["train/infra_groups_dropped"] == 1
     assert json.loads((run / "summary.json").read_text())["steps"] == 1
+
+
+def test_mini_swe_agent_commands_run_in_the_task_sandbox(tmp_path, monkeypatch):
+    """SandboxEnvironment, mini's environment class: a command's files land in the task's
+    working directory in the sandbox (the next command and the tests see them), not on the host;
+    shell state does not carry over; mini's submit command ends the run."""
+    import asyncio
+
+    from minisweagent.exceptions import Submitted
+
+    from reroll.envs.terminal_tasks import TerminalTasksEnv
+    from reroll.rollout.gateway.mini_swe import SandboxEnvironment
+
+    monkeypatch.chdir(tmp_path)
+    folder = TerminalTask("make-done", "Create done.txt.", "#!/bin/bash\ntest -f done.txt\n",
+                          setup="echo seed > given.txt").write(tmp_path / "make-done")
+
+    async def episode() -> tuple[list[dict], float]:
+        workdir = TerminalTasksEnv(tasks=str(folder))
+        await workdir.begin(workdir.train[0])
+        env = SandboxEnvironment(workdir=workdir, loop=asyncio.get_running_loop(),
+                                 env={"GREETING": "hi"})
+        outs = await asyncio.to_thread(lambda: [env.execute({"command": c}) for c in (
+            "cat given.txt && echo $GREETING > done.txt && cd /tmp", "cat done.txt; pwd")])
+        with pytest.raises(Submitted):
+            await asyncio.to_thread(env.execute,
+                                    {"command": "echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"})
+        return outs, await workdir.verify()
+
+    outs, reward = asyncio.run(episode())
+    assert outs[0]["output"].strip() == "seed" and outs[0]["returncode"] == 0
+    assert outs[1]["output"].splitlines()[0] == "hi" and outs[1]["output"].strip() != "/tmp"
+    assert reward == 1.0 and not (tmp_path / "done.txt").exists()
