@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import shlex
 from pathlib import Path
 from typing import Any
 
@@ -65,7 +66,7 @@ class SandboxEnvironment(LocalEnvironment):
         workdir.command_timeout_s = float(self.config.timeout)
 
     def execute(self, action: dict, cwd: str = "", *, timeout: int | None = None) -> dict:
-        exports = "".join(f"export {k}={v!r}\n" for k, v in self.config.env.items())
+        exports = "".join(f"export {k}={shlex.quote(str(v))}\n" for k, v in self.config.env.items())
         command = exports + action.get("command", "")
         # The agent runs on a worker thread; the sandbox belongs to the episode's event loop.
         output, status = asyncio.run_coroutine_threadsafe(self.workdir.shell(command),
