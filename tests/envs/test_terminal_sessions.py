@@ -7,17 +7,21 @@ episodes use it. Nothing leaks: the episode's session is closed when it ends."""
 from __future__ import annotations
 
 import asyncio
+import functools
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
 import pytest
 
-from reroll.envs import EnvError, make_env, step_async
+from reroll.envs import EnvError, make_env, reset_async, step_async
+from reroll.envs.process import EnvProcesses
 from reroll.sandbox import shared
 from tests.envs.test_terminal_tasks import hand_written
 
@@ -27,9 +31,11 @@ ROOT = Path(__file__).resolve().parents[2]
 LOCAL = {"mode": "local", "warm": 0, "reap_interval_s": 0.2}
 
 
-def session_mounts() -> int:
+def session_mounts(under: str = "") -> int:
+    """Session tmpfs mounts (those below ``under``: other runs on the machine have theirs)."""
     with open("/proc/self/mountinfo") as handle:
-        return sum("reroll-session " in line for line in handle)
+        return sum("reroll-session " in line and line.split()[4].startswith(under)
+                   for line in handle)
 
 
 def live_sessions() -> int:
@@ -136,3 +142,32 @@ def test_bad_sessions_kwargs_are_config_errors_naming_the_key(tmp_path):
         make_env("terminal_tasks", tasks=folder, sessions={"mode": "remote"})
     with pytest.raises(ConfigError, match=r"sessions.wram: Extra inputs"):
         make_env("terminal_tasks", tasks=folder, sessions={"mode": "local", "wram": 0})
+
+
+def test_an_env_host_closes_the_sessions_of_episodes_cut_short(tmp_path, monkeypatch):
+    """Episodes in an env host process (`env.isolation: process`) that never reach their end
+    (the run stops mid-episode): closing the hosts closes their sessions, warm ones included,
+    and unmounts every session tmpfs."""
+    scratch = tempfile.mkdtemp(prefix="reroll-test-host-")  # the sandbox uid must reach it
+    os.chmod(scratch, 0o711)
+    monkeypatch.setenv("TMPDIR", scratch)  # the host's sessions live below it
+    factory = functools.partial(make_env, "terminal_tasks", tasks=str(hand_written(tmp_path)),
+                                sessions={**LOCAL, "warm": 1})
+    hosts = EnvProcesses(factory, "terminal_tasks")
+
+    async def cut_short():
+        envs = [hosts.make() for _ in range(2)]
+        for env in envs:
+            await reset_async(env, 0, 60)
+            assert (await step_async(env, "cd /tmp && export X=1", 60))[0] == "[exit 0]"
+        return envs
+
+    envs = asyncio.run(cut_short())
+    try:
+        assert session_mounts(scratch) == 3  # their two sessions and the warm one
+        hosts.close()
+        del envs
+        assert session_mounts(scratch) == 0
+    finally:
+        hosts.close()
+        shutil.rmtree(scratch, ignore_errors=True)
