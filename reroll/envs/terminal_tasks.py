@@ -248,7 +248,7 @@ class TerminalTasksEnv:
         return EnvError(f"terminal task {self.task.name}: its sandbox session{where} was lost "
                         f"({type(exc).__name__}: {exc})")
 
-    async def _session(self) -> SharedSession:
+    def _session(self) -> SharedSession:
         if self._box[0] is None:
             raise EnvError(f"terminal task {self.task.name}: no session (reset first)")
         return self._box[0]
@@ -265,7 +265,7 @@ class TerminalTasksEnv:
     async def _session_run(self, command: str, timeout_s: float) -> tuple[str, int]:
         """`command` in the session's shell (its cwd and variables), stderr into stdout: its
         output (cut) and exit status (124 past `timeout_s`, as `timeout` says)."""
-        session = await self._session()
+        session = self._session()
         try:
             result = await session.exec("exec 2>&1\n" + command, wall_time_s=timeout_s,
                                         cpu_time_s=timeout_s)
@@ -280,7 +280,7 @@ class TerminalTasksEnv:
         """The tests, copied in after the agent. Whatever the agent left behind cannot touch
         them: its processes are ended first (the session is stopped; files stay) and the tests
         run in a clean environment (no function, PATH or BASH_ENV of the agent's shell)."""
-        session = await self._session()
+        session = self._session()
         stage = f".reroll-tests-{uuid.uuid4().hex}"
         try:
             await session.stop()

@@ -171,3 +171,18 @@ def test_an_env_host_closes_the_sessions_of_episodes_cut_short(tmp_path, monkeyp
     finally:
         hosts.close()
         shutil.rmtree(scratch, ignore_errors=True)
+
+
+def test_the_expert_solves_a_task_of_every_family_in_a_session_and_doing_nothing_fails():
+    env = make_env("terminal_tasks", sessions=LOCAL)
+    tasks = env.env.train
+    seeds = {t.config.metadata.category: seed for seed, t in reversed(list(enumerate(tasks)))}
+    assert len(seeds) >= 5
+    for seed in sorted(seeds.values()):
+        env.reset(seed)
+        assert env.step("submit")[1] == 0.0, tasks[seed].name
+        env.reset(seed)
+        done = False
+        while not done:
+            _, reward, done, _, _ = env.step(env.expert_action())
+        assert reward == 1.0, tasks[seed].name
