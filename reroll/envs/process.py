@@ -22,6 +22,7 @@ run's close waits `EXIT_GRACE_S` for that before it kills the hosts.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import os
 import pickle
@@ -203,7 +204,13 @@ class _Host:
     def close(self) -> None:
         with self._lock:
             self.dead = self.dead or "closed"
-        self.conn.close()  # the host ends by itself: its sessions closed, stuck steps or not
+        # A hang-up, not just a close: the reader thread's pending recv holds the socket
+        # open, so a close alone never reaches the host. It then ends by itself, after
+        # closing its sessions (stuck steps or not).
+        with contextlib.suppress(OSError):
+            with socket.socket(fileno=os.dup(self.conn.fileno())) as sock:
+                sock.shutdown(socket.SHUT_RDWR)
+        self.conn.close()
         try:
             self.process.wait(timeout=EXIT_GRACE_S)
         except subprocess.TimeoutExpired:
