@@ -26,6 +26,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from reroll import settings
 from reroll.envs.base import EnvError
 from reroll.envs.parsing import code_block
 from reroll.envs.task_folder import TerminalTask, load_suite, setup
@@ -332,14 +333,18 @@ def session_verify_script(task: TerminalTask, stage: str) -> str:
 
 def sessions_config(value: dict[str, Any] | SessionsConfig | None) -> SessionsConfig | None:
     """``env.kwargs.sessions`` checked; a ValueError names the key."""
-    if value is None or isinstance(value, SessionsConfig):
-        return value
+    if value is None:
+        return None
     try:
-        return SessionsConfig.model_validate(value)
+        config = SessionsConfig.model_validate(value)
     except ValidationError as exc:
-        problems = "; ".join(f"{'.'.join(str(p) for p in ('sessions', *e['loc']))}: {e['msg']}"
-                             for e in exc.errors())
+        problems = "; ".join(f"{'.'.join(str(p) for p in ('sessions', *e['loc']))}: "
+                             f"{e['msg'].removeprefix('Value error, ')}" for e in exc.errors())
         raise ValueError(f"terminal_tasks: {problems}") from None
+    if config.mode == "remote" and config.api_key_env and not settings.read(config.api_key_env):
+        raise ValueError(f"terminal_tasks: sessions.api_key_env names {config.api_key_env}, "
+                         "which is not set (export the sandbox service's key there)")
+    return config
 
 
 def _close_soon(box: list[SharedSession | None]) -> None:

@@ -142,6 +142,9 @@ def test_bad_sessions_kwargs_are_config_errors_naming_the_key(tmp_path):
         make_env("terminal_tasks", tasks=folder, sessions={"mode": "remote"})
     with pytest.raises(ConfigError, match=r"sessions.wram: Extra inputs"):
         make_env("terminal_tasks", tasks=folder, sessions={"mode": "local", "wram": 0})
+    with pytest.raises(ConfigError, match=r"sessions.api_key_env names NO_SUCH_KEY_SET"):
+        make_env("terminal_tasks", tasks=folder, sessions={
+            "mode": "remote", "url": "http://127.0.0.1:8377", "api_key_env": "NO_SUCH_KEY_SET"})
 
 
 def test_an_env_host_closes_the_sessions_of_episodes_cut_short(tmp_path, monkeypatch):
