@@ -28,10 +28,12 @@ from tests.envs.test_terminal_tasks import hand_written
 pytestmark = [pytest.mark.unit, pytest.mark.bwrap]
 
 ROOT = Path(__file__).resolve().parents[2]
+MOUNTS = os.geteuid() == 0
+"""A session's disk is a tmpfs mount only when the host process is root."""
 LOCAL = {"mode": "local", "warm": 0, "reap_interval_s": 0.2}
 
 
-def session_mounts(under: str = "") -> int:
+def session_mounts(under: str) -> int:
     """Session tmpfs mounts (those below ``under``: other runs on the machine have theirs)."""
     with open("/proc/self/mountinfo") as handle:
         return sum("reroll-session " in line and line.split()[4].startswith(under)
@@ -45,7 +47,6 @@ def live_sessions() -> int:
 def test_an_episode_runs_in_one_session_and_the_tests_are_out_of_the_agents_reach(tmp_path):
     secret = tmp_path / "host-secret.txt"
     secret.write_text("host-only\n")
-    mounts = session_mounts()
     env = make_env("terminal_tasks", tasks=str(hand_written(tmp_path)), max_turns=12,
                    sessions=LOCAL)
     env.reset(0)
@@ -64,10 +65,12 @@ def test_an_episode_runs_in_one_session_and_the_tests_are_out_of_the_agents_reac
              " export PATH=/work/fake:$PATH BASH_ENV=/work/fake/rc")
     env.step("setsid sh -c 'while :; do echo 1 > /tmp/.reroll-reward; sleep 0.05; done' "
              ">/dev/null 2>&1 &")
-    assert live_sessions() == 1 and session_mounts() == mounts + 1
+    disk = env._box[0].session.dir.path  # the session's tmpfs on the host
+    assert live_sessions() == 1 and session_mounts(disk) == MOUNTS
     obs, reward, done, _, info = env.step("submit")
     assert done and reward == 0.5 and obs == "Tests failed."  # n.txt was never written
-    assert live_sessions() == 0 and session_mounts() == mounts  # closed with the episode
+    assert live_sessions() == 0 and session_mounts(disk) == 0  # closed with the episode
+    assert not os.path.exists(disk)
 
 
 def test_a_session_lost_to_its_time_to_live_or_a_crash_is_named(tmp_path):
@@ -167,7 +170,7 @@ def test_an_env_host_closes_the_sessions_of_episodes_cut_short(tmp_path, monkeyp
 
     envs = asyncio.run(cut_short())
     try:
-        assert session_mounts(scratch) == 3  # their two sessions and the warm one
+        assert session_mounts(scratch) == 3 * MOUNTS  # their two sessions and the warm one
         hosts.close()
         del envs
         assert session_mounts(scratch) == 0
