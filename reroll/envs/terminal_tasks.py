@@ -129,9 +129,11 @@ class TerminalTasksEnv:
         max_output_chars: a command's output is cut to this many characters.
         command_timeout_s: one command's time limit (the task's agent timeout_sec: all of them).
         sandbox: the Sandbox to run in (default: a new one with the default backend).
-        sessions: None: one-shot sandboxes, the directory carried between them; else where the
-            episode's sandbox session runs (`SessionsConfig`: `{mode: local}` or `{mode: remote,
-            url: ..., api_key_env: ...}`), and cwd and variables persist between commands.
+        sessions: None: one-shot sandboxes; `{mode: local}` or `{mode: remote, url: ...}`: one
+            session an episode (docs/terminal-tasks.md).
+
+    With `sessions`, an episode runs in one sandbox session (`SessionsConfig`), where cwd and
+    variables persist between commands; one-shot sandboxes carry only the directory.
     """
 
     def __init__(self, tasks: str | None = None, max_turns: int = 6,
