@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from tool_harness import fit_completions
 
 from reroll.cli import main
 from reroll.envs.terminal_gen import TerminalTask, write_suite
@@ -47,21 +48,8 @@ def fitted_model(tiny_model: str, out: Path, instructions: list[str], steps: int
     rows = [renderer.encode(renderer.render(
         [{"role": "system", "content": MINI["agent"]["system_template"]},
          {"role": "user", "content": text}], None, True)) for text in instructions]
-    width = max(len(p) for p in rows) + len(reply)
-    ids = torch.tensor([p + reply + [tokenizer.pad_token_id] * (width - len(p) - len(reply))
-                        for p in rows])
-    mask = torch.arange(width)[None] < torch.tensor([[len(p) + len(reply)] for p in rows])
-    labels = torch.full_like(ids, -100)
-    for i, p in enumerate(rows):
-        labels[i, len(p):len(p) + len(reply)] = torch.tensor(reply)
-    optimizer = torch.optim.Adam(model.parameters(), lr=3e-3)
-    for _ in range(steps):
-        loss = model(input_ids=ids, attention_mask=mask.long(), labels=labels).loss
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
-        if loss.item() < 0.005:
-            break
+    fit_completions(model, tokenizer.pad_token_id, [(p, reply) for p in rows], steps,
+                    stop_below=0.005)
     model.save_pretrained(str(out))
     return str(out)
 
