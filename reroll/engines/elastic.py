@@ -174,6 +174,7 @@ class ElasticEngine:
         self._held: dict[str, torch.Tensor] | None = None  # the endpoint's weights, its dtype
         self._held_version: int | None = None
         self._held_fingerprint: str | None = None
+        self._endpoint_dtype: torch.dtype | bool | None = None  # asked once; False: unknown
         self._since_full = 0
         self.cap = 0
         self._in_flight = {"dedicated": 0, "serving": 0}
@@ -258,13 +259,14 @@ class ElasticEngine:
             self.counters.sync_bytes = self.counters.full_bytes = body_bytes(tensors)
             return
         wire = self._in_endpoint_dtype(tensors)
+        wire_fingerprint = fingerprint(wire.items())
         self.counters.full_bytes = body_bytes(wire)
         if not (self._held is not None and self._since_full + 1 < self.delta.full_every
-                and self._send_delta(wire, version)):
+                and self._send_delta(wire, wire_fingerprint, version)):
             self._post_full(save(wire), version)
             self.counters.sync_bytes, self._since_full = body_bytes(wire), 0
         self._held, self._held_version = wire, version
-        self._held_fingerprint = fingerprint(wire.items())
+        self._held_fingerprint = wire_fingerprint
 
     def _post_full(self, body: bytes, version: int) -> None:
         reply = self._http.post(f"{self.serving_url}/weights", content=body,
@@ -275,15 +277,19 @@ class ElasticEngine:
 
     def _in_endpoint_dtype(self, tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """The weights as the endpoint will hold them (cast to its dtype: a delta is of the
-        endpoint's bits, where a small update often changes nothing)."""
-        reply = self._http.get(f"{self.serving_url}/weights_fingerprint")
-        name = reply.json().get("dtype") if reply.status_code == 200 else None
-        dtype = getattr(torch, name, None) if name else None
+        endpoint's bits, where a small update often changes nothing). The endpoint's dtype is
+        asked once: it holds its weights in one dtype for its life."""
+        if self._endpoint_dtype is None:
+            reply = self._http.get(f"{self.serving_url}/weights_fingerprint")
+            name = reply.json().get("dtype") if reply.status_code == 200 else None
+            self._endpoint_dtype = getattr(torch, name, False) if name else False
+        dtype = self._endpoint_dtype
         if not isinstance(dtype, torch.dtype):
             return tensors
         return {k: t.to(dtype) if t.is_floating_point() else t for k, t in tensors.items()}
 
-    def _send_delta(self, wire: dict[str, torch.Tensor], version: int) -> bool:
+    def _send_delta(self, wire: dict[str, torch.Tensor], wire_fingerprint: str,
+                    version: int) -> bool:
         """A delta against the held version, if smaller than the weights; True when the endpoint
         applied it and its fingerprint is that of `wire`. A refusal (409: it holds another
         version, or takes no deltas; 400) or a wrong result is counted, and the caller sends full
@@ -297,7 +303,7 @@ class ElasticEngine:
         reply = self._http.post(f"{self.serving_url}/weights_delta", content=save(body),
                                 headers={"X-Reroll-Version": str(version),
                                          "X-Reroll-Base-Version": str(self._held_version)})
-        if reply.status_code != 200 or reply.json().get("fingerprint") != fingerprint(wire.items()):
+        if reply.status_code != 200 or reply.json().get("fingerprint") != wire_fingerprint:
             log.warning("serving endpoint %s: delta to weights version %s not taken (HTTP %s: "
                         "%s); sending full weights", self.serving_url, version,
                         reply.status_code, reply.text[:200])

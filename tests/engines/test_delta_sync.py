@@ -72,12 +72,16 @@ def updated(state: dict, step: float) -> dict:
     return out
 
 
+def lender(tiny_model, tokenizer, url: str, full_every: int) -> ElasticEngine:
+    """An ElasticEngine around a float32 dedicated engine, sending deltas to `url`."""
+    dedicated = HFEngine(load_model(tiny_model), 8, tokenizer.pad_token_id)
+    return ElasticEngine(dedicated, url, ServingObjective(ttft_p99_s=60, tpot_p99_s=60),
+                         model="tiny", delta=DeltaPolicy(enabled=True, full_every=full_every))
+
+
 def test_an_endpoint_gets_deltas_and_full_weights_every_nth_sync(
         bf16_endpoint, tiny_model, tokenizer):
-    dedicated = HFEngine(load_model(tiny_model), 8, tokenizer.pad_token_id)
-    engine = ElasticEngine(dedicated, bf16_endpoint.url,
-                           ServingObjective(ttft_p99_s=60, tpot_p99_s=60), model="tiny",
-                           delta=DeltaPolicy(enabled=True, full_every=3))
+    engine = lender(tiny_model, tokenizer, bf16_endpoint.url, full_every=3)
     state = load_model(tiny_model).state_dict()
     try:
         sent = []
@@ -98,10 +102,7 @@ def test_an_endpoint_gets_deltas_and_full_weights_every_nth_sync(
 
 def test_an_endpoint_holding_another_version_refuses_the_delta_and_gets_full_weights(
         bf16_endpoint, tiny_model, tokenizer):
-    dedicated = HFEngine(load_model(tiny_model), 8, tokenizer.pad_token_id)
-    engine = ElasticEngine(dedicated, bf16_endpoint.url,
-                           ServingObjective(ttft_p99_s=60, tpot_p99_s=60), model="tiny",
-                           delta=DeltaPolicy(enabled=True, full_every=10))
+    engine = lender(tiny_model, tokenizer, bf16_endpoint.url, full_every=10)
     state = load_model(tiny_model).state_dict()
     try:
         engine.load_weights(updated(state, 1e-2).items(), 1)
