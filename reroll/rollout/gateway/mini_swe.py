@@ -18,22 +18,21 @@ A task row: `{"task": "path/to/task-folder", "config": "my-mini.yaml", "mini": {
 from __future__ import annotations
 
 import asyncio
-import os
 import shlex
 from pathlib import Path
 from typing import Any
 
 import yaml
 
+from reroll import settings
 from reroll.envs.terminal_tasks import TerminalTasksEnv
 
 # mini-swe-agent's and litellm's documented switches, set unless the user set them: no banner,
 # no download of litellm's price table (no network in a run), no cost accounting (the gateway's
 # model has no price), and few retries (a refused call is the episode's end, not a hiccup).
-for _name, _value in (("MSWEA_SILENT_STARTUP", "1"), ("LITELLM_LOCAL_MODEL_COST_MAP", "True"),
-                      ("MSWEA_COST_TRACKING", "ignore_errors"),
-                      ("MSWEA_MODEL_RETRY_STOP_AFTER_ATTEMPT", "2")):
-    os.environ.setdefault(_name, _value)
+settings.defaults({"MSWEA_SILENT_STARTUP": "1", "LITELLM_LOCAL_MODEL_COST_MAP": "True",
+                   "MSWEA_COST_TRACKING": "ignore_errors",
+                   "MSWEA_MODEL_RETRY_STOP_AFTER_ATTEMPT": "2"})
 
 try:  # after its switches above
     import litellm
