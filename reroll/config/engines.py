@@ -104,6 +104,13 @@ class ServingEndpointConfig(Section):
     dedicated_max_in_flight: int = Field(64, ge=1, le=100_000)
     """Most rollout requests the dedicated engine holds at once; more go to the endpoint while
     it has room, or wait."""
+    weight_sync: Literal["full", "delta"] = "delta"
+    """How new weights reach the endpoint: `delta` sends, against the version it holds, only the
+    elements that changed in its dtype (after a small update most bf16 weights do not), and full
+    weights when a delta would not be smaller, when the endpoint holds another version (it
+    refuses the delta) and every `full_sync_every`-th sync; `full` always sends every weight."""
+    full_sync_every: int = Field(10, ge=1, le=100_000)
+    """With `weight_sync: delta`, every this many syncs are full ones (1: all of them)."""
 
     @field_validator("url")
     @classmethod

@@ -14,7 +14,7 @@ from reroll.config.engines import (
     VLLMEngineConfig,
 )
 from reroll.config.errors import ConfigError
-from reroll.engines.elastic import ElasticEngine, ServingObjective
+from reroll.engines.elastic import DeltaPolicy, ElasticEngine, ServingObjective
 from reroll.engines.hf import HFEngine
 from reroll.engines.remote import RemoteEngine, RemoteEngineError, RemoteOptions
 from reroll.models.loading import DTYPES, load_model
@@ -50,7 +50,8 @@ def _with_serving_endpoint(engine, s: ServingEndpointConfig):
     """ROSE: `engine` plus the spare capacity of the serving endpoint `s` (checked reachable)."""
     objective = ServingObjective(s.ttft_p99_s, s.tpot_p99_s, s.headroom, s.control_interval_s,
                                  s.window_s, s.max_lent)
-    elastic = ElasticEngine(engine, s.url, objective, s.dedicated_max_in_flight, s.model)
+    elastic = ElasticEngine(engine, s.url, objective, s.dedicated_max_in_flight, s.model,
+                            DeltaPolicy(s.weight_sync == "delta", s.full_sync_every))
     try:
         elastic.serving.check_reachable()
     except RemoteEngineError as e:

@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import logging
 import threading
 import time
 from collections.abc import Iterable
@@ -49,8 +50,18 @@ from dataclasses import dataclass, field, replace
 
 import torch
 
-from reroll.engines.base import AdapterSyncError, Completion, Engine, Request, WeightSyncError
+from reroll.engines.base import (
+    AdapterSyncError,
+    Completion,
+    Engine,
+    Request,
+    WeightSyncError,
+    fingerprint,
+)
+from reroll.engines.delta import body_bytes, diff
 from reroll.engines.remote import RemoteEngine, RemoteOptions
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -126,13 +137,31 @@ class ElasticCounters:
     """Times the controller told the endpoint to keep no rollouts beside its users."""
     reclaimed: int = 0
     """Paused rollouts taken back from the endpoint for room on the dedicated engine."""
+    sync_bytes: int = 0
+    """Weight bytes sent to the endpoint by the last sync (a delta's, or the full weights')."""
+    full_bytes: int = 0
+    """What the last sync would have sent in full (the endpoint's dtype)."""
+    delta_syncs: int = 0
+    """Syncs sent as a delta."""
+    delta_fallbacks: int = 0
+    """Deltas refused (the endpoint held another version, or does not take them) or whose
+    result did not match, each followed by full weights."""
+
+
+@dataclass(frozen=True)
+class DeltaPolicy:
+    """`rollout.serving_endpoint.weight_sync` and `full_sync_every`."""
+
+    enabled: bool = True
+    full_every: int = 10
 
 
 class ElasticEngine:
     """A dedicated engine plus the spare capacity of a serving endpoint (see the module doc)."""
 
     def __init__(self, dedicated: Engine, serving_url: str, objective: ServingObjective,
-                 dedicated_max_in_flight: int = 64, model: str | None = None):
+                 dedicated_max_in_flight: int = 64, model: str | None = None,
+                 delta: DeltaPolicy | None = None):
         import httpx
 
         self.dedicated, self.objective = dedicated, objective
@@ -141,6 +170,12 @@ class ElasticEngine:
             model=model, max_in_flight=objective.max_lent, request_kind="rollout"))
         self.dedicated_max = dedicated_max_in_flight
         self.counters = ElasticCounters()
+        self.delta = delta or DeltaPolicy(enabled=False)
+        self._held: dict[str, torch.Tensor] | None = None  # the endpoint's weights, its dtype
+        self._held_version: int | None = None
+        self._held_fingerprint: str | None = None
+        self._endpoint_dtype: torch.dtype | bool | None = None  # asked once; False: unknown
+        self._since_full = 0
         self.cap = 0
         self._in_flight = {"dedicated": 0, "serving": 0}
         self._lent_since = 0.0
@@ -211,18 +246,73 @@ class ElasticEngine:
         (self.serving if side == "serving" else self.dedicated).abort(current_id)
 
     def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
-        """Both sides; the endpoint gets the weights as one safetensors body."""
+        """Both sides; the endpoint gets the weights as one safetensors body, or, with
+        `weight_sync: delta`, what changed since the version it holds (`_send_delta`)."""
         from safetensors.torch import save
 
         # cloned: tied weights share storage, which safetensors refuses
         tensors = {name: t.detach().cpu().clone() for name, t in named_tensors}
         self.dedicated.load_weights(tensors.items(), version)
         self.serving.version = version
-        reply = self._http.post(f"{self.serving_url}/weights", content=save(tensors),
+        if not self.delta.enabled:
+            self._post_full(save(tensors), version)
+            self.counters.sync_bytes = self.counters.full_bytes = body_bytes(tensors)
+            return
+        wire = self._in_endpoint_dtype(tensors)
+        wire_fingerprint = fingerprint(wire.items())
+        self.counters.full_bytes = body_bytes(wire)
+        if not (self._held is not None and self._since_full + 1 < self.delta.full_every
+                and self._send_delta(wire, wire_fingerprint, version)):
+            self._post_full(save(wire), version)
+            self.counters.sync_bytes, self._since_full = body_bytes(wire), 0
+        self._held, self._held_version = wire, version
+        self._held_fingerprint = wire_fingerprint
+
+    def _post_full(self, body: bytes, version: int) -> None:
+        reply = self._http.post(f"{self.serving_url}/weights", content=body,
                                 headers={"X-Reroll-Version": str(version)})
         if reply.status_code != 200:
             raise WeightSyncError(f"the serving endpoint {self.serving_url} refused weights "
                                   f"version {version}: HTTP {reply.status_code} {reply.text[:200]}")
+
+    def _in_endpoint_dtype(self, tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """The weights as the endpoint will hold them (cast to its dtype: a delta is of the
+        endpoint's bits, where a small update often changes nothing). The endpoint's dtype is
+        asked once: it holds its weights in one dtype for its life."""
+        if self._endpoint_dtype is None:
+            reply = self._http.get(f"{self.serving_url}/weights_fingerprint")
+            name = reply.json().get("dtype") if reply.status_code == 200 else None
+            self._endpoint_dtype = getattr(torch, name, False) if name else False
+        dtype = self._endpoint_dtype
+        if not isinstance(dtype, torch.dtype):
+            return tensors
+        return {k: t.to(dtype) if t.is_floating_point() else t for k, t in tensors.items()}
+
+    def _send_delta(self, wire: dict[str, torch.Tensor], wire_fingerprint: str,
+                    version: int) -> bool:
+        """A delta against the held version, if smaller than the weights; True when the endpoint
+        applied it and its fingerprint is that of `wire`. A refusal (409: it holds another
+        version, or takes no deltas; 400) or a wrong result is counted, and the caller sends full
+        weights."""
+        from safetensors.torch import save
+
+        body = diff(self._held, wire)
+        size = body_bytes(body)
+        if size >= self.counters.full_bytes:
+            return False
+        reply = self._http.post(f"{self.serving_url}/weights_delta", content=save(body),
+                                headers={"X-Reroll-Version": str(version),
+                                         "X-Reroll-Base-Version": str(self._held_version)})
+        if reply.status_code != 200 or reply.json().get("fingerprint") != wire_fingerprint:
+            log.warning("serving endpoint %s: delta to weights version %s not taken (HTTP %s: "
+                        "%s); sending full weights", self.serving_url, version,
+                        reply.status_code, reply.text[:200])
+            self.counters.delta_fallbacks += 1
+            return False
+        self.counters.delta_syncs += 1
+        self.counters.sync_bytes = size
+        self._since_full += 1
+        return True
 
     @property
     def takes_adapters(self) -> bool:
@@ -255,7 +345,11 @@ class ElasticEngine:
         if reply.status_code != 200:
             return f"dedicated {mine} != serving endpoint {self.serving_url}: {reply.text[:200]}"
         theirs = reply.json()["fingerprint"]
-        return mine if theirs == mine else \
+        # with deltas the endpoint holds the weights in its dtype: they are checked against
+        # those bits, the dedicated engine's against the trainer's
+        expected = self._held_fingerprint if self.delta.enabled and self._held is not None \
+            else mine
+        return mine if theirs == expected else \
             f"dedicated {mine} != serving endpoint {self.serving_url} {theirs}"
 
     def sleep(self) -> None:
@@ -273,6 +367,10 @@ class ElasticEngine:
         return {"elastic/lent_frac": c.lent / total, "elastic/backoffs": float(c.backoffs),
                 "elastic/preempted": float(c.preempted), "elastic/unkept": float(c.unkept),
                 "elastic/reclaimed": float(c.reclaimed),
+                "elastic/sync_bytes": float(c.sync_bytes),
+                "elastic/sync_bytes_frac": c.sync_bytes / max(c.full_bytes, 1),
+                "elastic/delta_syncs": float(c.delta_syncs),
+                "elastic/delta_fallbacks": float(c.delta_fallbacks),
                 "elastic/cap_mean": sum(c.caps) / max(len(c.caps), 1)}
 
     def close(self) -> None:

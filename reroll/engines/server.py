@@ -16,8 +16,11 @@ flight (`wait_idle_s=T`: first wait up to T seconds for the serving requests run
 `POST /v1/weights` (a safetensors body, header `X-Reroll-Version`) loads new policy
 weights between two decoding steps; `POST /v1/adapter` (a LoRA adapter's safetensors, a few MB,
 same header) merges an adapter into the server's copy of the base weights instead;
+`POST /v1/weights_delta` (headers `X-Reroll-Version` and `X-Reroll-Base-Version`) applies a delta
+against the version the server holds, only the elements that changed (`reroll.engines.delta`;
+a 409 when it holds another version: the sender then sends full weights);
 `GET /v1/weights_fingerprint` lets the trainer verify them (`?version=N`: a 409 unless the server
-holds version N).
+holds version N) and names the dtype the weights are held in.
 With `yield_to_serving` (`--yield-to-serving`), a serving request that arrives aborts every
 rollout request running here: they return what they generated (finish reason `abort`) and the
 trainer finishes them elsewhere, and a rollout request that arrives while a serving request
@@ -61,6 +64,10 @@ from reroll.engines.http import (
     make_app,
 )
 from reroll.engines.loop import BackgroundLoop
+
+
+class BehindError(RuntimeError):
+    """A delta against a version the server does not hold: it asks for full weights (409)."""
 
 KINDS = ("serving", "rollout")
 
@@ -282,6 +289,44 @@ class CompletionServer:
         self._loop.run(apply())
         return {"version": version, "fingerprint": self.engine.weights_fingerprint()}
 
+    def held_weights(self) -> dict | None:
+        """The engine's weights as it holds them (its dtype), for a delta; None when the engine
+        does not expose them (vLLM keeps them in its own process)."""
+        import torch
+
+        model = getattr(self.engine, "model", None)
+        return dict(model.state_dict()) if isinstance(model, torch.nn.Module) else None
+
+    def load_delta(self, data: bytes, base: int, version: int) -> dict:
+        """A delta against weights version `base` (`reroll.engines.delta`), applied to the
+        engine's weights between decoding steps. A server holding another version refuses it
+        (BehindError: the sender sends full weights); so does an engine that does not expose its
+        weights. A body that does not parse or does not fit changes no weight (ValueError)."""
+        from safetensors import SafetensorError
+        from safetensors.torch import load
+
+        from reroll.engines.delta import patch
+
+        held = self.held_weights()
+        if held is None:
+            raise BehindError(f"this server's engine ({type(self.engine).__name__}) does not "
+                              "take deltas; send full weights")
+        if self.engine.version != base:
+            raise BehindError(f"this server holds weights version {self.engine.version}, not "
+                              f"the delta's base {base}; send full weights")
+        try:
+            body = load(data)
+        except SafetensorError as e:
+            raise ValueError(f"the body is not a whole safetensors file ({len(data)} bytes: "
+                             f"{e})") from None
+        changed = patch(held, body)  # raises before any weight changes
+
+        async def apply():
+            self.engine.load_weights((held | changed).items(), version)
+        self._loop.run(apply())
+        return {"version": version, "fingerprint": self.engine.weights_fingerprint(),
+                "changed_tensors": len(changed)}
+
     def load_adapter(self, data: bytes, version: int) -> dict:
         """A LoRA adapter (safetensors bytes of `LoRAAdapter.adapter_tensors`), merged on the
         engine's loop between decoding steps. A body that does not parse, or an adapter that
@@ -357,7 +402,10 @@ def _app(server: CompletionServer):
         if asked is not None and asked != str(held):
             raise OpenAIError(409, f"this server holds weights version {held}, not {asked}",
                               param="version")
-        return JSONResponse({"fingerprint": server.engine.weights_fingerprint(), "version": held})
+        weights = server.held_weights()
+        dtype = str(next(iter(weights.values())).dtype).removeprefix("torch.") if weights else None
+        return JSONResponse({"fingerprint": server.engine.weights_fingerprint(), "version": held,
+                             "dtype": dtype})
 
     async def completions(request):
         body = await json_body(request)
@@ -370,6 +418,20 @@ def _app(server: CompletionServer):
             return JSONResponse(await run_in_threadpool(server.load_weights, data, version))
         except (ValueError, TypeError, KeyError) as e:  # not safetensors, or not these weights
             raise OpenAIError(400, f"the weights cannot be loaded: {e}") from None
+
+    async def delta(request):
+        version = _version(request)
+        try:
+            base = int(request.headers.get("X-Reroll-Base-Version", ""))
+        except ValueError:
+            raise bad_param("X-Reroll-Base-Version", "must be an integer") from None
+        data = await request.body()
+        try:
+            return JSONResponse(await run_in_threadpool(server.load_delta, data, base, version))
+        except BehindError as e:
+            raise OpenAIError(409, str(e), param="X-Reroll-Base-Version") from None
+        except ValueError as e:
+            raise OpenAIError(400, f"the delta cannot be applied: {e}") from None
 
     async def adapter(request):
         version = _version(request)
@@ -391,6 +453,7 @@ def _app(server: CompletionServer):
         Route("/v1/completions", completions, methods=["POST"]),
         Route("/v1/weights", weights, methods=["POST"]),
         Route("/v1/adapter", adapter, methods=["POST"]),
+        Route("/v1/weights_delta", delta, methods=["POST"]),
         Route("/v1/beside", beside, methods=["POST"]),
         Route("/v1/reclaim", reclaim, methods=["POST"])])
 

@@ -14,13 +14,15 @@ usual step time limit.
 When a host dies, every call it was running fails its episode with the exit code and what was
 running (`env/errors`, the trajectory's `env_error`), the same line goes to the console, and the
 next episode starts a new host. A step past the time limit is abandoned in its host (its thread
-stays there); the hosts are killed when the run closes them, and a host whose driver has gone
-(the pipe's end closed) exits by itself.
+stays there); a host whose driver has gone (the pipe's end closed) exits by itself, after
+closing the sandbox sessions its environments still hold (`reroll.sandbox.shared`), and the
+run's close waits `EXIT_GRACE_S` for that before it kills the hosts.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import os
 import pickle
@@ -34,9 +36,13 @@ from multiprocessing.connection import Connection
 from typing import Any
 
 from reroll.envs.base import EnvError, in_thread, reset_async, step_async
+from reroll.sandbox import shared
 
 START_TIMEOUT_S = 120.0
 """Longest a host may take to start and build its first environment (imports included)."""
+EXIT_GRACE_S = 15.0
+"""How long a closed host may take to close its sandbox sessions (and unmount their tmpfs)
+before it is killed."""
 
 
 def picklable(factory: Callable[[], Any]) -> str | None:
@@ -198,10 +204,18 @@ class _Host:
     def close(self) -> None:
         with self._lock:
             self.dead = self.dead or "closed"
+        # A hang-up, not just a close: the reader thread's pending recv holds the socket
+        # open, so a close alone never reaches the host. It then ends by itself, after
+        # closing its sessions (stuck steps or not).
+        with contextlib.suppress(OSError):
+            with socket.socket(fileno=os.dup(self.conn.fileno())) as sock:
+                sock.shutdown(socket.SHUT_RDWR)
         self.conn.close()
-        if self.process.poll() is None:
-            self.process.kill()  # a step stuck in it may never return
-        self.process.wait()
+        try:
+            self.process.wait(timeout=EXIT_GRACE_S)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
 
 
 def _settle(loop: asyncio.AbstractEventLoop, future: asyncio.Future, value: Any) -> None:
@@ -238,6 +252,7 @@ def host_main(fd: int) -> None:
         except (EOFError, OSError):  # the driver has gone: end, stuck steps and all
             break
         asyncio.run_coroutine_threadsafe(host.handle(*message), loop)
+    shared.shutdown(EXIT_GRACE_S - 5)  # sessions left open by episodes cut short
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)  # daemon threads stuck in a step are not waited for

@@ -2,24 +2,37 @@
 (`reroll.envs.task_folder` reads them; `reroll.envs.terminal_gen` generates a suite) as an
 environment, and the check that a task is sound.
 
-Each command runs in a fresh one-shot sandbox (no network, no host path, the task's limits); the
-working directory is carried from one to the next as an archive, so files, folders and their
-modes persist, and a command's shell state (`cd`, variables) does not.
+By default each command runs in a fresh one-shot sandbox (no network, no host path, the task's
+limits); the working directory is carried from one to the next as an archive, so files, folders
+and their modes persist, and a command's shell state (`cd`, variables) does not. With
+``sessions`` (a `SessionsConfig`: in this process or through `reroll sandbox serve`) the episode
+runs in one sandbox session: the set-up, every command (cwd and variables persist) and the
+tests; a session lost on the way (the service gone, its time to live passed, its sandbox
+crashed) fails the episode as an infrastructure failure naming the cause, never a reward of 0.
 """
 
 from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import functools
+import shlex
 import tempfile
+import uuid
+import weakref
 from pathlib import Path
 from typing import Any
 
+from pydantic import ValidationError
+
+from reroll import settings
+from reroll.envs.base import EnvError
 from reroll.envs.parsing import code_block
-from reroll.envs.task_folder import TerminalTask, load_suite
+from reroll.envs.task_folder import TerminalTask, load_suite, setup
 from reroll.envs.terminal_gen import write_suite
-from reroll.sandbox import Limits, Sandbox
+from reroll.sandbox import Limits, Sandbox, SandboxError, SessionsConfig, shared_sessions
+from reroll.sandbox.shared import SharedSession
 
 HELD_OUT_SEED = 1_000_000
 """Episodes with a seed at or above this are evaluations (`reroll eval --env` counts from 10^6,
@@ -116,11 +129,17 @@ class TerminalTasksEnv:
         max_output_chars: a command's output is cut to this many characters.
         command_timeout_s: one command's time limit (the task's agent timeout_sec: all of them).
         sandbox: the Sandbox to run in (default: a new one with the default backend).
+        sessions: None: one-shot sandboxes; `{mode: local}` or `{mode: remote, url: ...}`: one
+            session an episode (docs/terminal-tasks.md).
+
+    With `sessions`, an episode runs in one sandbox session (`SessionsConfig`), where cwd and
+    variables persist between commands; one-shot sandboxes carry only the directory.
     """
 
     def __init__(self, tasks: str | None = None, max_turns: int = 6,
                  max_output_chars: int = 400, command_timeout_s: float = 10.0,
-                 sandbox: Sandbox | None = None):
+                 sandbox: Sandbox | None = None,
+                 sessions: dict[str, Any] | SessionsConfig | None = None):
         root = Path(tasks if tasks is not None else default_suite())
         train, held = root / "train", root / "heldout"
         self.train = load_suite(train if train.is_dir() else root)
@@ -128,6 +147,11 @@ class TerminalTasksEnv:
         self.max_turns, self.max_output_chars = max_turns, max_output_chars
         self.command_timeout_s = command_timeout_s
         self.sandbox = sandbox
+        self.sessions = sessions_config(sessions)
+        # the episode's session, in a box the finalizer holds (not self): an env dropped
+        # mid-episode (a length limit, an abort) closes its session when collected
+        self._box: list[SharedSession | None] = [None]
+        weakref.finalize(self, _close_soon, self._box)
 
     def reset(self, seed: int | None = None) -> tuple[str, dict[str, Any]]:
         return asyncio.run(self.areset(seed))
@@ -138,13 +162,7 @@ class TerminalTasksEnv:
     async def areset(self, seed: int | None = None) -> tuple[str, dict[str, Any]]:
         seed = seed or 0
         pool = self.held_out if seed >= HELD_OUT_SEED else self.train
-        self.task = pool[seed % len(pool)]
-        self.turn, self.state, self.spent_s, self.solved = 0, b"", 0.0, False
-        _, status = await self._run(setup_script(self.task),
-                                    self.task.config.environment.build_timeout_sec,
-                                    _files(ENVIRONMENT, self.task.environment))
-        if status != 0:  # the task's own set-up: an infrastructure failure, not the policy's
-            raise RuntimeError(f"task {self.task.name}: its set-up failed (exit {status})")
+        await self.begin(pool[seed % len(pool)])
         return (f"Task: {self.task.instruction.strip()}\nYou are in the task's working "
                 "directory. Reply with one shell command per turn; reply `submit` when done."), \
             {"task": self.task.name, "category": self.task.config.metadata.category}
@@ -153,13 +171,40 @@ class TerminalTasksEnv:
         self.turn += 1
         command = (code_block(action) or action).strip()
         if command != "submit":
-            left = self.task.config.agent.timeout_sec - self.spent_s
-            output, status = await self._run(command, max(min(self.command_timeout_s, left), 1))
+            output, status = await self.shell(command)
             if self.turn < self.max_turns:
                 return f"{output}[exit {status}]", 0.0, False, False, {"success": False}
-        reward = await self._verify()
+        reward = await self.verify()
+        await self.close_session()
         return ("Tests passed." if reward >= 1.0 else "Tests failed."), reward, True, False, \
             {"success": reward >= 1.0}
+
+    async def begin(self, task: TerminalTask) -> None:
+        """Start `task`: a fresh working directory with its set-up run (an agent harness that
+        is not this env's turn loop drives it with `shell` and `verify`)."""
+        await self.close_session()
+        self.task = task
+        self.turn, self.state, self.spent_s, self.solved = 0, b"", 0.0, False
+        if self.sessions is not None:
+            status = await self._session_setup()
+        else:
+            _, status = await self._run(setup_script(task),
+                                        task.config.environment.build_timeout_sec,
+                                        _files(ENVIRONMENT, task.environment))
+        if status != 0:  # the task's own set-up: an infrastructure failure, not the policy's
+            raise RuntimeError(f"task {task.name}: its set-up failed (exit {status})")
+
+    async def shell(self, command: str) -> tuple[str, int]:
+        """One command in the working directory (see `_run`), within `command_timeout_s` and
+        what is left of the task's agent time: its output (cut) and exit status."""
+        left = self.task.config.agent.timeout_sec - self.spent_s
+        timeout = max(min(self.command_timeout_s, left), 1)
+        return await (self._session_run(command, timeout) if self.sessions is not None
+                      else self._run(command, timeout))
+
+    async def verify(self) -> float:
+        """The task's tests on the working directory as it is now: their reward."""
+        return await (self._session_verify() if self.sessions is not None else self._verify())
 
     def expert_action(self) -> str:
         if self.solved or "solve.sh" not in self.task.solution:
@@ -208,3 +253,117 @@ class TerminalTasksEnv:
             files=files | _files(TESTS, self.task.tests),
             limits=Limits(wall_time_s=timeout, cpu_time_s=timeout, memory_bytes=_memory(self.task)))
         return parse_reward(result.stdout)
+
+    # -- in a sandbox session (`sessions`) ------------------------------------------------------
+
+    def _lost(self, exc: BaseException) -> EnvError:
+        session = self._box[0]
+        self._box[0] = None
+        if session is not None:
+            session.close_soon()
+        where = f" {session.id}" if session is not None else ""
+        return EnvError(f"terminal task {self.task.name}: its sandbox session{where} was lost "
+                        f"({type(exc).__name__}: {exc})")
+
+    def _session(self) -> SharedSession:
+        if self._box[0] is None:
+            raise EnvError(f"terminal task {self.task.name}: no session (reset first)")
+        return self._box[0]
+
+    async def _session_setup(self) -> int:
+        spec = self.task.session_spec(self.sessions.session)
+        try:
+            self._box[0] = await shared_sessions(self.sessions).create(spec)
+            result = await setup(self._box[0], self.task)
+        except _LOST as exc:
+            raise self._lost(exc) from exc
+        return 0 if result is None else result.exit_code
+
+    async def _session_run(self, command: str, timeout_s: float) -> tuple[str, int]:
+        """`command` in the session's shell (its cwd and variables), stderr into stdout: its
+        output (cut) and exit status (124 past `timeout_s`, as `timeout` says)."""
+        session = self._session()
+        try:
+            result = await session.exec("exec 2>&1\n" + command, wall_time_s=timeout_s,
+                                        cpu_time_s=timeout_s)
+        except _LOST as exc:
+            raise self._lost(exc) from exc
+        self.spent_s += result.wall_s
+        output = (result.stdout + result.stderr)[: self.max_output_chars]
+        status = 124 if result.timed_out else result.exit_code
+        return output.rstrip("\n") + ("\n" if output.strip() else ""), status
+
+    async def _session_verify(self) -> float:
+        """The tests, copied in after the agent. Whatever the agent left behind cannot touch
+        them: its processes are ended first (the session is stopped; files stay) and the tests
+        run in a clean environment (no function, PATH or BASH_ENV of the agent's shell)."""
+        session = self._session()
+        stage = f".reroll-tests-{uuid.uuid4().hex}"
+        try:
+            await session.stop()
+            for name, data in self.task.tests.items():
+                await session.write(f"{stage}/{name}", data, 0o755 if name.endswith(".sh")
+                                    else 0o644)
+            timeout = self.task.config.verifier.timeout_sec
+            result = await session.exec(
+                _CLEAN, stdin=session_verify_script(self.task, stage), wall_time_s=timeout,
+                cpu_time_s=timeout, env={"POSIXLY_CORRECT": "1", "BASH_ENV": ""})
+        except _LOST as exc:
+            raise self._lost(exc) from exc
+        return parse_reward(result.stdout)
+
+    async def close_session(self) -> None:
+        """End the episode's session (its files and processes), if it has one."""
+        session, self._box[0] = self._box[0], None
+        if session is not None:
+            with contextlib.suppress(*_LOST):  # gone already: nothing left to close
+                await session.close()
+
+    def close(self) -> None:
+        """End the episode's session without waiting (an env host drops the env)."""
+        _close_soon(self._box)
+
+
+_LOST = (SandboxError, KeyError, PermissionError, OSError)
+"""What a lost session raises: the sandbox or the service failed (`SandboxError`: unreachable,
+the session gone with its reason), the service forgot it (`SessionNotFound`, a KeyError, after a
+restart), the key was refused."""
+_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+_CLEAN = f"exec /usr/bin/env -i PATH={_PATH} HOME=/work /bin/bash --noprofile --norc -s"
+"""The verifier's shell: the agent's exported functions, PATH and BASH_ENV do not reach it
+(POSIXLY_CORRECT, set for this command, keeps a function named `exec` from standing in)."""
+
+
+def session_verify_script(task: TerminalTask, stage: str) -> str:
+    """The tests (uploaded to /work/``stage``) at /tmp/tests, run from /work, and the reward
+    printed last, as `verify_script` does."""
+    exports = "".join(f"export {k}={shlex.quote(v)}\n"
+                      for k, v in task.config.verifier.env.items())
+    return (f"cd /work || exit 1\nrm -rf /tmp/tests /tmp/.reroll-reward\n"
+            f"mkdir -p /tmp/tests && cp -a {stage}/. /tmp/tests/ && rm -rf {stage} || exit 1\n"
+            f"{exports}export TESTS_DIR=/tmp/tests REWARD_FILE=/tmp/.reroll-reward\n"
+            f"bash /tmp/tests/test.sh </dev/null >/dev/null 2>&1; status=$?\n"
+            f"if [ -s $REWARD_FILE ]; then echo \"{REWARD}$(head -c 32 $REWARD_FILE)\"; "
+            f"else [ $status -eq 0 ] && echo {REWARD}1 || echo {REWARD}0; fi\n")
+
+
+def sessions_config(value: dict[str, Any] | SessionsConfig | None) -> SessionsConfig | None:
+    """``env.kwargs.sessions`` checked; a ValueError names the key."""
+    if value is None:
+        return None
+    try:
+        config = SessionsConfig.model_validate(value)
+    except ValidationError as exc:
+        problems = "; ".join(f"{'.'.join(str(p) for p in ('sessions', *e['loc']))}: "
+                             f"{e['msg'].removeprefix('Value error, ')}" for e in exc.errors())
+        raise ValueError(f"terminal_tasks: {problems}") from None
+    if config.mode == "remote" and config.api_key_env and not settings.read(config.api_key_env):
+        raise ValueError(f"terminal_tasks: sessions.api_key_env names {config.api_key_env}, "
+                         "which is not set (export the sandbox service's key there)")
+    return config
+
+
+def _close_soon(box: list[SharedSession | None]) -> None:
+    session, box[0] = box[0], None
+    if session is not None:
+        session.close_soon()

@@ -8,7 +8,8 @@ tree. `SandboxPool` is the manager: a concurrency limit, warm single-use sandbox
 and metrics. A `Session` is a sandbox that lives across commands (files, cwd and environment
 persist; fork; time-to-live), made by a `SessionManager` in this process or by the sandbox
 service (`reroll sandbox serve`) through `SessionClient`; `open_sessions(config)` picks one of
-the two. See docs/sandbox.md.
+the two, and `shared_sessions(config)` makes them usable from any event loop or sync
+code. See docs/sandbox.md.
 """
 
 from reroll.sandbox.client import SessionClient, open_sessions
@@ -25,6 +26,7 @@ from reroll.sandbox.sandbox import Job, Sandbox
 from reroll.sandbox.session import Session, SessionGone
 from reroll.sandbox.session_config import SessionsConfig, SessionSpec
 from reroll.sandbox.sessions import SessionLimitReached, SessionManager, SessionNotFound
+from reroll.sandbox.shared import SharedSessions, shared_sessions
 
 __all__ = [
     "ExecResult",
@@ -47,6 +49,8 @@ __all__ = [
     "SessionNotFound",
     "SessionSpec",
     "SessionsConfig",
+    "SharedSessions",
     "open_sessions",
     "parse_size",
+    "shared_sessions",
 ]

@@ -38,6 +38,47 @@ from reroll.sandbox.session_metrics import SessionMetrics
 logger = logging.getLogger(__name__)
 
 
+_PREFIX, _OWNER = "reroll-sessions-", ".owner"
+"""A manager's folder in the temp dir, and its file naming the process (pid, start time)."""
+
+
+def _started(pid: int) -> str | None:
+    """The process's start time (clock ticks since boot), or None when it is not alive."""
+    try:
+        with open(f"/proc/{pid}/stat") as handle:
+            return handle.read().rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        return None
+
+
+def _remove_root(root: str, workdir: str) -> None:
+    for name in os.listdir(root):  # a start cut short may have left its mount
+        if os.path.isdir(os.path.join(root, name)):
+            SessionDir(os.path.join(root, name), workdir, None, mounted=True).remove()
+    shutil.rmtree(root, ignore_errors=True)
+
+
+def sweep_stale(parent: str, workdir: str) -> int:
+    """Remove the managers' folders in ``parent`` whose process has gone without closing them
+    (killed with SIGKILL: no handler ran), unmounting their sessions' tmpfs; how many. A
+    folder without an owner file (starting, or an older reroll's) is left alone."""
+    swept = 0
+    for name in os.listdir(parent):
+        root = os.path.join(parent, name)
+        if not name.startswith(_PREFIX):
+            continue
+        try:
+            with open(os.path.join(root, _OWNER)) as handle:
+                pid, started = handle.read().split()
+            if _started(int(pid)) == started:
+                continue  # alive
+        except (OSError, ValueError):
+            continue
+        _remove_root(root, workdir)
+        swept += 1
+    return swept
+
+
 class SessionLimitReached(SandboxError):
     """``max_sessions`` sessions are alive; close some first."""
 
@@ -87,8 +128,14 @@ class SessionManager:
         await self.close()
 
     async def start(self) -> None:
-        self.root = tempfile.mkdtemp(prefix="reroll-sessions-")
+        swept = sweep_stale(tempfile.gettempdir(), self.workdir)
+        if swept:
+            logger.warning("sandbox sessions: removed %d session folder(s) (and their tmpfs) "
+                           "left by a process that was killed", swept)
+        self.root = tempfile.mkdtemp(prefix=_PREFIX)
         os.chmod(self.root, 0o711)  # the sandbox uid must reach its own directory
+        with open(os.path.join(self.root, _OWNER), "w") as handle:
+            handle.write(f"{os.getpid()} {_started(os.getpid())}")
         self._reaper = asyncio.get_running_loop().create_task(self._reap_forever())
         self._replenish()
 
@@ -107,9 +154,7 @@ class SessionManager:
         while self._warm:
             await self._warm.pop().discard()
         if self.root:
-            for name in os.listdir(self.root):  # a start cut short may have left its mount
-                SessionDir(os.path.join(self.root, name), self.workdir, None, mounted=True).remove()
-            shutil.rmtree(self.root, ignore_errors=True)
+            _remove_root(self.root, self.workdir)
 
     def spawn(self, coro) -> None:
         """Run ``coro`` in the background, kept until done (closed with the manager)."""

@@ -149,7 +149,7 @@ def test_the_server_takes_an_adapter_as_a_small_body_and_refuses_a_truncated_one
     after = state(endpoint.engine)
     assert all(torch.equal(before[k], after[k]) for k in before)  # still version 1's weights
     held = httpx.get(f"{endpoint.url}/weights_fingerprint", params={"version": 1}).json()
-    assert held == {"fingerprint": fingerprint(adapter.items()), "version": 1}
+    assert held == {"fingerprint": fingerprint(adapter.items()), "version": 1, "dtype": "float32"}
     lacking = httpx.get(f"{endpoint.url}/weights_fingerprint", params={"version": 2})
     assert lacking.status_code == 409
     assert "holds weights version 1, not 2" in lacking.json()["error"]["message"]

@@ -93,10 +93,22 @@ def tool_model(tiny_model: str, out: Path, steps: int = 300) -> Path:
     model = AutoModelForCausalLM.from_pretrained(str(out))
     renderer = ChatRenderer(tokenizer)
     rows = [pair for task in TASKS for pair in scripted_calls(renderer, task)]
+    loss = fit_completions(model, tokenizer.pad_token_id, rows, steps, stop_below=0.02)
+    model.save_pretrained(str(out))
+    tokenizer.save_pretrained(str(out))
+    (out / "fit.json").write_text(json.dumps({"final_loss": loss}))
+    return out
+
+
+def fit_completions(model, pad_token_id: int, rows: list[tuple[list[int], list[int]]],
+                    steps: int, stop_below: float) -> float:
+    """Fit `model` to (prompt ids, completion ids) rows, the loss on the completions only, for
+    at most `steps` Adam steps or until the loss is under `stop_below`; the last loss."""
+    import torch
+
     width = max(len(p) + len(c) for p, c in rows)
-    ids = torch.tensor([p + c + [tokenizer.pad_token_id] * (width - len(p) - len(c))
-                        for p, c in rows])
-    mask = (torch.arange(width)[None] < torch.tensor([[len(p) + len(c)] for p, c in rows]))
+    ids = torch.tensor([p + c + [pad_token_id] * (width - len(p) - len(c)) for p, c in rows])
+    mask = torch.arange(width)[None] < torch.tensor([[len(p) + len(c)] for p, c in rows])
     labels = torch.full_like(ids, -100)
     for i, (p, c) in enumerate(rows):
         labels[i, len(p):len(p) + len(c)] = torch.tensor(c)
@@ -106,9 +118,6 @@ def tool_model(tiny_model: str, out: Path, steps: int = 300) -> Path:
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
-        if loss.item() < 0.02:
+        if loss.item() < stop_below:
             break
-    model.save_pretrained(str(out))
-    tokenizer.save_pretrained(str(out))
-    (out / "fit.json").write_text(json.dumps({"final_loss": loss.item()}))
-    return out
+    return loss.item()

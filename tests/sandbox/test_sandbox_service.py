@@ -6,9 +6,11 @@ from __future__ import annotations
 import asyncio
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import httpx
@@ -30,9 +32,11 @@ ROOT = Path(__file__).resolve().parents[2]
 KEY = "test-key-0123456789"
 
 
-def session_mounts() -> int:
+def session_mounts(under: str) -> int:
+    """The session tmpfs mounts below `under` (other runs on the machine mount their own)."""
     with open("/proc/self/mountinfo") as handle:
-        return sum("reroll-session " in line for line in handle)
+        return sum("reroll-session " in line and line.split()[4].startswith(under)
+                   for line in handle)
 
 
 @pytest.fixture(scope="module")
@@ -41,8 +45,12 @@ def service(tmp_path_factory):
     config = tmp_path_factory.mktemp("service") / "sessions.yaml"
     config.write_text("sessions:\n  warm: 2\n  max_sessions: 32\n  session:\n    ttl_s: 120\n"
                       "    limits: {processes: 40}\n")
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "MY_SANDBOX_KEY": KEY}
-    mounts = session_mounts()
+    # the service's session folders go under a temporary folder of its own (TMPDIR), so that
+    # its mounts are told apart from those of other tests running beside it
+    # (under /tmp itself: the sandbox's uid must reach it, and pytest's folders are private)
+    tmp = tempfile.mkdtemp(prefix="reroll-service-test-")
+    os.chmod(tmp, 0o711)
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "MY_SANDBOX_KEY": KEY, "TMPDIR": tmp}
     proc = subprocess.Popen(
         [sys.executable, "-m", "reroll.cli", "sandbox", "serve", "--port", "0", "--config",
          str(config), "--api-key-env", "MY_SANDBOX_KEY"],
@@ -54,7 +62,8 @@ def service(tmp_path_factory):
     yield match.group(0)
     proc.send_signal(signal.SIGTERM)
     proc.wait(timeout=30)
-    assert session_mounts() == mounts  # every session was closed on the way out
+    assert session_mounts(tmp) == 0  # every session was closed on the way out
+    shutil.rmtree(tmp, ignore_errors=True)
 
 
 def run(coro):
