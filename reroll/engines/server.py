@@ -411,6 +411,26 @@ def _app(server: CompletionServer):
         body = await json_body(request)
         return JSONResponse(await run_in_threadpool(server.complete, body))
 
+    async def beside(request):
+        return JSONResponse(server.keep_beside(_integer(await json_body(request), "keep")))
+
+    async def reclaim(request):
+        return JSONResponse(server.reclaim(_integer(await json_body(request), "n")))
+
+    return make_app([
+        Route("/v1/models", models), Route("/v1/load", load),
+        Route("/v1/weights_fingerprint", fingerprint),
+        Route("/v1/completions", completions, methods=["POST"]),
+        Route("/v1/beside", beside, methods=["POST"]),
+        Route("/v1/reclaim", reclaim, methods=["POST"]), *_weight_routes(server)])
+
+
+def _weight_routes(server: CompletionServer) -> list:
+    """The routes that change the served weights: whole, as a delta, or an adapter."""
+    from starlette.concurrency import run_in_threadpool
+    from starlette.responses import JSONResponse
+    from starlette.routing import Route
+
     async def weights(request):
         version = _version(request)
         data = await request.body()
@@ -441,21 +461,9 @@ def _app(server: CompletionServer):
         except (ValueError, AdapterSyncError) as e:  # not safetensors, or not this model's
             raise OpenAIError(400, f"the adapter cannot be loaded: {e}") from None
 
-    async def beside(request):
-        return JSONResponse(server.keep_beside(_integer(await json_body(request), "keep")))
-
-    async def reclaim(request):
-        return JSONResponse(server.reclaim(_integer(await json_body(request), "n")))
-
-    return make_app([
-        Route("/v1/models", models), Route("/v1/load", load),
-        Route("/v1/weights_fingerprint", fingerprint),
-        Route("/v1/completions", completions, methods=["POST"]),
-        Route("/v1/weights", weights, methods=["POST"]),
-        Route("/v1/adapter", adapter, methods=["POST"]),
-        Route("/v1/weights_delta", delta, methods=["POST"]),
-        Route("/v1/beside", beside, methods=["POST"]),
-        Route("/v1/reclaim", reclaim, methods=["POST"])])
+    return [Route("/v1/weights", weights, methods=["POST"]),
+            Route("/v1/adapter", adapter, methods=["POST"]),
+            Route("/v1/weights_delta", delta, methods=["POST"])]
 
 
 def main() -> None:
