@@ -1,12 +1,33 @@
 """The prompt stream the rollout sources draw from: the sampler's endless order, plus rows handed
 back (launched but not used: aborted by over-sampling) that come first next time, so a step
 consumes exactly the rows it used, whatever the timing. Its state is checkpointed. A row becomes
-the prompt's token ids with `encode_prompt`."""
+the prompt's token ids with `encode_prompt` (an `EncodedPrompt` when the model needs more inputs
+than tokens: images)."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+
+import torch
+
 from reroll.config.errors import ConfigError
 from reroll.data.datasets import PromptRow, PromptSampler
+
+
+@dataclass
+class EncodedPrompt:
+    """A prompt as the model takes it: its token ids and its model inputs beyond tokens (an
+    image's `pixel_values`, `image_grid_thw`...: the processor's output for this one prompt, each
+    tensor with a first dimension `reroll.data.batch.collate` can concatenate along). They travel
+    together: Request, the rollout's group, Trajectory, the batch, the trainer's forward."""
+
+    ids: list[int]
+    model_inputs: dict[str, torch.Tensor] = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, prompt: list[int] | EncodedPrompt) -> EncodedPrompt:
+        """A text prompt's ids (what `encode_prompt` returns) or an encoded prompt, as one."""
+        return prompt if isinstance(prompt, EncodedPrompt) else cls(list(prompt))
 
 
 def encode_prompt(tokenizer, row: PromptRow, max_tokens: int) -> list[int]:
