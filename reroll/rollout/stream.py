@@ -6,6 +6,7 @@ than tokens: images)."""
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 
 import torch
@@ -30,14 +31,53 @@ class EncodedPrompt:
         return prompt if isinstance(prompt, EncodedPrompt) else cls(list(prompt))
 
 
-def encode_prompt(tokenizer, row: PromptRow, max_tokens: int) -> list[int]:
-    """Chat-templated prompt ids, ending with the assistant turn's header."""
+def encode_prompt(tokenizer, row: PromptRow, max_tokens: int) -> list[int] | EncodedPrompt:
+    """Chat-templated prompt ids, ending with the assistant turn's header; for a row with images,
+    an `EncodedPrompt` (`encode_image_prompt`)."""
+    if row.has_images:
+        return encode_image_prompt(tokenizer, row, max_tokens)
     ids = tokenizer.apply_chat_template(row.messages, add_generation_prompt=True, tokenize=True)
     ids = list(ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids)
+    _check_length(ids, row, max_tokens)
+    return ids
+
+
+def encode_image_prompt(tokenizer, row: PromptRow, max_tokens: int) -> EncodedPrompt:
+    """A row with images through the model's own processor (in the tokenizer's model folder):
+    its chat template, the image tokens it expands, and its model inputs (pixel values...),
+    each kept with its leading batch dimension of 1, so a batch of prompts concatenates them
+    along it (`reroll.data.batch.model_kwargs`)."""
+    from reroll.data.images import load_images
+
+    processor = _processor(tokenizer.name_or_path)
+    if processor is None:
+        raise ConfigError(f"{row.source}: the row has images, and the model "
+                          f"{tokenizer.name_or_path} has no image processor (a text-only model)")
+    text = processor.apply_chat_template(row.messages, add_generation_prompt=True,
+                                         tokenize=False)
+    encoded = processor(text=[text], images=[load_images(row.messages)], return_tensors="pt")
+    ids = encoded["input_ids"][0].tolist()
+    _check_length(ids, row, max_tokens)
+    return EncodedPrompt(ids, {k: v for k, v in encoded.items()
+                               if k not in ("input_ids", "attention_mask")})
+
+
+@functools.cache
+def _processor(path: str):
+    """The model folder's processor when it has one that takes images (None otherwise)."""
+    from transformers import AutoProcessor
+
+    try:
+        processor = AutoProcessor.from_pretrained(path)
+    except (OSError, ValueError):
+        return None
+    return processor if hasattr(processor, "image_processor") else None
+
+
+def _check_length(ids: list[int], row: PromptRow, max_tokens: int) -> None:
     if len(ids) > max_tokens:
         raise ConfigError(f"{row.source}: the prompt is {len(ids)} tokens after the chat template, "
                           f"over data.max_prompt_tokens={max_tokens}")
-    return ids
 
 
 class PromptStream:
