@@ -47,7 +47,7 @@ from reroll.engines.base import (
 )
 from reroll.models.attention import GQA_SDPA, decode_row_segments, share_kv_heads_in_sdpa
 from reroll.models.lm_head import OutputHead
-from reroll.models.logprobs import load_weights
+from reroll.models.logprobs import load_weights, placeholder_ids, without_placeholders
 from reroll.models.lora import AdapterError, HeldBase
 
 if TYPE_CHECKING:
@@ -493,8 +493,9 @@ class HFEngine:
             return self._head.logits(hidden[:, -1].contiguous())
         if self._has_logits_to_keep:
             extra["logits_to_keep"] = 1
-        return self.model(input_ids=input_ids, attention_mask=attention, position_ids=positions,
-                          past_key_values=cache, use_cache=True, **extra).logits[:, -1]
+        logits = self.model(input_ids=input_ids, attention_mask=attention, position_ids=positions,
+                            past_key_values=cache, use_cache=True, **extra).logits[:, -1]
+        return without_placeholders(logits, placeholder_ids(self.model))  # as the trainer's
 
 
 def _prompt_inputs(requests: list[Request], device: torch.device) -> dict[str, torch.Tensor]:

@@ -87,8 +87,9 @@ def forward_logprobs(model: torch.nn.Module, input_ids: torch.Tensor, attention_
     position ids: such a model places its image features by the image tokens of each row and
     computes its own positions from them (Qwen2-VL's M-RoPE), which a packed row (several rows'
     images, a custom mask and positions) or a backbone called without the images would bypass;
-    so packing and the chunked head are off for these batches."""
-    if model_inputs:
+    so packing and the chunked head are off for these batches, and for every batch of such a
+    model (`placeholder_ids`)."""
+    if model_inputs or placeholder_ids(model):
         return _forward_with_inputs(model, input_ids, attention_mask, model_inputs, temperature,
                                     with_entropy, response_mask, entropy_grad)
     head = OutputHead.of(model) if chunked else None
@@ -128,22 +129,47 @@ def forward_logprobs(model: torch.nn.Module, input_ids: torch.Tensor, attention_
 
 
 def _forward_with_inputs(model: torch.nn.Module, input_ids: torch.Tensor,
-                         attention_mask: torch.Tensor, model_inputs: dict[str, torch.Tensor],
+                         attention_mask: torch.Tensor, model_inputs: dict[str, torch.Tensor] | None,
                          temperature: float, with_entropy: bool,
                          response_mask: torch.Tensor | None, entropy_grad: bool
                          ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """`forward_logprobs` of a batch with model inputs beyond tokens: the model's own forward."""
+    """`forward_logprobs` of a batch with model inputs beyond tokens, or of a vision-language
+    model: the model's own forward, its placeholder tokens out of the distribution (logprob 0
+    where one is the target: a prompt's image, never a sampled token)."""
     first_position = 1 if response_mask is None else first_response_position(response_mask)
     keep = {} if first_position <= 1 else {"logits_to_keep": input_ids.shape[1] - first_position + 1}
     logits = model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False,
-                   **model_inputs, **keep).logits
+                   **(model_inputs or {}), **keep).logits
+    placeholders = placeholder_ids(model)
+    logits = without_placeholders(logits, placeholders)
     if temperature != 1.0:
         logits = logits / temperature
     entropy = None
     if with_entropy:
         with _entropy_grad(entropy_grad):
             entropy = aligned_entropy(logits, input_ids.shape[1])
-    return token_logprobs_from_logits(logits, input_ids), entropy
+    logprobs = token_logprobs_from_logits(logits, input_ids)
+    if placeholders:
+        logprobs = logprobs.masked_fill(torch.isin(input_ids, torch.tensor(
+            placeholders, device=input_ids.device)), 0.0)
+    return logprobs, entropy
+
+
+def placeholder_ids(model: torch.nn.Module) -> list[int]:
+    """A vision-language model's image (and video) placeholder token ids: where its processor
+    puts an image, never an action of the policy. The engine never samples them and the
+    trainer's logprobs leave them out alike, so both see one distribution (a random-init VLM
+    would otherwise sample one, and the trainer's forward would look for its image)."""
+    config = getattr(model, "config", None)
+    found = (getattr(config, name, None) for name in ("image_token_id", "video_token_id"))
+    return [i for i in found if isinstance(i, int)]
+
+
+def without_placeholders(logits: torch.Tensor, ids: list[int]) -> torch.Tensor:
+    """`logits` [..., V] with the `ids` columns at -inf (none: unchanged)."""
+    if not ids:
+        return logits
+    return logits.index_fill(-1, torch.tensor(ids, device=logits.device), float("-inf"))
 
 
 def _packed_forward(model: torch.nn.Module, packed: PackedBatch, shape: torch.Size,

@@ -74,6 +74,14 @@ def _processor(path: str):
     return processor if hasattr(processor, "image_processor") else None
 
 
+def save_processor(model_path: str, directory) -> None:
+    """The model's image processor beside a checkpoint's tokenizer (nothing for a text model), so
+    a checkpoint of a vision-language run encodes image rows as its start did."""
+    processor = _processor(model_path)
+    if processor is not None:
+        processor.save_pretrained(directory)
+
+
 def _check_length(ids: list[int], row: PromptRow, max_tokens: int) -> None:
     if len(ids) > max_tokens:
         raise ConfigError(f"{row.source}: the prompt is {len(ids)} tokens after the chat template, "

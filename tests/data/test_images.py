@@ -81,3 +81,25 @@ def test_the_tiny_vlm_samples_from_images_and_its_logprobs_follow_them(tiny_vlm,
     status, detail = checks.check_image_sensitivity()
     assert status == "pass", detail
     assert torch.is_tensor(prompt.model_inputs["pixel_attention_mask"])
+
+
+@pytest.mark.e2e
+def test_grpo_runs_on_the_tiny_vlm_with_its_images_in_every_forward(tiny_vlm, tmp_path):
+    """Two GRPO steps on the counting task: the engine's and the trainer's logprobs agree (the
+    trainer's forward got the same pixels: without them its logprobs would part from the
+    engine's), the update has a gradient, and the checkpoint keeps the image processor."""
+    import reroll
+
+    paths = write_count_task(tmp_path / "task", train_size=8, eval_size=2, seed=0)
+    summary = reroll.train(
+        {"name": "vlm", "seed": 0, "steps": 2, "output_dir": str(tmp_path / "run"),
+         "model": {"path": tiny_vlm},
+         "data": {"train": str(paths["train"]), "eval": str(paths["eval"])},
+         "rollout": {"prompts_per_step": 2, "group_size": 4, "max_new_tokens": 6},
+         "optimizer": {"lr": 1e-3}, "train": {"micro_batch_size": 4},
+         "tracking": {"progress": False, "tensorboard": False}},
+        reward_funcs=lambda s: float(len(s.response) % 3))  # varies: a gradient every step
+    history = summary.history()
+    assert summary.steps == 2 and all(row["train/grad_norm"] > 0 for row in history)
+    assert all(row["actor/behaviour_kl_k3"] < 1e-5 for row in history)
+    assert (summary.final_checkpoint / "processor_config.json").is_file()
