@@ -415,9 +415,9 @@ class HFEngine:
 
         # A prompt is its ids and its model inputs (images): a group's requests share one dict.
         distinct: dict[tuple, int] = {}
-        prompt_of_row = [distinct.setdefault((tuple(row.request.prompt_ids),
-                                              id(row.request.model_inputs)), len(distinct))
-                         for row in rows]
+        inputs = [id(row.request.model_inputs) if row.request.model_inputs else 0 for row in rows]
+        prompt_of_row = [distinct.setdefault((tuple(row.request.prompt_ids), key), len(distinct))
+                         for row, key in zip(rows, inputs, strict=True)]
         firsts = {index: row.request for row, index in zip(rows, prompt_of_row, strict=True)}
         device = next(self.model.parameters()).device
         input_ids, attention = _left_padded([ids for ids, _ in distinct], self.pad_token_id,
