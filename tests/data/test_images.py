@@ -34,6 +34,17 @@ def test_the_counting_task_s_answer_is_in_its_image(tmp_path):
         assert row.prompt_text.startswith("<image>How many red squares")
 
 
+
+def test_a_text_only_model_is_at_chance_on_the_counting_task(tmp_path):
+    """Every row's text is the same question, so a model that does not see the image gives every
+    row the same answer distribution: its expected accuracy is at most the share of the most
+    frequent answer, about 1 in 4."""
+    rows = load_prompts(write_count_task(tmp_path, train_size=400, eval_size=1, seed=0)["train"])
+    assert len({row.prompt_text for row in rows}) == 1
+    shares = [sum(row.answer == a for row in rows) / len(rows) for a in ("1", "2", "3", "4")]
+    assert max(shares) < 0.3, shares
+
+
 @pytest.mark.parametrize("damage, said", [("missing", "does not exist"),
                                           ("unreadable", "cannot be read")])
 def test_a_bad_image_is_named_by_file_and_line(tmp_path, damage, said):
