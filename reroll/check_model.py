@@ -33,9 +33,16 @@ from pathlib import Path
 import torch
 
 from reroll.config.errors import ConfigError
+from reroll.data.batch import Trajectory, collate, model_kwargs
 from reroll.engines.base import Request, SamplingParams, fingerprint
 from reroll.models.devices import cpu_bf16
-from reroll.models.loading import attention_problems, choose_attention, load_model, load_tokenizer
+from reroll.models.loading import (
+    attention_problems,
+    choose_attention,
+    is_vision_language,
+    load_model,
+    load_tokenizer,
+)
 from reroll.models.logprobs import forward_logprobs
 from reroll.models.packing import sliding_window, supports_packing
 
@@ -78,7 +85,9 @@ class ModelChecks:
                             ("logprobs_packed", lambda: self.check_logprobs(packed=True)),
                             ("weight_sync", self.check_weight_sync),
                             ("vllm", self.check_vllm),
-                            ("cpu_bf16", self.check_cpu_bf16)):
+                            ("cpu_bf16", self.check_cpu_bf16),
+                            ("image_logprobs", self.check_image_logprobs),
+                            ("image_sensitivity", self.check_image_sensitivity)):
             progress(name)
             try:
                 status, detail = check()
@@ -98,9 +107,9 @@ class ModelChecks:
                if self.tokenizer.decode(self.tokenizer.encode(t, add_special_tokens=False)) != t]
         if bad:
             return "fail", f"decode(encode(text)) != text for {bad[0]!r}"
-        vocab = len(self.tokenizer)
-        if vocab > self.config.vocab_size:
-            return "fail", f"tokenizer has {vocab} tokens, the model's embedding {self.config.vocab_size}"
+        vocab, embedding = len(self.tokenizer), self.config.get_text_config().vocab_size
+        if vocab > embedding:
+            return "fail", f"tokenizer has {vocab} tokens, the model's embedding {embedding}"
         return "pass", f"{vocab} tokens, {len(TEXTS)} texts round-trip"
 
     def check_chat_template(self) -> tuple[str, str]:
@@ -192,7 +201,78 @@ class ModelChecks:
         finally:
             engine.close()
 
+    def check_image_logprobs(self) -> tuple[str, str]:
+        """A vision-language model's engine and trainer logprobs agree on image prompts."""
+        if not is_vision_language(self.config):
+            return "skip", "not a vision-language model"
+        trajectories, tensors = self._image_batch(self._image_prompts(seed=0))
+        with torch.no_grad():
+            logprobs, _ = forward_logprobs(self.model, tensors["input_ids"],
+                                           tensors["attention_mask"], 1.0,
+                                           model_inputs=model_kwargs(tensors))
+        gap = max((logprobs[i, len(t.prompt_ids):len(t.prompt_ids) + len(t.response_ids)]
+                   - torch.tensor(t.behaviour_logprobs)).abs().max().item()
+                  for i, t in enumerate(trajectories))
+        status = "pass" if gap <= self.atol else "fail"
+        return status, (f"{len(trajectories)} image samples: max |engine - trainer| = {gap:.1e} "
+                        f"(tolerance {self.atol:.0e})")
+
+    def check_image_sensitivity(self) -> tuple[str, str]:
+        """The trainer's logprobs of the same tokens change when the image does: pixel values
+        that never reach the forward would leave them equal while the loss looks normal."""
+        if not is_vision_language(self.config):
+            return "skip", "not a vision-language model"
+        _, tensors = self._image_batch(self._image_prompts(seed=0))
+        _, other = self._image_batch(self._image_prompts(seed=1), generate=False)
+        response = tensors["response_mask"].bool()
+        with torch.no_grad():
+            first, second = (forward_logprobs(self.model, tensors["input_ids"],
+                                              tensors["attention_mask"], 1.0,
+                                              model_inputs=model_kwargs(inputs))[0][response]
+                             for inputs in (tensors, other))
+        change = (first - second).abs().max().item()
+        if change <= self.atol:
+            return "fail", (f"the response logprobs do not depend on the image (max change "
+                            f"{change:.1e}): the pixel values do not reach the forward")
+        return "pass", f"another image changes the response logprobs by up to {change:.1e}"
+
     # -- helpers ---------------------------------------------------------------------------------
+
+    def _image_prompts(self, seed: int) -> list:
+        """Two "how many red squares?" prompts (drawn with `seed`) as the model's processor
+        encodes them."""
+        import random
+        import tempfile
+
+        from reroll.data.datasets import parse_records
+        from reroll.data.images import QUESTION, draw_count_image
+        from reroll.rollout.stream import encode_image_prompt
+
+        rng, folder = random.Random(seed), Path(tempfile.mkdtemp(prefix="reroll-check-"))
+        records = []
+        for count in (1, 3):
+            path = folder / f"{count}.png"
+            draw_count_image(count, rng).save(path)
+            content = [{"type": "image", "image": str(path)}, {"type": "text", "text": QUESTION}]
+            records.append({"messages": [{"role": "user", "content": content}]})
+        return [encode_image_prompt(self.tokenizer, row, 1 << 20)
+                for row in parse_records(records, "check-model images")]
+
+    def _image_batch(self, prompts: list, generate: bool = True):
+        """Three sampled responses per image prompt from the HF engine (`generate`; otherwise
+        the responses of the last call, on these prompts' images), collated for the trainer."""
+        if generate:
+            requests = [Request(p.ids, SamplingParams(self.tokens, temperature=1.0), seed=s,
+                                model_inputs=p.model_inputs) for p in prompts for s in range(3)]
+            outs = _generate(self._hf_engine(), requests=requests)
+            self._image_samples = [(out.token_ids, out.logprobs) for out in outs]
+        trajectories = [Trajectory(p.ids, list(tokens), list(logprobs), "stop", group_id=i,
+                                   model_inputs=p.model_inputs)
+                        for i, (p, (tokens, logprobs))
+                        in enumerate(zip([p for p in prompts for _ in range(3)],
+                                         self._image_samples, strict=True))]
+        return trajectories, collate(trajectories, self.tokenizer.pad_token_id)[0]
+
 
     def _prompts(self) -> list[list[int]]:
         conversations = [CONVERSATION[:2], CONVERSATION, [{"role": "user", "content": TEXTS[3]}]]

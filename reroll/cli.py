@@ -194,6 +194,13 @@ def cmd_make_model(args: argparse.Namespace) -> None:
         out = import_gguf(args.from_gguf, args.out)
         console.print(f"wrote the model of {args.from_gguf} (dequantised, float32) to [bold]{out}[/]")
         return
+    if args.vlm:
+        from reroll.models.vlm import make_vlm
+
+        out = make_vlm(args.out, seed=args.seed)
+        console.print(f"wrote a tiny Idefics3 vision-language model and its processor to "
+                      f"[bold]{out}[/]")
+        return
     from reroll.models.factory import PRESETS, make_model
 
     sizes = {k: v for k, v in {"hidden_size": args.hidden_size, "num_layers": args.num_layers,
@@ -263,6 +270,13 @@ def cmd_make_data(args: argparse.Namespace) -> None:
     from reroll.data.tasks import write_arithmetic
 
     refuse_to_overwrite(args.out, ["train.jsonl", "eval.jsonl"], args.overwrite)
+    if args.images:
+        from reroll.data.images import write_count_task
+
+        paths = write_count_task(args.out, args.train_size, args.eval_size, args.seed)
+        console.print(f"wrote {', '.join(str(p) for p in paths.values())} (images in "
+                      f"{paths['train'].parent / 'images'})")
+        return
     levels = tuple(int(x) for x in args.levels.split(","))
     if not set(levels) <= {1, 2, 3, 4}:
         raise ConfigError(f"--levels {args.levels}: levels are 1, 2, 3 and 4")
@@ -354,6 +368,9 @@ def _add_model_commands(sub) -> None:
                    help="import this GGUF file (or a packaged model: smollm2-135m-instruct) with its "
                         "tokenizer and chat template instead of building a random-init model")
     p.add_argument("--preset", default="tiny", choices=["tiny", "small"], help="tiny ~1M, small ~30M parameters")
+    p.add_argument("--vlm", action="store_true",
+                   help="a tiny vision-language model (Idefics3) and its processor instead "
+                        "(docs/vlm.md)")
     p.add_argument("--hidden-size", type=int)
     p.add_argument("--num-layers", type=int)
     p.add_argument("--vocab-size", type=int)
@@ -384,6 +401,8 @@ def _add_data_commands(sub) -> None:
     p.add_argument("--train-size", type=int, default=4000)
     p.add_argument("--eval-size", type=int, default=200)
     p.add_argument("--levels", default="1,2,3,4", help="difficulty levels to include, e.g. 1,2")
+    p.add_argument("--images", action="store_true",
+                   help="write the image task instead: how many red squares? (docs/vlm.md)")
     p.add_argument("--direct-frac", type=float, default=0.0,
                    help="share of SFT targets that give an answer without the working")
     p.add_argument("--direct-accuracy", type=float, default=1.0,

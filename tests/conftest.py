@@ -112,6 +112,14 @@ def tiny_model(session_cache) -> str:
 
 
 @pytest.fixture(scope="session")
+def tiny_vlm(session_cache) -> str:
+    """`reroll make-model --vlm`: a tiny random-init Idefics3 and its processor."""
+    from reroll.models.vlm import make_vlm
+
+    return str(session_cache("tiny-vlm", lambda out: make_vlm(out, seed=0)))
+
+
+@pytest.fixture(scope="session")
 def arithmetic(tmp_path_factory) -> dict:
     from reroll.data.tasks import write_arithmetic
 

@@ -108,6 +108,14 @@ ALLOWLIST = {
     "make demo": "the full demo (~3.5 min: SFT 1000 steps, GRPO 40); its commands run in "
                  "ARITHMETIC_CHAIN",
     "make test": "the test suite itself (CI runs it)",
+    "reroll make-model --vlm --out models/tiny-vlm": "the `tiny_vlm` fixture builds the same "
+                                                     "model (tests/data/test_images.py)",
+    "reroll make-data --images --out data/red-squares --train-size 400 --eval-size 50":
+        "write_count_task, what it runs, is tested in tests/data/test_images.py",
+    "reroll check-model models/tiny-vlm": "its image checks run on the tiny VLM in "
+                                          "tests/data/test_images.py",
+    "reroll train examples/vlm/grpo.yaml": "2 GRPO steps of the same run on the tiny VLM in "
+                                          "tests/data/test_images.py",
     "make gpu-check": "needs CUDA for its runs; its dry run without CUDA is tested in "
                       "tests/test_gpu_check.py",
     "make demo-agentic": "the full agentic demo (~5 min); its commands run in AGENTIC_CHAIN",

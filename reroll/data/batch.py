@@ -12,6 +12,11 @@ prompt + response tokens, plus a list of per-sample metadata. Keys:
   [B, K] (an id of the observation each turn acted on: GiGPO's anchor states).
 - `old_logprobs`, `ref_logprobs`, `advantages`, ...: filled in by the pipeline's phases.
 - `rewards` [B]: the scalar reward of each sample; `group_ids` [B]: samples of one prompt share it.
+- `model_inputs` (present when any trajectory has them): the prompts' model inputs beyond
+  tokens (an image's `pixel_values`, `image_grid_thw`...), a nested TensorDict [B] holding, per
+  input name, `values` [B, N, ...] (each sample's tensor padded along its first dimension to the
+  batch's longest) and `sizes` [B] (its true first dimension). `model_kwargs` turns a batch's
+  rows back into the model's keyword arguments (the rule is there).
 
 The RL step's batch is an `RLBatch`: the fields above and the ones the RL step adds, declared
 below (`RLBatch.REQUIRED`, `RLBatch.OPTIONAL`) and checked, with their shapes, where the batch is
@@ -58,6 +63,10 @@ class Trajectory:
     model wrote them, observations as user messages, tool results as `tool` messages) and the
     env's tool schemas: in rollout and eval rows, so `reroll make-sft` turns episodes into SFT
     rows."""
+    model_inputs: dict[str, torch.Tensor] | None = None
+    """The prompt's model inputs beyond its token ids (an image's `pixel_values`,
+    `image_grid_thw`...), as the model's processor built them for this one prompt: the trainer's
+    forward gets them with the tokens (`collate`, `model_kwargs`). None: tokens only."""
     tag: str | None = None
     """The prompt row's `tag` column (None without one): routes the sample to its teacher in
     on-policy distillation (`algorithm.distill.teachers`)."""
@@ -117,8 +126,54 @@ def collate(trajectories: list[Trajectory], pad_token_id: int) -> tuple[TensorDi
     )
     if any(t.turn_ids is not None for t in trajectories):
         tensors.update(turn_tensors(trajectories, width))
+    if any(t.model_inputs for t in trajectories):
+        tensors["model_inputs"] = batched_model_inputs([t.model_inputs or {} for t in trajectories])
     metadata = [trajectory_row(t) | {"policy_version": t.policy_version} for t in trajectories]
     return tensors, metadata
+
+
+def batched_model_inputs(per_sample: list[dict[str, torch.Tensor]]) -> TensorDict:
+    """The `model_inputs` field of a batch of samples' model inputs: per name, `values` [B, N, ...]
+    (each sample's tensor, padded with zeros along its first dimension) and `sizes` [B] (its true
+    first dimension; 0 where a sample lacks the input, e.g. a text-only prompt beside an image
+    one). Padded per row, not concatenated, so slicing the batch by rows (micro-batches, shards)
+    keeps each sample's inputs with its tokens."""
+    size, fields = len(per_sample), {}
+    for name in sorted({name for inputs in per_sample for name in inputs}):
+        present = [inputs[name] for inputs in per_sample if name in inputs]
+        tail, dtype = present[0].shape[1:], present[0].dtype
+        if any(t.dim() == 0 or t.shape[1:] != tail for t in present):
+            raise ValueError(f"model input {name!r}: every sample's tensor needs a first "
+                             f"dimension and the same trailing shape, got "
+                             f"{sorted({tuple(t.shape) for t in present})}")
+        longest = max(t.shape[0] for t in present)
+        values = torch.zeros((size, longest, *tail), dtype=dtype)
+        sizes = torch.zeros(size, dtype=torch.long)
+        for i, inputs in enumerate(per_sample):
+            if name in inputs:
+                values[i, : inputs[name].shape[0]] = inputs[name]
+                sizes[i] = inputs[name].shape[0]
+        fields[name] = TensorDict({"values": values, "sizes": sizes}, batch_size=[size])
+    return TensorDict(fields, batch_size=[size])
+
+
+def model_kwargs(batch: TensorDict, device: torch.device | str | None = None
+                 ) -> dict[str, torch.Tensor]:
+    """The keyword arguments a model's forward takes for `batch`'s rows' model inputs ({} without
+    any). The rule: each input is its rows' tensors concatenated along the first dimension, in row
+    order, padding dropped. It is the layout processors give a batch of prompts and models expect:
+    Qwen2-VL's `pixel_values` [all patches of all images, D] with `image_grid_thw` [all images, 3],
+    or one image tensor per row [rows, C, H, W]; the model places image i's features at the i-th
+    run of image tokens in the batch, which row order keeps."""
+    if "model_inputs" not in batch.keys():
+        return {}
+    out = {}
+    for name, field_ in batch["model_inputs"].items():
+        values, sizes = field_["values"], field_["sizes"].tolist()
+        out[name] = torch.cat([values[i, :n] for i, n in enumerate(sizes)])
+        if device is not None:
+            out[name] = out[name].to(device)
+    return out
 
 
 def turn_tensors(trajectories: list[Trajectory], width: int) -> dict[str, torch.Tensor]:
@@ -165,8 +220,9 @@ class RLBatch(TensorDict):
     }
     """Set by the phases: pi_old, the reference's logprobs, the KL reward penalty, the truncated
     IS weights, the critics' values (and `old_values_{m}` of each) and returns, the teacher's
-    logprobs (or top-k), and `model_inputs`: a prompt's extra model inputs (images' pixel values
-    and the like), a nested TensorDict passed to the forward."""
+    logprobs (or top-k), and `model_inputs`: the prompts' model inputs beyond tokens (images'
+    pixel values and the like), a nested TensorDict made by `collate` (`batched_model_inputs`),
+    which every forward of the policy, reference and teacher passes on (`model_kwargs`)."""
 
     @classmethod
     def derived(cls, tensors: TensorDict, group_size: int = 1) -> RLBatch:

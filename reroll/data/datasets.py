@@ -2,7 +2,9 @@
 
 A row has `prompt` (a string) and usually `answer`, or `messages` (a chat list of
 `{role, content}`, OpenAI-style: assistant messages may carry `tool_calls`, and `tool`
-messages the results) instead of `prompt`. Other columns (`tools`: the tool schemas a
+messages the results) instead of `prompt`. A message's content may be a list of parts with
+images (`reroll.data.images`: `{"type": "image", "image": path}`, a relative path against the
+file's folder; each image is opened at load). Other columns (`tools`: the tool schemas a
 multi-turn SFT row renders) are kept as metadata.
 """
 
@@ -16,6 +18,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from reroll.config.errors import ConfigError
+from reroll.data.images import check_parts, content_text, image_parts
 
 
 @dataclass
@@ -28,7 +31,11 @@ class PromptRow:
 
     @property
     def prompt_text(self) -> str:
-        return self.messages[-1]["content"]
+        return content_text(self.messages[-1]["content"])
+
+    @property
+    def has_images(self) -> bool:
+        return bool(image_parts(self.messages))
 
     @property
     def tag(self) -> str | None:
@@ -78,22 +85,24 @@ def _read_parquet(path: Path) -> list[tuple[int, Any]]:
     return list(enumerate(table.to_pylist(), start=1))
 
 
-def _parse_row(raw: Any, where: str, system_prompt: str | None) -> PromptRow:
+def _parse_row(raw: Any, where: str, system_prompt: str | None, base: Path | None = None
+               ) -> PromptRow:
     if not isinstance(raw, dict):
         raise ConfigError(f"{where}: a row must be an object, got {type(raw).__name__}")
     if "messages" in raw and raw["messages"] is not None:
         messages = raw["messages"]
         ok = isinstance(messages, list) and messages and all(
             isinstance(m, dict) and isinstance(m.get("role"), str) and (
-                isinstance(m.get("content"), str) or (m.get("content") is None
-                                                      and m.get("tool_calls")))
+                isinstance(m.get("content"), (str, list)) or (m.get("content") is None
+                                                              and m.get("tool_calls")))
             for m in messages)
         if not ok:
             raise ConfigError(f"{where}: `messages` must be a non-empty list of {{role, content}} "
-                              f"strings (an assistant message with `tool_calls` may have null "
-                              f"content)")
-        messages = [m if isinstance(m["content"], str) else {**m, "content": ""}
+                              f"(content a string or a list of text/image parts; an assistant "
+                              f"message with `tool_calls` may have null content)")
+        messages = [m if isinstance(m["content"], (str, list)) else {**m, "content": ""}
                     for m in messages]
+        messages = check_parts(messages, base, where)
     elif isinstance(raw.get("prompt"), str) and raw["prompt"].strip():
         messages = [{"role": "user", "content": raw["prompt"]}]
         if system_prompt:
@@ -120,7 +129,7 @@ def load_prompts(path: str | Path, system_prompt: str | None = None,
     if not path.is_file():
         raise ConfigError(f"dataset {path} does not exist")
     finish = then or (lambda row: row)
-    rows = [finish(_parse_row(raw, f"{path}:{n}", system_prompt))
+    rows = [finish(_parse_row(raw, f"{path}:{n}", system_prompt, path.parent))
             for n, raw in _read_records(path)]
     if not rows:
         raise ConfigError(f"dataset {path} is empty")

@@ -1,4 +1,5 @@
-"""The Engine contract: token ids in, token ids and behaviour logprobs out.
+"""The Engine contract: token ids (and the prompt's model inputs, e.g. images) in, token ids and
+behaviour logprobs out.
 
 Engines never re-tokenise: a Request carries the exact prompt token ids, and a Completion the
 exact generated ids with the log-probability the engine gave each one (at the sampling
@@ -41,6 +42,10 @@ class Request:
     """Seeds this request's own random stream, so its sample does not depend on which other
     requests share its batch."""
     request_id: str = field(default_factory=lambda: uuid.uuid4().hex)
+    model_inputs: dict[str, torch.Tensor] = field(default_factory=dict)
+    """The prompt's model inputs beyond its token ids (an image's `pixel_values`,
+    `image_grid_thw`...), as the model's processor built them for this prompt; {}: tokens only.
+    An engine that cannot take them refuses the request rather than drop them."""
 
 
 @dataclass

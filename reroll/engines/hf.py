@@ -47,7 +47,7 @@ from reroll.engines.base import (
 )
 from reroll.models.attention import GQA_SDPA, decode_row_segments, share_kv_heads_in_sdpa
 from reroll.models.lm_head import OutputHead
-from reroll.models.logprobs import load_weights
+from reroll.models.logprobs import load_weights, placeholder_ids, without_placeholders
 from reroll.models.lora import AdapterError, HeldBase
 
 if TYPE_CHECKING:
@@ -413,14 +413,20 @@ class HFEngine:
         positions are then copied to each of those rows."""
         from reroll.engines.kv_cache import growing_cache  # imports transformers: when used
 
-        distinct: dict[tuple[int, ...], int] = {}
-        prompt_of_row = [distinct.setdefault(tuple(row.request.prompt_ids), len(distinct))
-                         for row in rows]
+        # A prompt is its ids and its model inputs (images): a group's requests share one dict.
+        distinct: dict[tuple, int] = {}
+        inputs = [id(row.request.model_inputs) if row.request.model_inputs else 0 for row in rows]
+        prompt_of_row = [distinct.setdefault((tuple(row.request.prompt_ids), key), len(distinct))
+                         for row, key in zip(rows, inputs, strict=True)]
+        firsts = {index: row.request for row, index in zip(rows, prompt_of_row, strict=True)}
         device = next(self.model.parameters()).device
-        input_ids, attention = _left_padded(list(distinct), self.pad_token_id, device)
+        input_ids, attention = _left_padded([ids for ids, _ in distinct], self.pad_token_id,
+                                            device)
         positions = (attention.cumsum(-1) - 1).clamp(min=0)
         cache = growing_cache()
-        logits = self._next_logits(input_ids, attention, positions, cache)
+        logits = self._next_logits(input_ids, attention, positions, cache,
+                                   _prompt_inputs([firsts[i] for i in range(len(distinct))],
+                                                  device))
         for row in rows:
             row.logits_version = self.version
         batch = _Batch(rows[0].request.params, list(rows), cache, attention, positions[:, -1:] + 1,
@@ -468,10 +474,12 @@ class HFEngine:
         return finished
 
     def _next_logits(self, input_ids: torch.Tensor, attention: torch.Tensor,
-                     positions: torch.Tensor, cache: DynamicCache) -> torch.Tensor:
+                     positions: torch.Tensor, cache: DynamicCache,
+                     model_inputs: dict[str, torch.Tensor] | None = None) -> torch.Tensor:
         """[B, V] logits of the token after each row's last input. With `logits_to_keep` the model
-        computes them for that position only, not for every prompt position."""
-        extra = {}
+        computes them for that position only, not for every prompt position. `model_inputs`: the
+        prompts' inputs beyond tokens at prefill (decoding steps read them from the cache)."""
+        extra = dict(model_inputs or {})
         if input_ids.shape[1] == 1 and self._segmented_attention:
             extra["row_segments"] = decode_row_segments(attention)
         if self._head is not None:
@@ -485,8 +493,17 @@ class HFEngine:
             return self._head.logits(hidden[:, -1].contiguous())
         if self._has_logits_to_keep:
             extra["logits_to_keep"] = 1
-        return self.model(input_ids=input_ids, attention_mask=attention, position_ids=positions,
-                          past_key_values=cache, use_cache=True, **extra).logits[:, -1]
+        logits = self.model(input_ids=input_ids, attention_mask=attention, position_ids=positions,
+                            past_key_values=cache, use_cache=True, **extra).logits[:, -1]
+        return without_placeholders(logits, placeholder_ids(self.model))  # as the trainer's
+
+
+def _prompt_inputs(requests: list[Request], device: torch.device) -> dict[str, torch.Tensor]:
+    """The requests' model inputs as one forward takes them: each input's tensors concatenated
+    along the first dimension in row order (the rule of `reroll.data.batch.model_kwargs`)."""
+    names = sorted({name for r in requests for name in r.model_inputs})
+    return {name: torch.cat([r.model_inputs[name] for r in requests if name in r.model_inputs]
+                            ).to(device) for name in names}
 
 
 def _left_padded(prompts: list[tuple[int, ...]], pad_token_id: int, device: torch.device

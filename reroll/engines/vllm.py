@@ -124,6 +124,9 @@ class VLLMEngine:
     # -- Engine protocol -------------------------------------------------------------------------
 
     async def generate(self, request: Request) -> Completion:
+        if request.model_inputs:  # dropping them would sample from the text alone, silently
+            raise NotImplementedError("the vLLM engine does not take image prompts yet (model "
+                                      "inputs beyond tokens); use engine.backend: hf")
         try:
             return await self._loop.wait(self._generate(request))
         except asyncio.CancelledError:

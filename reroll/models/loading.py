@@ -150,7 +150,7 @@ def refuse_unservable(config, path: str) -> None:
         raise ModelDirError(path, f"{config.model_type} is an encoder-decoder model; reroll "
                                   "trains decoder-only causal LMs (the policy generates its "
                                   "response after the prompt in one sequence)")
-    if type(config) not in MODEL_FOR_CAUSAL_LM_MAPPING:
+    if type(config) not in MODEL_FOR_CAUSAL_LM_MAPPING and not is_vision_language(config):
         raise ModelDirError(path, f"transformers has no causal LM for model_type "
                                   f"{config.model_type!r}, so reroll cannot generate from or "
                                   "train it")
@@ -162,7 +162,7 @@ def load_model(path: str, dtype: str = "float32", attn_implementation: str = "au
     """The causal LM at `path` in `dtype`, dropout off unless `dropout`, with an attention
     implementation that keeps its attention features (`choose_attention`). A LoRA adapter
     folder (a LoRA run's checkpoint) loads as its base model with the adapter merged."""
-    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers import MODEL_FOR_CAUSAL_LM_MAPPING, AutoConfig, AutoModelForCausalLM
 
     if is_adapter_dir(path):
         base = load_model(adapter_base_path(path), dtype, attn_implementation, dropout)
@@ -172,12 +172,24 @@ def load_model(path: str, dtype: str = "float32", attn_implementation: str = "au
     if not dropout:
         without_dropout(config)
     implementation = choose_attention(config, attn_implementation)
-    model = AutoModelForCausalLM.from_pretrained(path, config=config, dtype=DTYPES[dtype],
-                                                 attn_implementation=implementation)
+    auto = AutoModelForCausalLM
+    if type(config) not in MODEL_FOR_CAUSAL_LM_MAPPING and is_vision_language(config):
+        from transformers import AutoModelForImageTextToText as auto
+    model = auto.from_pretrained(path, config=config, dtype=DTYPES[dtype],
+                                 attn_implementation=implementation)
     if not dropout:
         disable_dropout(model)
     model.config.use_cache = False  # training forwards never need the KV cache
     return model
+
+
+def is_vision_language(config) -> bool:
+    """Whether `config` is a vision-language model transformers generates text with (Idefics3,
+    Qwen2-VL...): loaded as `AutoModelForImageTextToText`, its prompts carry images
+    (docs/vlm.md)."""
+    from transformers import MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING
+
+    return type(config) in MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING
 
 
 @_clear_load_errors("model")

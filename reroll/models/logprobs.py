@@ -11,8 +11,10 @@ import contextlib
 import functools
 
 import torch
+from tensordict import TensorDict
 
 from reroll.algorithms import entropy_from_logits
+from reroll.data.batch import model_kwargs
 from reroll.models.lm_head import OutputHead, chunked_scores, scoring_head, sharded_plain_head
 from reroll.models.packing import (
     MASKED_ATTENTION,
@@ -64,7 +66,8 @@ def load_weights(model: torch.nn.Module, state: dict[str, torch.Tensor], source:
 def forward_logprobs(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                      temperature: float = 1.0, with_entropy: bool = False,
                      response_mask: torch.Tensor | None = None, entropy_grad: bool = True,
-                     chunked: bool = True) -> tuple[torch.Tensor, torch.Tensor | None]:
+                     chunked: bool = True, model_inputs: dict[str, torch.Tensor] | None = None
+                     ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Run the model on a right-padded batch; returns (logprobs [B, L], entropy [B, L] or None).
 
     With `response_mask`, only the positions a trainer reads are scored: from the batch's first
@@ -77,7 +80,18 @@ def forward_logprobs(model: torch.nn.Module, input_ids: torch.Tensor, attention_
     (`reroll.models.lm_head`), never holding the full-vocabulary logits, for the architectures
     whose head it knows (sharded by FSDP2 too: then from inside the model's forward); there
     padding positions (attention 0) are 0. `chunked=False`, or an unknown architecture, takes
-    the model's own forward and its logits: the reference path."""
+    the model's own forward and its logits: the reference path.
+
+    `model_inputs` (the batch's inputs beyond tokens, as `reroll.data.batch.model_kwargs` gives
+    them: an image's pixel values...) go to the model's forward, on the reference path without
+    position ids: such a model places its image features by the image tokens of each row and
+    computes its own positions from them (Qwen2-VL's M-RoPE), which a packed row (several rows'
+    images, a custom mask and positions) or a backbone called without the images would bypass;
+    so packing and the chunked head are off for these batches, and for every batch of such a
+    model (`placeholder_ids`)."""
+    if model_inputs or placeholder_ids(model):
+        return _forward_with_inputs(model, input_ids, attention_mask, model_inputs, temperature,
+                                    with_entropy, response_mask, entropy_grad)
     head = OutputHead.of(model) if chunked else None
     sharded_head = sharded_plain_head(model) if chunked and head is None else None
     scores = functools.partial(_chunked_scores, model, head, sharded_head,
@@ -112,6 +126,50 @@ def forward_logprobs(model: torch.nn.Module, input_ids: torch.Tensor, attention_
         with _entropy_grad(entropy_grad):
             entropy = aligned_entropy(logits, input_ids.shape[1])
     return logprobs, entropy
+
+
+def _forward_with_inputs(model: torch.nn.Module, input_ids: torch.Tensor,
+                         attention_mask: torch.Tensor, model_inputs: dict[str, torch.Tensor] | None,
+                         temperature: float, with_entropy: bool,
+                         response_mask: torch.Tensor | None, entropy_grad: bool
+                         ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """`forward_logprobs` of a batch with model inputs beyond tokens, or of a vision-language
+    model: the model's own forward, its placeholder tokens out of the distribution (logprob 0
+    where one is the target: a prompt's image, never a sampled token)."""
+    first_position = 1 if response_mask is None else first_response_position(response_mask)
+    keep = {} if first_position <= 1 else {"logits_to_keep": input_ids.shape[1] - first_position + 1}
+    logits = model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False,
+                   **(model_inputs or {}), **keep).logits
+    placeholders = placeholder_ids(model)
+    logits = without_placeholders(logits, placeholders)
+    if temperature != 1.0:
+        logits = logits / temperature
+    entropy = None
+    if with_entropy:
+        with _entropy_grad(entropy_grad):
+            entropy = aligned_entropy(logits, input_ids.shape[1])
+    logprobs = token_logprobs_from_logits(logits, input_ids)
+    if placeholders:
+        logprobs = logprobs.masked_fill(torch.isin(input_ids, torch.tensor(
+            placeholders, device=input_ids.device)), 0.0)
+    return logprobs, entropy
+
+
+def placeholder_ids(model: torch.nn.Module) -> list[int]:
+    """A vision-language model's image (and video) placeholder token ids: where its processor
+    puts an image, never an action of the policy. The engine never samples them and the
+    trainer's logprobs leave them out alike, so both see one distribution (a random-init VLM
+    would otherwise sample one, and the trainer's forward would look for its image)."""
+    config = getattr(model, "config", None)
+    found = (getattr(config, name, None) for name in ("image_token_id", "video_token_id"))
+    return [i for i in found if isinstance(i, int)]
+
+
+def without_placeholders(logits: torch.Tensor, ids: list[int]) -> torch.Tensor:
+    """`logits` [..., V] with the `ids` columns at -inf (none: unchanged)."""
+    if not ids:
+        return logits
+    return logits.index_fill(-1, torch.tensor(ids, device=logits.device), float("-inf"))
 
 
 def _packed_forward(model: torch.nn.Module, packed: PackedBatch, shape: torch.Size,
@@ -191,15 +249,19 @@ def trimmed_micro_batches(attention_mask: torch.Tensor, micro_batch_size: int
 @torch.no_grad()
 def batched_logprobs(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                      micro_batch_size: int, temperature: float = 1.0,
-                     response_mask: torch.Tensor | None = None) -> torch.Tensor:
+                     response_mask: torch.Tensor | None = None,
+                     model_inputs: TensorDict | None = None) -> torch.Tensor:
     """`forward_logprobs` without gradients over micro-batches of a large batch -> [B, L]
-    (with `response_mask`: from each row's first response token on, see `forward_logprobs`)."""
+    (with `response_mask`: from each row's first response token on, see `forward_logprobs`;
+    `model_inputs`: the batch's field of that name, each micro-batch's rows passed on)."""
     out = torch.zeros(input_ids.shape, dtype=torch.float32)
     device = next(model.parameters()).device  # inputs go to the model, results come back
     for rows, width in trimmed_micro_batches(attention_mask, micro_batch_size):
         response = None if response_mask is None else response_mask[rows, :width].to(device)
+        extra = {} if model_inputs is None else model_kwargs(
+            TensorDict({"model_inputs": model_inputs[rows]}, batch_size=[]), device)
         logprobs, _ = forward_logprobs(model, input_ids[rows, :width].to(device),
                                        attention_mask[rows, :width].to(device), temperature,
-                                       response_mask=response)
+                                       response_mask=response, model_inputs=extra)
         out[rows, :width] = logprobs.to(out.device)
     return out

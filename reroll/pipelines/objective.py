@@ -30,6 +30,7 @@ from torch import Tensor
 from reroll import algorithms
 from reroll.algorithms import distillation
 from reroll.config.algorithm import AlgorithmConfig, AsyPPOConfig, CorrectionConfig, KLConfig
+from reroll.data.batch import model_kwargs
 from reroll.models.logprobs import forward_logprobs
 from reroll.models.top_k import logprobs_at
 from reroll.pipelines import plugins
@@ -289,6 +290,9 @@ def make_rl_loss(obj: Objective, batch: TensorDict, *, kl_coef: float | None = N
 
     def loss_fn(model: torch.nn.Module, micro: TensorDict) -> tuple[torch.Tensor, dict]:
         mask, response = micro["loss_mask"], micro["response_mask"]
+        extra = model_kwargs(micro, micro["input_ids"].device)  # images' pixel values...
+        if dense is not None and extra:  # never drop them silently
+            raise NotImplementedError("dense distillation does not take image prompts yet")
         if dense is not None:  # the student at the teacher's top-k ids and the sampled token
             ids = torch.cat([micro["teacher_top_ids"], micro["input_ids"][..., None]], -1)
             student, entropy = logprobs_at(model, micro["input_ids"], micro["attention_mask"],
@@ -297,7 +301,8 @@ def make_rl_loss(obj: Objective, batch: TensorDict, *, kl_coef: float | None = N
         else:
             logprobs, entropy = forward_logprobs(
                 model, micro["input_ids"], micro["attention_mask"], obj.temperature,
-                with_entropy=True, response_mask=response, entropy_grad=obj.entropy_coef > 0)
+                with_entropy=True, response_mask=response, entropy_grad=obj.entropy_coef > 0,
+                model_inputs=extra)
         old = pi_old(obj, micro, logprobs)
         # Train/inference mismatch: how far the engine's sampling distribution is from the policy.
         metrics = {"actor/behaviour_kl_k3": algorithms.masked_mean(
@@ -464,7 +469,8 @@ def sft_loss(batch: TensorDict) -> Callable[[torch.nn.Module, TensorDict], tuple
     def loss_fn(model: torch.nn.Module, micro: TensorDict) -> tuple[torch.Tensor, dict]:
         mask = micro["response_mask"]
         logprobs, _ = forward_logprobs(model, micro["input_ids"], micro["attention_mask"],
-                                       response_mask=mask)
+                                       response_mask=mask,
+                                       model_inputs=model_kwargs(micro, micro["input_ids"].device))
         loss = algorithms.aggregate_loss(-logprobs, mask, "token_mean", num_tokens=num_tokens)
         return loss, {"sft/nll": algorithms.masked_mean(-logprobs.detach(), mask)}
 

@@ -63,6 +63,7 @@ from reroll.pipelines.roles import build_roles, check_teachers, weight_sync_to
 from reroll.pipelines.task import Task, rollout_row
 from reroll.rollout.metrics import rollout_metrics
 from reroll.rollout.recording import batch_path, save_batch, write_rows
+from reroll.rollout.stream import save_processor
 from reroll.training.protocols import Critic, Policy, Reference, Teacher
 
 KLController = algorithms.FixedKLController | algorithms.AdaptiveKLController
@@ -183,6 +184,7 @@ class RLStep:
             self.critic.save(directory)
         self.policy.save(directory, state)
         self.tokenizer.save_pretrained(directory)
+        save_processor(self.tokenizer.name_or_path, directory)  # a VLM's image processor
 
     def load(self, directory: Path) -> dict[str, Any]:
         if self.critic is not None:

@@ -74,6 +74,9 @@ class Group:
     kept: bool | None = None
     start_version: int = 0
     cancelled: bool = False
+    model_inputs: dict = field(default_factory=dict)
+    """The prompt's model inputs beyond `prompt_ids` (images...), sent with each request and
+    kept on each trajectory ({}: tokens only)."""
 
     @property
     def rewards(self) -> list[float]:
@@ -91,7 +94,7 @@ class Group:
             finish_reason=s.finish_reason, group_id=group_id, prompt_text=self.row.prompt_text,
             response_text=s.response_text, answer=self.row.answer, reward=s.reward,
             reward_info=s.reward_info, policy_version=self.version if version is None else version,
-            tag=self.row.tag) for s in self.samples]
+            tag=self.row.tag, model_inputs=self.model_inputs or None) for s in self.samples]
 
     def mark(self, state: State) -> int:
         """Move the samples whose life has not ended to `state`; returns how many moved."""

@@ -51,7 +51,7 @@ from reroll.rollout.groups import (
     request_seed,
 )
 from reroll.rollout.metrics import staleness_metrics
-from reroll.rollout.stream import PromptStream, encode_prompt
+from reroll.rollout.stream import EncodedPrompt, PromptStream, encode_prompt
 from reroll.rollout.tail_batching import TailBatcher
 
 
@@ -198,16 +198,18 @@ class RolloutScheduler:
 
     # -- one group -----------------------------------------------------------------------------
 
-    def new_group(self, index: int, row: PromptRow, prompt_ids: list[int], group_size: int,
-                  seed_fn: SeedFn, version: int = 0) -> Group:
-        """A queued group, placed on the engine with the fewest running groups (affinity: all
-        its requests go there)."""
+    def new_group(self, index: int, row: PromptRow, prompt: list[int] | EncodedPrompt,
+                  group_size: int, seed_fn: SeedFn, version: int = 0) -> Group:
+        """A queued group of `prompt` (its ids, or ids and model inputs), placed on the engine
+        with the fewest running groups (affinity: all its requests go there)."""
+        prompt = EncodedPrompt.of(prompt)
         state = self._state()
         engine = min(range(len(self.engines)), key=lambda e: (state.groups[e], e))
         state.groups[engine] += 1
         samples = [Sample(seed_fn(index * group_size + k), engine) for k in range(group_size)]
         self.lifecycle[State.QUEUED.value] += group_size
-        return Group(index, row, prompt_ids, engine, samples, start_version=version)
+        return Group(index, row, prompt.ids, engine, samples, start_version=version,
+                     model_inputs=prompt.model_inputs)
 
     async def run_group(self, group: Group, params: SamplingParams, needed: int | None = None
                         ) -> Group:
@@ -262,7 +264,8 @@ class RolloutScheduler:
                 remaining = params.max_new_tokens - len(sample.tokens)
                 request = Request(group.prompt_ids + sample.tokens,
                                   replace(params, max_new_tokens=remaining),
-                                  seed=sample.seed + 7919 * sample.resumes)
+                                  seed=sample.seed + 7919 * sample.resumes,
+                                  model_inputs=group.model_inputs)
                 sample.request_id = request.request_id
                 state.in_engine += 1
                 try:
@@ -292,7 +295,8 @@ class RolloutScheduler:
 
     # -- a batch of groups -----------------------------------------------------------------------
 
-    async def collect(self, rows: Iterator[PromptRow], encode: Callable[[PromptRow], list[int]],
+    async def collect(self, rows: Iterator[PromptRow],
+                      encode: Callable[[PromptRow], list[int] | EncodedPrompt],
                       num_groups: int, group_size: int, params: SamplingParams, seed_fn: SeedFn,
                       keep: KeepFn = keep_all, oversample: float = 1.0,
                       max_groups: int | None = None, spare: int = 0) -> CollectResult:

@@ -1,22 +1,91 @@
 """The prompt stream the rollout sources draw from: the sampler's endless order, plus rows handed
 back (launched but not used: aborted by over-sampling) that come first next time, so a step
 consumes exactly the rows it used, whatever the timing. Its state is checkpointed. A row becomes
-the prompt's token ids with `encode_prompt`."""
+the prompt's token ids with `encode_prompt` (an `EncodedPrompt` when the model needs more inputs
+than tokens: images)."""
 
 from __future__ import annotations
+
+import functools
+from dataclasses import dataclass, field
+
+import torch
 
 from reroll.config.errors import ConfigError
 from reroll.data.datasets import PromptRow, PromptSampler
 
 
-def encode_prompt(tokenizer, row: PromptRow, max_tokens: int) -> list[int]:
-    """Chat-templated prompt ids, ending with the assistant turn's header."""
+@dataclass
+class EncodedPrompt:
+    """A prompt as the model takes it: its token ids and its model inputs beyond tokens (an
+    image's `pixel_values`, `image_grid_thw`...: the processor's output for this one prompt, each
+    tensor with a first dimension `reroll.data.batch.collate` can concatenate along). They travel
+    together: Request, the rollout's group, Trajectory, the batch, the trainer's forward."""
+
+    ids: list[int]
+    model_inputs: dict[str, torch.Tensor] = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, prompt: list[int] | EncodedPrompt) -> EncodedPrompt:
+        """A text prompt's ids (what `encode_prompt` returns) or an encoded prompt, as one."""
+        return prompt if isinstance(prompt, EncodedPrompt) else cls(list(prompt))
+
+
+def encode_prompt(tokenizer, row: PromptRow, max_tokens: int) -> list[int] | EncodedPrompt:
+    """Chat-templated prompt ids, ending with the assistant turn's header; for a row with images,
+    an `EncodedPrompt` (`encode_image_prompt`)."""
+    if row.has_images:
+        return encode_image_prompt(tokenizer, row, max_tokens)
     ids = tokenizer.apply_chat_template(row.messages, add_generation_prompt=True, tokenize=True)
     ids = list(ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids)
+    _check_length(ids, row, max_tokens)
+    return ids
+
+
+def encode_image_prompt(tokenizer, row: PromptRow, max_tokens: int) -> EncodedPrompt:
+    """A row with images through the model's own processor (in the tokenizer's model folder):
+    its chat template, the image tokens it expands, and its model inputs (pixel values...),
+    each kept with its leading batch dimension of 1, so a batch of prompts concatenates them
+    along it (`reroll.data.batch.model_kwargs`)."""
+    from reroll.data.images import load_images
+
+    processor = _processor(tokenizer.name_or_path)
+    if processor is None:
+        raise ConfigError(f"{row.source}: the row has images, and the model "
+                          f"{tokenizer.name_or_path} has no image processor (a text-only model)")
+    text = processor.apply_chat_template(row.messages, add_generation_prompt=True,
+                                         tokenize=False)
+    encoded = processor(text=[text], images=[load_images(row.messages)], return_tensors="pt")
+    ids = encoded["input_ids"][0].tolist()
+    _check_length(ids, row, max_tokens)
+    return EncodedPrompt(ids, {k: v for k, v in encoded.items()
+                               if k not in ("input_ids", "attention_mask")})
+
+
+@functools.cache
+def _processor(path: str):
+    """The model folder's processor when it has one that takes images (None otherwise)."""
+    from transformers import AutoProcessor
+
+    try:
+        processor = AutoProcessor.from_pretrained(path)
+    except (OSError, ValueError):
+        return None
+    return processor if hasattr(processor, "image_processor") else None
+
+
+def save_processor(model_path: str, directory) -> None:
+    """The model's image processor beside a checkpoint's tokenizer (nothing for a text model), so
+    a checkpoint of a vision-language run encodes image rows as its start did."""
+    processor = _processor(model_path)
+    if processor is not None:
+        processor.save_pretrained(directory)
+
+
+def _check_length(ids: list[int], row: PromptRow, max_tokens: int) -> None:
     if len(ids) > max_tokens:
         raise ConfigError(f"{row.source}: the prompt is {len(ids)} tokens after the chat template, "
                           f"over data.max_prompt_tokens={max_tokens}")
-    return ids
 
 
 class PromptStream:

@@ -110,6 +110,8 @@ class LocalCritic:
     @torch.no_grad()
     def values(self, batch: TensorDict) -> torch.Tensor:
         """Every critic's values of the batch's tokens: [M, B, L] (0 on padding)."""
+        if "model_inputs" in batch.keys():  # the value head would see the text alone, silently
+            raise NotImplementedError("the critic does not take image prompts yet")
         ids, mask = batch["input_ids"], batch["attention_mask"]
         out = torch.zeros((self.num_critics, *ids.shape), dtype=torch.float32)
         for m, member in enumerate(self.members):

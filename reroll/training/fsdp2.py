@@ -106,7 +106,8 @@ class FSDP2Strategy:
             out = batched_logprobs(self.model, batch["input_ids"].to(self.device),
                                    batch["attention_mask"].to(self.device),
                                    self.train_config.micro_batch_size, temperature,
-                                   batch["response_mask"].to(self.device))
+                                   batch["response_mask"].to(self.device),
+                                   batch.get("model_inputs"))
         return out.cpu()
 
     def train_step(self, shard: TensorDict, loss_fn: LossFn) -> dict[str, float]:

@@ -23,7 +23,8 @@ class ReferenceWorker:
     def logprobs(self, shard: TensorDict, temperature: float = 1.0) -> torch.Tensor:
         with self.autocast:
             return batched_logprobs(self.model, shard["input_ids"], shard["attention_mask"],
-                                    self.micro_batch_size, temperature, shard["response_mask"])
+                                    self.micro_batch_size, temperature, shard["response_mask"],
+                                    shard.get("model_inputs"))
 
     def top_k(self, shard: TensorDict, k: int, temperature: float = 1.0) -> TensorDict:
         """{"ids", "logprobs"} [B, L, k]: the k likeliest next tokens at each response position

@@ -1,0 +1,116 @@
+"""Prompt rows with images: the built-in counting task, image paths resolved and checked at
+load (a missing or unreadable one named by file and line), and the tiny VLM's image path from
+the row to the engine and the trainer."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from reroll.config.errors import ConfigError
+from reroll.data.datasets import load_prompts
+from reroll.data.images import write_count_task
+
+pytestmark = pytest.mark.unit
+
+
+def red_squares(path: str) -> int:
+    pixels = np.asarray(Image.open(path).convert("RGB"))
+    return int((pixels == [255, 0, 0]).all(-1).sum()) // 100  # 10x10 squares
+
+
+def test_the_counting_task_s_answer_is_in_its_image(tmp_path):
+    paths = write_count_task(tmp_path / "task", train_size=12, eval_size=4, seed=0)
+    rows = load_prompts(paths["train"])
+    assert len(rows) == 12 and all(row.has_images for row in rows)
+    assert {row.answer for row in rows} <= {"1", "2", "3", "4"}
+    for row in rows:
+        image = row.messages[0]["content"][0]["image"]  # made absolute against the file
+        assert image.startswith(str(tmp_path)) and red_squares(image) == int(row.answer)
+        assert row.prompt_text.startswith("<image>How many red squares")
+
+
+
+def test_a_text_only_model_is_at_chance_on_the_counting_task(tmp_path):
+    """Every row's text is the same question, so a model that does not see the image gives every
+    row the same answer distribution: its expected accuracy is at most the share of the most
+    frequent answer, about 1 in 4."""
+    rows = load_prompts(write_count_task(tmp_path, train_size=400, eval_size=1, seed=0)["train"])
+    assert len({row.prompt_text for row in rows}) == 1
+    shares = [sum(row.answer == a for row in rows) / len(rows) for a in ("1", "2", "3", "4")]
+    assert max(shares) < 0.3, shares
+
+
+@pytest.mark.parametrize("damage, said", [("missing", "does not exist"),
+                                          ("unreadable", "cannot be read")])
+def test_a_bad_image_is_named_by_file_and_line(tmp_path, damage, said):
+    paths = write_count_task(tmp_path, train_size=3, eval_size=1, seed=0)
+    second = json.loads(paths["train"].read_text().splitlines()[1])["messages"][0]["content"][0]
+    image = tmp_path / second["image"]
+    if damage == "missing":
+        image.unlink()
+    else:
+        image.write_text("not a png")
+    with pytest.raises(ConfigError, match=rf"train.jsonl:2: image .*train_1.png {said}"):
+        load_prompts(paths["train"])
+
+
+def test_an_unknown_content_part_is_refused(tmp_path):
+    path = tmp_path / "bad.jsonl"
+    path.write_text(json.dumps({"messages": [{"role": "user", "content": [
+        {"type": "audio", "audio": "x.wav"}]}]}) + "\n")
+    with pytest.raises(ConfigError, match=r"bad.jsonl:1: a content part must be"):
+        load_prompts(path)
+
+
+def test_a_text_only_model_refuses_image_rows(tmp_path, tokenizer):
+    from reroll.rollout.stream import encode_prompt
+
+    row = load_prompts(write_count_task(tmp_path, 1, 1, seed=0)["train"])[0]
+    with pytest.raises(ConfigError, match="train.jsonl:1: the row has images.*no image processor"):
+        encode_prompt(tokenizer, row, 1024)
+
+
+@pytest.mark.e2e
+def test_the_tiny_vlm_samples_from_images_and_its_logprobs_follow_them(tiny_vlm, tmp_path):
+    """check-model's image checks on `make-model --vlm`: the HF engine's and the trainer's
+    logprobs agree on image prompts, and another image changes them."""
+    from reroll.check_model import ModelChecks
+    from reroll.models.loading import load_tokenizer
+    from reroll.rollout.stream import EncodedPrompt, encode_prompt
+
+    row = load_prompts(write_count_task(tmp_path, 1, 1, seed=0)["train"])[0]
+    prompt = encode_prompt(load_tokenizer(tiny_vlm), row, 1024)
+    assert isinstance(prompt, EncodedPrompt) and prompt.model_inputs["pixel_values"].dim() == 5
+    checks = ModelChecks(tiny_vlm, tokens=6)
+    status, detail = checks.check_image_logprobs()
+    assert status == "pass", detail
+    status, detail = checks.check_image_sensitivity()
+    assert status == "pass", detail
+    assert torch.is_tensor(prompt.model_inputs["pixel_attention_mask"])
+
+
+@pytest.mark.e2e
+def test_grpo_runs_on_the_tiny_vlm_with_its_images_in_every_forward(tiny_vlm, tmp_path):
+    """Two GRPO steps on the counting task: the engine's and the trainer's logprobs agree (the
+    trainer's forward got the same pixels: without them its logprobs would part from the
+    engine's), the update has a gradient, and the checkpoint keeps the image processor."""
+    import reroll
+
+    paths = write_count_task(tmp_path / "task", train_size=8, eval_size=2, seed=0)
+    summary = reroll.train(
+        {"name": "vlm", "seed": 0, "steps": 2, "output_dir": str(tmp_path / "run"),
+         "model": {"path": tiny_vlm},
+         "data": {"train": str(paths["train"]), "eval": str(paths["eval"])},
+         "rollout": {"prompts_per_step": 2, "group_size": 4, "max_new_tokens": 6},
+         "optimizer": {"lr": 1e-3}, "train": {"micro_batch_size": 4},
+         "tracking": {"progress": False, "tensorboard": False}},
+        reward_funcs=lambda s: float(len(s.response) % 3))  # varies: a gradient every step
+    history = summary.history()
+    assert summary.steps == 2 and all(row["train/grad_norm"] > 0 for row in history)
+    assert all(row["actor/behaviour_kl_k3"] < 1e-5 for row in history)
+    assert (summary.final_checkpoint / "processor_config.json").is_file()
