@@ -6,6 +6,7 @@ layers import one another without a cycle. tests/test_layers.py reads the lines 
 them; peers on one line may import each other, as long as no cycle forms.
 
     cli
+    commands
     api
     evaluation_command, evaluation_settings, evaluation, check_model, mismatch, export, pipelines
     rollout, workers

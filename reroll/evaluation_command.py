@@ -11,16 +11,15 @@ from reroll.evaluation import BUILTIN_TASKS, EvalSpec, evaluate
 from reroll.evaluation_settings import default_threads, spec_from_args
 
 
-def add_eval_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
-    text = "evaluate a model: pass@1, pass@k and mean@k over a dataset or environments"
-    p = subparsers.add_parser("eval", help=text, description=text + ". Writes JSON, shows a table. "
-                              "A model inside a run directory (runs/X/checkpoints/step_N, "
-                              "runs/X/final) is evaluated on the run's task with its settings "
-                              "(eval set or environment, reward, turns, token limits, system "
-                              "prompt, eval temperature) unless a flag says otherwise; the "
-                              "settings taken are printed. A multi-domain run's model is "
-                              "evaluated on each domain's held-out set with its own reward "
-                              "(eval/<domain>/reward_mean and pass_rate, as in training).")
+def configure_eval(p: argparse.ArgumentParser) -> None:
+    """`reroll eval`'s arguments."""
+    p.description = (f"{p.description}. Writes JSON, shows a table. A model inside a run "
+                     "directory (runs/X/checkpoints/step_N, runs/X/final) is evaluated on the "
+                     "run's task with its settings (eval set or environment, reward, turns, "
+                     "token limits, system prompt, eval temperature) unless a flag says "
+                     "otherwise; the settings taken are printed. A multi-domain run's model is "
+                     "evaluated on each domain's held-out set with its own reward "
+                     "(eval/<domain>/reward_mean and pass_rate, as in training).")
     p.add_argument("--model", required=True, help="model folder (Hugging Face format) or checkpoint")
     where = p.add_mutually_exclusive_group()
     where.add_argument("--task", help="prompts: a .jsonl/.parquet file with prompt and answer, or "
@@ -68,7 +67,6 @@ def add_eval_parser(subparsers: argparse._SubParsersAction) -> argparse.Argument
     p.add_argument("--out", help="results JSON (default runs/eval/<model>-<task>.json); the "
                                  "samples go next to it as .samples.jsonl")
     p.set_defaults(fn=cmd_eval)
-    return p
 
 
 def check_out(out: Path) -> None:

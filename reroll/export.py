@@ -77,10 +77,9 @@ def cmd_export(args: argparse.Namespace) -> None:
     print(json.dumps({"exported": str(checkpoint), "out": str(Path(args.out)), "kind": kind}))
 
 
-def add_export_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
-    text = "write a run's (or checkpoint's) model to a folder: --merge folds a LoRA adapter in"
-    p = subparsers.add_parser("export", help=text, description=text + ". A run directory "
-                              "exports its newest complete checkpoint.")
+def configure_export(p: argparse.ArgumentParser) -> None:
+    """`reroll export`'s arguments."""
+    p.description = f"{p.description}. A run directory exports its newest complete checkpoint."
     p.add_argument("source", metavar="RUN_OR_CHECKPOINT",
                    help="run directory, checkpoints/step_N folder, or model/adapter folder")
     p.add_argument("--out", required=True, help="output folder (new or empty)")
@@ -90,4 +89,3 @@ def add_export_parser(subparsers: argparse._SubParsersAction) -> argparse.Argume
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"],
                    help="weights dtype of a --merge export (default float32)")
     p.set_defaults(fn=cmd_export)
-    return p

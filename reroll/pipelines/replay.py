@@ -160,9 +160,8 @@ def _is_number(value: Any) -> bool:
 # -- command line ---------------------------------------------------------------------------------
 
 
-def add_replay_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
-    text = "recompute one step's losses from its recorded batch and the checkpoint before it"
-    p = subparsers.add_parser("replay", help=text, description=text)
+def configure_replay(p: argparse.ArgumentParser) -> None:
+    """`reroll replay`'s arguments."""
     p.add_argument("run_dir", metavar="RUN_DIR", help="a run directory written by `reroll train`")
     p.add_argument("--step", type=int, required=True, help="the step to replay (1-based)")
     p.add_argument("--atol", type=float, default=1e-6,
@@ -170,7 +169,6 @@ def add_replay_parser(subparsers: argparse._SubParsersAction) -> argparse.Argume
     p.add_argument("overrides", nargs="*",
                    help="config changes to try on that step, e.g. algorithm.policy_loss.clip_high=0.4")
     p.set_defaults(fn=cmd_replay)
-    return p
 
 
 def cmd_replay(args: argparse.Namespace) -> None:

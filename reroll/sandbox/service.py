@@ -377,9 +377,8 @@ def cmd_serve(args: argparse.Namespace) -> None:
     serve(config, args.host, args.port, api_key, ready)
 
 
-def add_sandbox_parser(sub) -> None:
-    """`reroll sandbox serve`."""
-    p = sub.add_parser("sandbox", help="the sandbox service (stateful sessions over HTTP)")
+def configure_sandbox(p: argparse.ArgumentParser) -> None:
+    """`reroll sandbox serve`'s arguments."""
     commands = p.add_subparsers(dest="sandbox_command", required=True, metavar="COMMAND")
     s = commands.add_parser("serve", help="serve sandbox sessions over HTTP (docs/sandbox.md)")
     s.add_argument("--host", default="127.0.0.1",

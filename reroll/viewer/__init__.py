@@ -1,11 +1,11 @@
 """`reroll view`: a self-contained HTML report of a run directory.
 
 `load_run` reads the run directory, `render_report` / `write_report` make the page, and
-`add_view_parser` / `cmd_view` are the CLI subcommand (registered by `reroll/cli.py`).
+`configure_view` / `cmd_view` are the CLI subcommand (registered by `reroll/cli.py`).
 """
 
-from reroll.viewer.command import add_view_parser, cmd_view
+from reroll.viewer.command import cmd_view, configure_view
 from reroll.viewer.report import render_report, write_report
 from reroll.viewer.rundata import RunData, load_run
 
-__all__ = ["RunData", "add_view_parser", "cmd_view", "load_run", "render_report", "write_report"]
+__all__ = ["RunData", "configure_view", "cmd_view", "load_run", "render_report", "write_report"]

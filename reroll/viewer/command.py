@@ -1,7 +1,7 @@
 """The `reroll view` subcommand: `reroll view RUN_DIR [RUN_DIR ...] [--out FILE]`.
 
 `--watch N` rewrites the report every N seconds while the run goes.
-`reroll/cli.py` registers it with `add_view_parser(sub)`; `cmd_view` writes the report and prints
+`reroll/cli.py` names `configure_view` in its table of commands; `cmd_view` writes the report and prints
 the run's headline figures. A bad run directory raises ConfigError (exit code 2 in the CLI).
 """
 
@@ -14,11 +14,8 @@ from pathlib import Path
 from reroll.config.errors import ConfigError
 
 
-def add_view_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
-    """Register `view` on the CLI's subparsers."""
-    text = ("write a self-contained HTML report of a run directory (curves, rollouts, config); "
-            "given several, one report with their curves overlaid")
-    p = subparsers.add_parser("view", help=text, description=text)
+def configure_view(p: argparse.ArgumentParser) -> None:
+    """`reroll view`'s arguments."""
     p.add_argument("run_dir", metavar="RUN_DIR", nargs="+",
                    help="a run directory written by `reroll train` or `reroll sft`; several to compare")
     p.add_argument("--out", metavar="FILE", help="where to write the report (default: "
@@ -31,7 +28,6 @@ def add_view_parser(subparsers: argparse._SubParsersAction) -> argparse.Argument
                         "stops. For a live view of every metric, `tensorboard --logdir RUN_DIR` "
                         "with `tracking.tensorboard: true` (docs/viewer.md)")
     p.set_defaults(fn=cmd_view)
-    return p
 
 
 def cmd_view(args: argparse.Namespace) -> None:

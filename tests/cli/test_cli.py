@@ -91,3 +91,39 @@ def test_make_data_keeps_the_files_already_there(tmp_path, capsys):
     assert "mine" in (tmp_path / "train.jsonl").read_text()
     assert main([*args, "--overwrite"]) == 0
     assert "mine" not in (tmp_path / "train.jsonl").read_text()
+
+
+def test_every_command_is_in_the_table_and_cli_imports_nothing_inside_a_function():
+    """One table (`COMMANDS`) says where each command lives; the CLI module itself defers no
+    import (each command's module is imported only when that command runs)."""
+    import ast
+    from pathlib import Path
+
+    from reroll import cli
+
+    names = [c.name for c in cli.COMMANDS]
+    assert len(names) == len(set(names))
+    subparsers = build_parser()._subparsers._group_actions[0].choices
+    assert list(subparsers) == names
+    assert all(any(a.dest != "help" for a in p._actions) for p in subparsers.values())
+    tree = ast.parse(Path(cli.__file__).read_text())
+    nested = [node.lineno for fn in ast.walk(tree) if isinstance(fn, ast.FunctionDef)
+              for node in ast.walk(fn) if isinstance(node, ast.Import | ast.ImportFrom)]
+    assert nested == []
+
+
+def test_help_and_one_command_load_only_that_commands_module():
+    code = ("import sys; from reroll.cli import main\n"
+            "try: main(['--help'])\nexcept SystemExit: pass\n"
+            "print(sorted(m for m in sys.modules if m.startswith('reroll.commands.')), "
+            "'torch' in sys.modules)\n"
+            "main(['make-data', '--out', sys.argv[1], '--train-size', '2', '--eval-size', '1'])\n"
+            "print(sorted(m for m in sys.modules if m.startswith('reroll.commands.')))")
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as out:
+        result = subprocess.run([sys.executable, "-c", code, out], capture_output=True,
+                                text=True, timeout=120)
+    lines = result.stdout.strip().splitlines()
+    assert lines[-2].endswith("['reroll.commands.common'] False"), result.stdout + result.stderr
+    assert lines[-1] == "['reroll.commands.common', 'reroll.commands.data']"

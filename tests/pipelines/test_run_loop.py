@@ -78,7 +78,7 @@ def test_every_pipeline_has_a_step_factory_and_its_schema_names_it(name):
 
 def test_the_finish_message_names_the_run_s_algorithm():
     """`GRPO run finished` was printed for every RL algorithm: the title is the run's own."""
-    from reroll.cli import finished_title
+    from reroll.commands.run import finished_title
 
     assert finished_title("rlvr", {"algorithm": "rloo/cispo"}) == "rloo/cispo run finished"
     assert finished_title("dpo", {"algorithm": "DPO ipo"}) == "DPO ipo run finished"

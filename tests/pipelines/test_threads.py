@@ -8,14 +8,12 @@ records the thread count it trained with."""
 
 from __future__ import annotations
 
-import argparse
-
 import pytest
 import torch
 
 from reroll import settings
+from reroll.cli import build_parser
 from reroll.config.pipelines import KINDS
-from reroll.evaluation_command import add_eval_parser
 from reroll.evaluation_settings import default_threads, spec_from_args
 from reroll.pipelines.run import Run
 
@@ -177,8 +175,7 @@ def test_an_unknown_load_changes_nothing(tmp_path, machine, capsys):
 
 def test_eval_threads_default_to_the_same_choice(tmp_path, machine):
     flags = ["eval", "--model", str(tmp_path / "model"), "--task", str(tmp_path / "t.jsonl")]
-    parser = argparse.ArgumentParser()
-    add_eval_parser(parser.add_subparsers())
+    parser = build_parser(only=["eval"])
     machine(4, 1.2)
     assert spec_from_args(parser.parse_args(flags)).threads == 3
     assert default_threads(None) == (

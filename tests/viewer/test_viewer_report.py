@@ -9,8 +9,9 @@ from html.parser import HTMLParser
 
 import pytest
 
+from reroll.cli import build_parser
 from reroll.config.errors import ConfigError
-from reroll.viewer import add_view_parser, cmd_view, load_run, render_report, write_report
+from reroll.viewer import cmd_view, load_run, render_report, write_report
 from reroll.viewer.charts import plan_charts
 from reroll.viewer.report import embed_json, payload
 
@@ -47,9 +48,7 @@ def parse(html: str) -> Tags:
 
 
 def cli(argv: list[str]) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="reroll")
-    add_view_parser(parser.add_subparsers(dest="command", required=True))
-    return parser.parse_args(argv)
+    return build_parser(only=["view"]).parse_args(argv)
 
 
 def test_the_report_is_self_contained(run_dir):
