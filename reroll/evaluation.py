@@ -90,6 +90,9 @@ class EvalSpec:
     domains: list[Any] | None = None
     """A multi-domain run's `data.domains` (DomainConfig, a file domain's reward resolved):
     each domain is evaluated on its held-out set with its own reward."""
+    envs: list[Any] | None = None
+    """A multi-environment agentic run's `envs` (NamedEnvConfig): each environment is played
+    on its held-out seeds with its own settings (`reroll.evaluation_envs`)."""
     run_config: str | None = None
     """The config.yaml of the run the model belongs to, when settings were taken from it."""
     taken: dict[str, str] = field(default_factory=dict)
@@ -133,6 +136,10 @@ def evaluate(spec: EvalSpec) -> tuple[dict[str, Any], list[dict[str, Any]]]:
         elif spec.domains:
             parts = {d.name: _sample_domain(spec, d, engine, tokenizer, params)
                      for d in spec.domains}
+        elif spec.envs:
+            from reroll.evaluation_envs import play_entry
+
+            parts = {e.name: play_entry(spec, e, engine, tokenizer, params) for e in spec.envs}
         else:
             parts = {spec.task: _sample_task(spec, engine, tokenizer, params)}
     finally:
@@ -162,13 +169,21 @@ def evaluate(spec: EvalSpec) -> tuple[dict[str, Any], list[dict[str, Any]]]:
                     for i, t in enumerate(trajectories)]
     # A suite's headline figures weigh every environment equally; a multi-domain run's weigh
     # every prompt equally, as training's `eval/reward_mean` does.
-    weights = {name: part["prompts"] if spec.domains else 1 for name, part in per_part.items()}
+    weights = {name: part["prompts"] if spec.domains or spec.envs else 1
+               for name, part in per_part.items()}
     for key in per_part[next(iter(per_part))]:
         values = [(part[key], weights[name]) for name, part in per_part.items()]
         results[key] = sum(v for v, _ in values) if key == "prompts" else \
             sum(v * w for v, w in values) / sum(w for _, w in values)
     if spec.env:
         results["envs"] = per_part
+    if spec.envs:  # a multi-environment run's: training's per-environment eval metrics' names
+        results["envs"] = per_part
+        results["eval/reward_mean"] = results[f"mean@{spec.n}"]
+        results["eval/success_rate"] = results["success_rate"]
+        for name, part in per_part.items():
+            results[f"eval/{name}/reward_mean"] = part[f"mean@{spec.n}"]
+            results[f"eval/{name}/success_rate"] = part["success_rate"]
     if spec.domains:
         results["domains"] = per_part
         results["eval/reward_mean"] = results[f"mean@{spec.n}"]
@@ -413,9 +428,9 @@ def spec_from_args(args: argparse.Namespace) -> EvalSpec:
     given = {k: v for k, v in given.items() if v is not None}
     check_generates(args.model)
     run, taken = (None, {}) if args.ignore_run_config else run_settings(args.model, given, args.n)
-    if not {"task", "env"} & set(given) and not {"task", "env", "domains"} & set(taken):
+    if not {"task", "env"} & set(given) and not {"task", "env", "domains", "envs"} & set(taken):
         raise ConfigError("--task or --env: say what to evaluate on (only a model inside a run "
-                          "directory whose config has data.eval or env.id needs neither)")
+                          "directory whose config has data.eval, env.id or envs needs neither)")
     chosen = {k: v for k, (v, _) in taken.items()} | given
     if args.domain is not None:
         from reroll.evaluation_domains import pick_domains
@@ -488,7 +503,11 @@ def run_settings(model: str, given: dict[str, Any], n: int = 1
         raise ConfigError(f"--model {model}: its run's config cannot be read to take its settings "
                           f"({e}); pass --ignore-run-config and the flags you need") from None
     kind = kind_of(config.pipeline)
-    if kind.env and config.env is None:  # an agent program's run
+    if kind.env and config.envs:
+        from reroll.evaluation_envs import envs_settings
+
+        taken = envs_settings(config, model, given)
+    elif kind.env and config.env is None:  # an agent program's run
         taken = {}
     elif kind.env:
         other = "task" in given or given.get("env", config.env.id) != config.env.id

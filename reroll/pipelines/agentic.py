@@ -35,7 +35,7 @@ from reroll.envs import ChatFormat, make_env
 from reroll.envs.base import EnvError
 from reroll.envs.gem_adapter import PREFIX as GEM_PREFIX
 from reroll.envs.process import EnvProcesses, picklable
-from reroll.envs.registry import env_arguments
+from reroll.envs.registry import env_arguments, env_specs
 from reroll.envs.user import check_kwargs, is_user_id, load_factory
 from reroll.pipelines import rl, run
 from reroll.pipelines.agents import AgentTask
@@ -284,7 +284,9 @@ def agentic_step(config: AgenticConfig):
 
 
 def check_env(config: AgenticConfig, env: EnvConfig) -> None:
-    """A user's env id and kwargs, the context policy and limit, checked at start."""
+    """The env id (a user's kwargs too), the context policy and limit, checked at start."""
+    if not is_user_id(env.id) and env.id not in env_specs():
+        make_env(env.id)  # an unknown id: its ConfigError lists the known ones
     if is_user_id(env.id) and not UNIMPORTABLE.search(env.id):
         check_kwargs(env.id, load_factory(env.id), env_arguments(env.id, env.kwargs,
                                                                  env.max_turns))
