@@ -139,7 +139,8 @@ def evaluate(spec: EvalSpec) -> tuple[dict[str, Any], list[dict[str, Any]]]:
         elif spec.envs:
             from reroll.evaluation_envs import play_entry
 
-            parts = {e.name: play_entry(spec, e, engine, tokenizer, params) for e in spec.envs}
+            parts = {e.name: play_entry(spec, e, engine, tokenizer, params, _env_processes)
+                     for e in spec.envs}
         else:
             parts = {spec.task: _sample_task(spec, engine, tokenizer, params)}
     finally:

@@ -26,12 +26,13 @@ def envs_settings(config, model: str, given: dict[str, Any]) -> dict[str, tuple[
     return {"envs": (envs, "envs")}
 
 
-def play_entry(spec, entry, engine, tokenizer, params) -> tuple[list, dict[str, float]]:
+def play_entry(spec, entry, engine, tokenizer, params, env_processes
+               ) -> tuple[list, dict[str, float]]:
     """`spec.n` episodes for each of the env's `eval_episodes` held-out seeds, under its own
-    settings; `success_rate` besides the env/* counters."""
+    settings; `success_rate` besides the env/* counters. `env_processes(id, factory)`: the
+    env host processes of a user's env, or None (`evaluation._env_processes`)."""
     from reroll.data.batch import infra_failed
     from reroll.envs.registry import env_arguments, make_env
-    from reroll.evaluation import _env_processes
     from reroll.models.files import model_context
     from reroll.rollout.agent_loop import AgentJob, run_episodes
     from reroll.rollout.context import from_config
@@ -39,7 +40,7 @@ def play_entry(spec, entry, engine, tokenizer, params) -> tuple[list, dict[str, 
     factory = functools.partial(make_env, entry.id,
                                 **env_arguments(entry.id, entry.kwargs, entry.max_turns))
     factory()  # unknown ids and bad arguments fail here, as ConfigErrors
-    hosts = _env_processes(entry.id, factory)
+    hosts = env_processes(entry.id, factory)
     job = AgentJob(engine, tokenizer, hosts.make if hosts else factory, params,
                    max_turns=entry.max_turns,
                    max_context_tokens=entry.max_context_tokens or model_context(spec.model),

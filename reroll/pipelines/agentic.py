@@ -279,7 +279,8 @@ def agentic_step(config: AgenticConfig):
             check_env(config, env)
         except ConfigError as e:
             raise ConfigError(entry_message(str(e), k, name) if several else str(e)) from None
-    task = AgentTask if config.agent is not None else EnvMixTask if several else EnvTask
+    task = AgentTask if config.agent is not None else \
+        functools.partial(EnvMixTask, env_task=EnvTask) if several else EnvTask
     return rl.rl_step(config, task)
 
 

@@ -47,12 +47,11 @@ def where(k: int, name: str) -> str:
     return f"envs[{k}] ({name})"
 
 
-def build_env(config: AgenticConfig, tokenizer, k: int, name: str, spec: EnvConfig):
-    """Environment k's task; a bad id, argument or context names its entry (`envs[1].id`)."""
-    from reroll.pipelines.agentic import EnvTask
-
+def build_env(env_task, config: AgenticConfig, tokenizer, k: int, name: str, spec: EnvConfig):
+    """Environment k's task (an `env_task`, `agentic.EnvTask`); a bad id, argument or context
+    names its entry (`envs[1].id`)."""
     try:
-        task = EnvTask(config, tokenizer, env=spec)
+        task = env_task(config, tokenizer, env=spec)
     except ConfigError as e:
         raise ConfigError(entry_message(str(e), k, name)) from None
     task.sampler = PromptSampler(list(range(spec.train_seeds)), config.seed + k * SEED_STRIDE)
@@ -113,7 +112,8 @@ class EnvMixTask:
 
     label = ""
 
-    def __init__(self, config: AgenticConfig, tokenizer, inputs=None):
+    def __init__(self, config: AgenticConfig, tokenizer, inputs=None, *, env_task):
+        """`env_task`: the task of one environment (`agentic.EnvTask`, which builds this)."""
         if inputs is not None and inputs.env_factory is not None:
             raise ConfigError("envs: environments passed as Python objects are not available "
                               "with several environments; give each entry an `id`")
@@ -122,7 +122,7 @@ class EnvMixTask:
         self.tasks: list = []
         try:
             for k, (name, spec) in enumerate(config.env_list()):
-                self.tasks.append(build_env(config, tokenizer, k, name, spec))
+                self.tasks.append(build_env(env_task, config, tokenizer, k, name, spec))
                 self.names.append(name)
         except BaseException:
             self.close()
