@@ -1,7 +1,9 @@
 """A two-environment agentic run (`envs:`) through `reroll train` and `reroll eval`: each step's
-groups split by weight, metrics per environment in the run's metrics and in its evaluation."""
+groups split by weight, metrics per environment in the run's metrics and in its evaluation, and
+a resumed run that draws what the uninterrupted one drew."""
 
 import json
+import shutil
 
 import pytest
 import yaml
@@ -22,7 +24,8 @@ def test_two_envs_train_and_evaluate_per_env(tmp_path, tiny_model, capsys):
                   "max_context_tokens": 256, "eval_episodes": 2}],
         "rollout": {"prompts_per_step": 3, "group_size": 2, "max_new_tokens": 3},
         "train": {"micro_batch_size": 6, "num_threads": 1}, "eval": {"every_steps": 0},
-        "checkpoint": {"every_steps": 0}, "tracking": {"tensorboard": False, "progress": False}}))
+        "checkpoint": {"every_steps": 1},
+        "tracking": {"tensorboard": False, "progress": False, "record_rollouts": 6}}))
     assert main(["train", str(config)]) == 0, capsys.readouterr().err
     rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").open()]
     for row in rows:
@@ -34,6 +37,17 @@ def test_two_envs_train_and_evaluate_per_env(tmp_path, tiny_model, capsys):
     last = rows[-1]
     assert {f"eval/{e}/success_rate" for e in ("guess", "lake")} <= set(last)
     assert "eval/success_rate" in last
+    capsys.readouterr()
+
+    # Resumed from step 1, step 2 draws the same env seeds, split and episodes (the mixer's
+    # credit and each env's seed stream are in the checkpoint).
+    step_2 = tmp_path / "run" / "rollouts" / "step_2.jsonl"
+    uninterrupted = step_2.read_text()
+    shutil.rmtree(tmp_path / "run" / "checkpoints" / "step_2")
+    step_2.unlink()  # written again by the resumed run
+    assert main(["train", str(config), "resume=true"]) == 0, capsys.readouterr().err
+    assert step_2.read_text() == uninterrupted
+    assert {json.loads(line)["env"] for line in uninterrupted.splitlines()} == {"guess", "lake"}
     capsys.readouterr()
 
     # `reroll eval` over the run's checkpoint plays each env with its own settings.
