@@ -92,6 +92,9 @@ class EvalSpec:
     domains: list[Any] | None = None
     """A multi-domain run's `data.domains` (DomainConfig, a file domain's reward resolved):
     each domain is evaluated on its held-out set with its own reward."""
+    envs: list[Any] | None = None
+    """A multi-environment agentic run's `envs` (NamedEnvConfig): each environment is played
+    on its held-out seeds with its own settings, as training's evaluation plays them."""
     run_config: str | None = None
     """The config.yaml of the run the model belongs to, when settings were taken from it."""
     taken: dict[str, str] = field(default_factory=dict)
@@ -186,13 +189,21 @@ def _headline(spec: EvalSpec, per_part: dict[str, dict[str, float]]) -> dict[str
     """The figures over every set: a suite's weigh every environment equally; a multi-domain
     run's weigh every prompt equally, as training's `eval/reward_mean` does."""
     out: dict[str, Any] = {}
-    weights = {name: part["prompts"] if spec.domains else 1 for name, part in per_part.items()}
+    weights = {name: part["prompts"] if spec.domains or spec.envs else 1
+               for name, part in per_part.items()}
     for key in per_part[next(iter(per_part))]:
         values = [(part[key], weights[name]) for name, part in per_part.items()]
         out[key] = sum(v for v, _ in values) if key == "prompts" else \
             sum(v * w for v, w in values) / sum(w for _, w in values)
     if spec.env:
         out["envs"] = per_part
+    if spec.envs:  # the names of training's per-environment eval metrics
+        out["envs"] = per_part
+        out["eval/reward_mean"] = out[f"mean@{spec.n}"]
+        out["eval/success_rate"] = out["success_rate"]
+        for name, part in per_part.items():
+            out[f"eval/{name}/reward_mean"] = part[f"mean@{spec.n}"]
+            out[f"eval/{name}/success_rate"] = part["success_rate"]
     if spec.domains:
         out["domains"] = per_part
         out["eval/reward_mean"] = out[f"mean@{spec.n}"]
@@ -217,6 +228,14 @@ def _task_builders(spec: EvalSpec, tokenizer, scratch: Path) -> list[Callable[[]
                               "limit, as env.max_turns in configs)")
         return [functools.partial(EnvTask, _env_config(spec, env_id), tokenizer)
                 for env_id in spec.env.split(",")]
+    if spec.envs:  # a multi-environment run's: the mix of environments training evaluates
+        from reroll.config.agentic import AgenticConfig
+        from reroll.pipelines.agentic import EnvTask
+        from reroll.pipelines.envmix import EnvMixTask
+
+        config = _config(AgenticConfig, _common(spec) | {
+            "envs": [e.model_dump() for e in spec.envs]})
+        return [functools.partial(EnvMixTask, config, tokenizer, env_task=EnvTask)]
     config = _prompt_config(spec, scratch)
     if spec.domains:  # the domains' errors name them as the run's config does
         return [functools.partial(prompt_task, config, tokenizer)]

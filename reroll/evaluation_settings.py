@@ -38,7 +38,7 @@ def spec_from_args(args: argparse.Namespace) -> EvalSpec:
     given = {k: v for k, v in given.items() if v is not None}
     check_generates(args.model)
     run, taken = (None, {}) if args.ignore_run_config else run_settings(args.model, given, args.n)
-    if not {"task", "env"} & set(given) and not {"task", "env", "domains"} & set(taken):
+    if not {"task", "env"} & set(given) and not {"task", "env", "domains", "envs"} & set(taken):
         raise ConfigError("--task or --env: say what to evaluate on (only a model inside a run "
                           "directory whose config has data.eval or env.id needs neither)")
     chosen = {k: v for k, (v, _) in taken.items()} | given
@@ -111,7 +111,9 @@ def run_settings(model: str, given: dict[str, Any], n: int = 1
         raise ConfigError(f"--model {model}: its run's config cannot be read to take its settings "
                           f"({e}); pass --ignore-run-config and the flags you need") from None
     kind = kind_of(config.pipeline)
-    if kind.env and config.env is None:  # an agent program's run
+    if kind.env and config.envs:
+        taken = envs_settings(config, given)
+    elif kind.env and config.env is None:  # an agent program's run
         taken = {}
     elif kind.env:
         other = "task" in given or given.get("env", config.env.id) != config.env.id
@@ -247,3 +249,22 @@ def pick_domains(flag: str, domains: list[Any] | None) -> list[Any]:
         raise ConfigError(f"--domain {flag!r}: the run's domains with a held-out set are "
                           f"{', '.join(known)}")
     return [d for d in domains if d.name in wanted]
+
+
+# -- a multi-environment run's environments --------------------------------------------------------
+
+
+def envs_settings(config, given: dict[str, Any]) -> dict[str, tuple[Any, str]]:
+    """A multi-environment agentic run (`envs:`): every env with held-out episodes
+    (`eval_episodes`), each played with its own settings as training plays it (`--episodes`
+    replaces each one's `eval_episodes`); `--env` or `--task` (something else) takes none."""
+    if "env" in given or "task" in given:
+        return {}
+    envs = [e.model_copy(update={"eval_episodes": given["episodes"]}) if "episodes" in given
+            else e for e in config.envs]
+    envs = [e for e in envs if e.eval_episodes]
+    if not envs:
+        names = ", ".join(e.name for e in config.envs)
+        raise ConfigError(f"none of the run's envs ({names}) has eval_episodes; pass --env "
+                          f"and --episodes")
+    return {"envs": (envs, "envs")}

@@ -180,6 +180,22 @@ ALLOWLIST = {
                                                    "shrunk by test_domains_e2e.py",
     "reroll view runs/multidomain-grpo": "needs the example's run; `reroll view` is run on the "
                                          "arithmetic demo's in ARITHMETIC_CHAIN",
+    # docs/agentic.md's two-environment example: minutes (two SFT sets, SFT, 10 RL steps); its
+    # code paths (`envs:` training, per-env metrics, `reroll eval` of the run) run shrunk in
+    # tests/pipelines/test_envmix_e2e.py, and the config loads below.
+    **{command: "the two-environment example (minutes); run shrunk by test_envmix_e2e.py"
+       for command in (
+        "reroll make-episodes --env guess_number --out data/mix/guess.jsonl --episodes 600 "
+        "--kwargs '{\"high\": 8, \"max_turns\": 3, \"noise\": 0.6, \"careless\": \"scan\", "
+        "\"noise_scope\": \"episode\"}'",
+        "reroll make-episodes --env frozen_lake --out data/mix/lake.jsonl --episodes 400 "
+        "--kwargs '{\"size\": 3, \"holes\": 0.1, \"max_turns\": 6}'",
+        "reroll make-model --out models/mix --preset tiny --corpus data/mix/sft.jsonl",
+        "reroll sft examples/agentic/guess_number_sft.yaml name=mix-sft model.path=models/mix "
+        "data.train=data/mix/sft.jsonl epochs=2",
+        "reroll train examples/agentic/two_envs.yaml",
+        "reroll view runs/two-envs",
+        "reroll eval --model runs/two-envs/checkpoints/step_10")},
     # docs/agentic.md's learned reward of episodes: run as written (the demo's SFT, shortened,
     # and configs of the same keys) by tests/rollout/test_agentic_demo_e2e.py; a shrunk SFT
     # wins too few episodes to pair.

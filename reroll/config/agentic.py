@@ -3,6 +3,7 @@ instead of prompts and a reward function. The other sections are RLVR's."""
 
 from __future__ import annotations
 
+import re
 from typing import Any, Literal
 
 from pydantic import Field, model_validator
@@ -162,6 +163,32 @@ class EnvConfig(Section):
         return self
 
 
+class NamedEnvConfig(EnvConfig):
+    """One environment of a multi-environment run (`envs:`): an `env:` section plus its name
+    and its share of each step's groups."""
+
+    name: str = Field(..., pattern=r"^[A-Za-z0-9_-]+$")
+    """Names the environment's metrics (`train/<name>/success_rate`, `eval/<name>/...`) and its
+    errors; unique among `envs`."""
+    weight: float = Field(1.0, gt=0)
+    """The environment's share of each step's `rollout.prompts_per_step` groups is weight / (sum
+    of the weights), or, with `env_mix.reweight: success_rate`, follows its success rate."""
+
+
+class EnvMixConfig(Section):
+    """How the environments of `envs:` share each step's groups (as RLVR's `data.reweight`)."""
+
+    reweight: Literal["fixed", "success_rate"] = "fixed"
+    """`fixed`: in proportion to each env's `weight` (shares that do not divide evenly are
+    carried over, so over steps each env's count stays within one group of its share);
+    `success_rate`: in proportion to `weight * max(reweight_floor, 1 - s)` where s is the env's
+    moving train success rate: environments with more left to learn get more groups."""
+    reweight_floor: float = Field(0.1, gt=0, le=1)
+    """`success_rate`: the smallest factor a solved environment's weight is multiplied by."""
+    reweight_momentum: float = Field(0.8, ge=0, lt=1)
+    """`success_rate`: s <- momentum * s + (1 - momentum) * the step's success rate."""
+
+
 class AgentConfig(Section):
     """An agent program that drives itself through reroll's OpenAI-compatible gateway, instead
     of an environment driven by the built-in loop (docs/agentic.md, "Train your own harness").
@@ -252,7 +279,14 @@ class AgenticConfig(RLRunConfig):
     """Run name; the run directory is `runs/<name>/` unless `output_dir` is set, whose folder
     name is then the default name."""
     env: EnvConfig | None = None
-    """The environment the built-in agent loop runs (exactly one of `env` and `agent`)."""
+    """The environment the built-in agent loop runs (exactly one of `env`, `envs` and `agent`)."""
+    envs: list[NamedEnvConfig] | None = None
+    """Several environments trained in one run (docs/agentic.md, "Several environments"), each
+    an `env:` section with a `name` and a `weight`: each step's groups are drawn across them by
+    weight (`env_mix`); metrics per environment under `train/<name>/` and `eval/<name>/` (its
+    `eval_episodes`). Exactly one of `env`, `envs` and `agent`."""
+    env_mix: EnvMixConfig = Field(default_factory=EnvMixConfig)
+    """How the `envs` share each step's groups (fixed weights, or by success rate)."""
     agent: AgentConfig | None = None
     """An agent program trained through the gateway instead of an environment."""
     reward: choice("type", "model", EpisodeModelReward, EpisodeJudgeReward) | None = None
@@ -267,9 +301,13 @@ class AgenticConfig(RLRunConfig):
     @model_validator(mode="after")
     def _check_batch(self) -> AgenticConfig:
         problems = self.batch_errors()
-        if (self.env is None) == (self.agent is None):
+        given = [k for k in ("env", "envs", "agent") if getattr(self, k) is not None]
+        if len(given) != 1:
             problems.append("an agentic run needs exactly one of `env:` (an environment for "
-                            "the built-in loop) and `agent:` (your own agent program)")
+                            "the built-in loop), `envs:` (a list of them) and `agent:` (your own "
+                            "agent program)" + (f"; this config gives {' and '.join(given)}"
+                                                if given else ""))
+        problems += self._envs_errors()
         if self.agent is not None and self.reward is not None:
             problems.append("`reward:` scores environment episodes; an agent's reward comes "
                             "from its return value, a POST to its session or agent.verifier")
@@ -286,3 +324,34 @@ class AgenticConfig(RLRunConfig):
         if problems:
             raise ValueError("; ".join(problems))
         return self
+
+    def _envs_errors(self) -> list[str]:
+        if self.envs is None:
+            return []
+        if not self.envs:
+            return ["envs is empty: list at least one environment (or use `env:`)"]
+        problems = []
+        names = [e.name for e in self.envs]
+        twice = sorted({n for n in names if names.count(n) > 1})
+        if twice:
+            problems.append(f"envs: the names {', '.join(twice)} are used more than once; each "
+                            f"environment's `name` names its metrics and must be unique")
+        if len(self.envs) > 1:
+            if self.reward is not None:
+                problems.append("`reward:` (a learned reward of episodes) is not available with "
+                                "several `envs` yet: each environment's own return is its reward")
+            if self.distributed.env is not None:
+                problems.append("distributed.env places one environment's actors; with several "
+                                "`envs` the environments step in this process (remove it)")
+        return problems
+
+    def env_list(self) -> list[tuple[str, EnvConfig]]:
+        """(name, section) of each environment: `envs`, or `env` alone (named by its id's
+        last part, though a single env's metrics keep their names without it); empty for an
+        `agent:` run."""
+        if self.envs is not None:
+            return [(e.name, e) for e in self.envs]
+        if self.env is None:
+            return []
+        return [(re.sub(r"[^A-Za-z0-9_-]", "_", self.env.id.rsplit(":", 1)[-1]) or "env",
+                 self.env)]

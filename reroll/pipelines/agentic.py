@@ -35,10 +35,11 @@ from reroll.envs import ChatFormat, make_env
 from reroll.envs.base import EnvError
 from reroll.envs.gem_adapter import PREFIX as GEM_PREFIX
 from reroll.envs.process import EnvProcesses, picklable
-from reroll.envs.registry import env_arguments
+from reroll.envs.registry import env_arguments, env_specs
 from reroll.envs.user import check_kwargs, is_user_id, load_factory
 from reroll.pipelines import rl, run
 from reroll.pipelines.agents import AgentTask
+from reroll.pipelines.envmix import EnvMixTask, entry_message
 from reroll.pipelines.inputs import TaskInputs
 from reroll.pipelines.judge import reward_factory
 from reroll.pipelines.roles import remote_envs, remote_reward
@@ -96,12 +97,14 @@ class EnvTask:
     env id and its arguments are tried and the chat template checked when the task is built,
     before the models load."""
 
-    def __init__(self, config: AgenticConfig, tokenizer, inputs: TaskInputs | None = None):
+    def __init__(self, config: AgenticConfig, tokenizer, inputs: TaskInputs | None = None,
+                 env: EnvConfig | None = None):
         """`inputs`: an environment passed as a Python object (`reroll.api.train`), built
-        fresh for each episode instead of `env.id`."""
+        fresh for each episode instead of `env.id`. `env`: which environment (one of
+        `config.envs`, `reroll.pipelines.envmix`); None: `config.env`."""
         self.config, self.tokenizer = config, tokenizer
         self.eval_sets: list[EvalSet] = []
-        env = config.env
+        env = self.env = env or config.env
         kwargs = env_arguments(env.id, env.kwargs, env.max_turns)
         given = (inputs or TaskInputs()).env_factory
         factory = given or functools.partial(make_env, env.id, **kwargs)  # picklable
@@ -150,7 +153,7 @@ class EnvTask:
         """A group of episodes for each of this step's env seeds."""
         c = self.config
         seeds = self.sampler.next_batch(c.rollout.prompts_per_step)
-        trajectories, stats = self.run(seeds, c.rollout.group_size, params, step, c.env.redundancy)
+        trajectories, stats = self.run(seeds, c.rollout.group_size, params, step, self.env.redundancy)
         self.check_failure_rate(step)  # an environment that keeps failing stops the run here
         success = [t.reward_info.get("success", False) for t in trajectories]
         self._metrics = stats.metrics() | {
@@ -167,13 +170,14 @@ class EnvTask:
         not end in an infrastructure failure (`eval/infra_failure_frac`: the share that did)."""
         n = self.config.eval.samples_per_prompt
         trajectories, stats = self.run(self.eval_seeds, n, params, step=-1)
-        self.eval_sets = [EvalSet(self.label, grouped(trajectories, n),
-                                  {k: v for k, v in stats.metrics().items()
-                                   if k != "env/episodes"})]
         valid = [t for t in trajectories if not infra_failed(t)]
         returns = torch.tensor([t.reward for t in valid] or [0.0])
         success = torch.tensor([float(t.reward_info.get("success", False)) for t in valid]
                                or [0.0])
+        self.eval_sets = [EvalSet(self.label, grouped(trajectories, n),
+                                  {k: v for k, v in stats.metrics().items()
+                                   if k != "env/episodes"}
+                                  | {"success_rate": float(success.mean())})]
         metrics = {"eval/reward_mean": float(returns.mean()),
                    "eval/success_rate": float(success.mean()),
                    "eval/turns_mean": stats.metrics()["env/turns_mean"],
@@ -186,18 +190,22 @@ class EnvTask:
             redundancy: int = 0) -> tuple[list[Trajectory], AgentStats]:
         trajectories, stats = run_episodes(self.job(params), seeds, group_size, self.config.seed,
                                            step, redundancy)
+        self.account(stats)
+        return trajectories, stats
+
+    def account(self, stats: AgentStats) -> None:
+        """Episodes run (here or by `reroll.pipelines.envmix`) into the run's counters."""
         self.counters.episodes += stats.episodes
         self.counters.env_errors += stats.env_errors
         if stats.errors:
             self.last_error = " ".join(stats.errors[-1].split())  # one line
-        return trajectories, stats
 
     def check_failure_rate(self, step: int) -> None:
         """Stop the run (RunStopped: exit 1, one line) when the share of episodes that ended in
         an infrastructure failure since the last check (this step, with the evaluation before
         it) or since the start reaches its bound (`env.max_failure_rate_step`, `_run`): an
         environment that keeps failing trains nothing, and the run must not look finished."""
-        c, last, env = self.counters, self._checked, self.config.env
+        c, last, env = self.counters, self._checked, self.env
         self._checked = EpisodeCounters(**asdict(c))
         windows = (("step", c.episodes - last.episodes, c.env_errors - last.env_errors,
                     env.max_failure_rate_step),
@@ -211,7 +219,7 @@ class EnvTask:
                     f"the last failure: {self.last_error[:300] or 'in the run log'}")
 
     def job(self, params: SamplingParams) -> AgentJob:
-        env = self.config.env
+        env = self.env
         return AgentJob(self.engine, self.tokenizer, self.make_env,
                         params, max_turns=env.max_turns,
                         max_context_tokens=self.max_context_tokens, context=self.context,
@@ -265,17 +273,30 @@ def learned_reward_means(trajectories: list[Trajectory], split: str) -> dict[str
 
 def agentic_step(config: AgenticConfig):
     """The step factory of `pipeline: agentic` (`reroll.config.pipelines`): the config's
-    environment, or its agent program through the gateway. A user's `env.id` and `env.kwargs`
-    are checked here, before the run directory is made and the model loads."""
-    env = config.env
-    if env is not None and is_user_id(env.id) and not UNIMPORTABLE.search(env.id):
+    environment (`env`), its environments (`envs`, `envmix.EnvMixTask`), or its agent program
+    through the gateway. A user's env id and kwargs are checked here, before the run directory
+    is made and the model loads."""
+    several = config.envs is not None
+    for k, (name, env) in enumerate(config.env_list()):
+        try:
+            check_env(config, env)
+        except ConfigError as e:
+            raise ConfigError(entry_message(str(e), k, name) if several else str(e)) from None
+    task = AgentTask if config.agent is not None else \
+        functools.partial(EnvMixTask, env_task=EnvTask) if several else EnvTask
+    return rl.rl_step(config, task)
+
+
+def check_env(config: AgenticConfig, env: EnvConfig) -> None:
+    """The env id (a user's kwargs too), the context policy and limit, checked at start."""
+    if not is_user_id(env.id) and env.id not in env_specs():
+        make_env(env.id)  # an unknown id: its ConfigError lists the known ones
+    if is_user_id(env.id) and not UNIMPORTABLE.search(env.id):
         check_kwargs(env.id, load_factory(env.id), env_arguments(env.id, env.kwargs,
                                                                  env.max_turns))
-    if env is not None:  # a bad hook or context fails before the run directory is made
-        from_config(env.context)
-        if Path(config.model.path).is_dir():  # (a missing model folder is reported as such)
-            context_tokens(env.max_context_tokens, "env.max_context_tokens", config.model.path)
-    return rl.rl_step(config, AgentTask if config.agent is not None else EnvTask)
+    from_config(env.context)  # a bad hook or context fails before the run directory is made
+    if Path(config.model.path).is_dir():  # (a missing model folder is reported as such)
+        context_tokens(env.max_context_tokens, "env.max_context_tokens", config.model.path)
 
 
 UNIMPORTABLE = re.compile(r"__main__|<|\(\)")

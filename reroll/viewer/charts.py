@@ -123,16 +123,30 @@ DOMAIN_CHARTS = (("reward", "Reward by domain", ("train/{}/reward_mean", "eval/{
 """Charts of a multi-domain run (`data.domains`), one curve per domain and split."""
 
 
+ENV_CHARTS = (("reward", "Return by environment", ("train/{}/reward_mean", "eval/{}/reward_mean")),
+              ("success", "Success rate by environment",
+               ("train/{}/success_rate", "eval/{}/success_rate")),
+              ("turns", "Turns per episode by environment", ("train/{}/turns_mean",
+                                                             "eval/{}/turns_mean")),
+              ("share", "Share of the step's groups by environment", ("train/{}/share",)),
+              ("failures", "Infrastructure failures by environment",
+               ("train/{}/infra_failure_frac", "eval/{}/infra_failure_frac")))
+"""Charts of a multi-environment agentic run (`envs:`), one curve per environment and split."""
+
+
 def with_domains(groups: tuple[GroupSpec, ...], keys: list[str]) -> tuple[GroupSpec, ...]:
-    """`groups` with the per-domain charts after the first (the overall reward), when the run
-    has domains (metrics `train/<domain>/reward_mean`)."""
+    """`groups` with the per-domain (or per-environment) charts after the first (the overall
+    reward), when the run has domains (metrics `train/<domain>/reward_mean`) or environments
+    (`train/<env>/success_rate` as well)."""
     domains = [k.split("/")[1] for k in keys
                if k.startswith("train/") and k.endswith("/reward_mean") and k.count("/") == 2]
     if not domains:
         return groups
-    extra = tuple(GroupSpec(f"domain-{id_}", title,
+    envs = all(f"train/{d}/success_rate" in keys for d in domains)
+    kind, charts = ("env", ENV_CHARTS) if envs else ("domain", DOMAIN_CHARTS)
+    extra = tuple(GroupSpec(f"{kind}-{id_}", title,
                             tuple(p.format(d) for p in patterns for d in domains))
-                  for id_, title, patterns in DOMAIN_CHARTS)
+                  for id_, title, patterns in charts)
     return groups[:1] + extra + groups[1:]
 
 

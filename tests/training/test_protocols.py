@@ -10,6 +10,7 @@ import pytest
 
 from reroll.distributed.groups import CriticProxy, PolicyGroup, ReferenceGroup
 from reroll.pipelines.agentic import EnvTask
+from reroll.pipelines.envmix import EnvMixTask
 from reroll.pipelines.rlvr import PromptTask
 from reroll.pipelines.task import Task
 from reroll.training.critic import LocalCritic
@@ -30,7 +31,7 @@ def parameters(fn) -> list[str]:
     (Policy, LocalStrategy), (Policy, PolicyGroup),
     (Reference, ReferenceGroup),
     (Critic, LocalCritic), (Critic, CriticProxy),
-    (Task, PromptTask), (Task, EnvTask),
+    (Task, PromptTask), (Task, EnvTask), (Task, EnvMixTask),
 ], ids=lambda x: x.__name__)
 def test_host_provides_the_protocol(protocol, host):
     members = protocol_members(protocol)
