@@ -9,6 +9,7 @@ from pydantic import Field, model_validator
 
 from reroll.config.base import Section, choice
 from reroll.config.rewards import JudgeReward, ModelReward
+from reroll.config.scheduling import agentic_scheduling_errors
 from reroll.config.schema import RLRunConfig
 
 
@@ -266,7 +267,7 @@ class AgenticConfig(RLRunConfig):
 
     @model_validator(mode="after")
     def _check_batch(self) -> AgenticConfig:
-        problems = self.batch_errors()
+        problems = self.batch_errors() + agentic_scheduling_errors(self)
         if (self.env is None) == (self.agent is None):
             problems.append("an agentic run needs exactly one of `env:` (an environment for "
                             "the built-in loop) and `agent:` (your own agent program)")
