@@ -102,13 +102,20 @@ class EpisodeWork:
     def trajectories(self, group: Group, group_id: int) -> list[Trajectory]:
         trajectories, stats = self.results.pop(group.index)
         _add_stats(self.taken, stats)
-        version = group.version
-        return [dataclasses.replace(t, group_id=group_id, policy_version=version)
+        return [dataclasses.replace(t, group_id=group_id, policy_version=group.version,
+                                    reward_info=t.reward_info | _versions(t))
                 for t in trajectories]
 
     def take_stats(self) -> AgentStats:
         stats, self.taken = self.taken, AgentStats()
         return stats
+
+
+def _versions(t: Trajectory) -> dict[str, list[int]]:
+    """`policy_versions`: [oldest, newest] version of the episode's policy tokens (in its
+    rollout row: how many weight updates it spanned)."""
+    versions = [v for v in t.token_versions or [] if v >= 0]
+    return {"policy_versions": [min(versions), max(versions)]} if versions else {}
 
 
 def _add_stats(total: AgentStats, more: AgentStats) -> None:
