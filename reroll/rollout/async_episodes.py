@@ -12,11 +12,13 @@ token records the version that sampled it (`Trajectory.token_versions`, and the 
 An episode that would hold tokens older than `async_training.max_staleness` versions behind the
 engine cannot be trained. With `async_training.restart_stale_episodes` (the default) it starts
 again from its reset on the current weights, with the same env seed and sampling seeds, at its
-next turn or resumed request; otherwise its group is aborted and dropped, as RLVR's is.
+next turn or resumed request (or, when it had ended while a sibling ran on, once the group
+ends); otherwise its group is aborted and dropped, as RLVR's is.
 """
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 from collections.abc import Callable
 from typing import TYPE_CHECKING
@@ -61,12 +63,24 @@ class EpisodeWork:
         job = self.make_job(params)
         stats = AgentStats()
         job = dataclasses.replace(job, engine=_GroupEngine(self, group))
+        played: dict[int, list[Trajectory]] = {}
 
-        def episode(k: int, on_request: Callable[[str], None]):
-            return self._episode(job, group, k, stats, on_request)
+        async def episode(k: int, on_request: Callable[[str], None]) -> list[Trajectory]:
+            played[k] = await self._episode(job, group, k, stats, on_request)
+            return played[k]
 
         trajectories = await run_group(job, group.row, self.size, group.index,
                                        group.samples[0].seed, stats, self.redundancy, episode)
+        if self.restart:  # episodes that ended while a sibling ran on, and went stale meanwhile
+            kept = [k for k, result in sorted(played.items())
+                    if any(result[0] is t for t in trajectories)]
+            while not group.cancelled and (stale := [k for k in kept
+                                                     if self.stale(group.samples[k])]):
+                self.restarted += len(stale)
+                for k in stale:
+                    group.samples[k].tokens, group.samples[k].token_versions = [], []
+                await asyncio.gather(*(episode(k, lambda _: None) for k in stale))
+            trajectories = [t for k in kept for t in played[k]]
         if group.cancelled:  # the source is closing
             return False
         self.results[group.index] = trajectories, stats
