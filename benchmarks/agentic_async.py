@@ -2,7 +2,7 @@
 on an environment with long-tailed step latency and variable episode lengths (tiny model, CPU).
 
 The environment (`LongTailEnv`) is a remote-like task: an episode lasts 1-6 turns (by its env
-seed), each step usually takes 10-40 ms, but one step in eight takes 0.6-1.2 s (a slow tool, a
+seed), each step usually takes 10-40 ms, but one step in eight takes 1-2 s (a slow tool, a
 cold sandbox). The reward is 1 when the reply holds a digit on the episode's last turn. A sync
 step waits for its slowest episode, and the trainer idles while episodes run; async
 (`async_training`, `order: start`, `max_ahead` 6) keeps up to seven steps' episodes running while
@@ -32,11 +32,11 @@ from rich.console import Console
 from rich.table import Table
 
 STEP_S = (0.01, 0.04)
-SLOW_S, SLOW_SHARE = (0.6, 1.2), 0.125
+SLOW_S, SLOW_SHARE = (1.0, 2.0), 0.125
 
 
 class LongTailEnv:
-    """1-6 turns by env seed; every step sleeps 10-40 ms, one in eight 0.6-1.2 s (seeded by the
+    """1-6 turns by env seed; every step sleeps 10-40 ms, one in eight 1-2 s (seeded by the
     env seed and the turn, so both modes meet the same latencies)."""
 
     def __init__(self, max_turns: int = 6):
