@@ -10,6 +10,7 @@ from pydantic import Field, model_validator
 
 from reroll.config.base import Section, choice
 from reroll.config.rewards import JudgeReward, ModelReward
+from reroll.config.scheduling import agentic_scheduling_errors
 from reroll.config.schema import RLRunConfig
 
 
@@ -300,7 +301,7 @@ class AgenticConfig(RLRunConfig):
 
     @model_validator(mode="after")
     def _check_batch(self) -> AgenticConfig:
-        problems = self.batch_errors()
+        problems = self.batch_errors() + agentic_scheduling_errors(self)
         given = [k for k in ("env", "envs", "agent") if getattr(self, k) is not None]
         if len(given) != 1:
             problems.append("an agentic run needs exactly one of `env:` (an environment for "

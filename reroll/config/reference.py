@@ -84,7 +84,7 @@ def render_markdown() -> str:
              "Unknown keys are errors; a union section picks its variant by `name` (or `type`). "
              "Every float must be a finite number (NaN and infinities are refused).",
              "The error names the pipelines whose configs take a key that this pipeline's do "
-             "not (`async_training` in an agentic config: `rlvr`), or the closest key of the "
+             "not (`data` in an agentic config: `rlvr`, `sft`, ...), or the closest key of the "
              "section (`grup_size`: did you mean `group_size`?).", "",
              "On the command line, `key.path=value` sets one key (its value read as YAML); a "
              "mapping as the value replaces the config's mapping, as in Hydra: "

@@ -10,7 +10,10 @@ from reroll.config.base import Section
 
 
 class SchedulerConfig(Section):
-    """How the rollout scheduler runs a step's groups (see docs/async.md)."""
+    """How the rollout scheduler runs a step's groups (see docs/async.md). Agentic runs take
+    `engine_process` and `engine_threads`; a group's episodes all start at once there
+    (`env.redundancy` is their over-sampling), so `oversample` and `max_running_per_engine` are
+    refused and `refill_filtered` and `max_groups_factor` do not apply."""
 
     max_running_per_engine: int | None = Field(None, ge=1)
     """Most requests running on one engine at once (None: no cap beyond
@@ -58,6 +61,13 @@ class AsyncTrainingConfig(Section):
     """At a weight update, abort the running requests and resume them under the new weights,
     keeping their tokens and behaviour logprobs (false: let them finish under the old weights
     first, which stalls the update)."""
+    restart_stale_episodes: bool = True
+    """Agentic runs: an episode that would hold tokens older than `max_staleness` versions
+    behind the trainer (a long episode spanning several weight updates) is restarted from its
+    reset on the current weights (same env seed and sampling seeds; `rollout/episodes_restarted`)
+    at its next turn or resumed request, instead of its whole group being aborted and never
+    trained (`rollout/stale_groups_aborted`, RLVR's behaviour). Each episode then spans at most
+    `max_staleness` versions and its env seed is not lost."""
     in_flight_updates: bool = False
     """Load new weights between two decoding steps without stopping the running requests
     (PipelineRL's in-flight updates): no abort, no re-prefill of prompt + partial response. Their
@@ -110,4 +120,33 @@ def scheduling_errors(config) -> list[str]:
         errors.append(f"tail_batching.length_budget ({tail.length_budget}) must be below "
                       f"rollout.max_new_tokens ({config.rollout.max_new_tokens}), or nothing is "
                       f"ever deferred")
+    return errors
+
+
+def agentic_scheduling_errors(config) -> list[str]:
+    """What an agentic config (environments, or an agent program) cannot combine yet with these
+    sections, on top of `scheduling_errors`; each names the field and why."""
+    errors = scheduling_errors(config)
+    if config.tail_batching.enabled:  # its own checks would only add noise
+        errors = [e for e in errors if not e.startswith("tail_batching")]
+        errors.append("tail_batching.enabled: not available in agentic runs (it defers prompts "
+                      "whose single response runs past a token budget to rounds of their own; "
+                      "an episode's length is its turns, decided by the environment); turn it "
+                      "off")
+    if config.async_training.enabled and config.agent is not None:
+        errors.append("async_training.enabled with `agent:` (an agent program driving the "
+                      "gateway) is not supported yet: its sessions are not versioned across "
+                      "weight updates; use `env:` or turn async_training off")
+    if config.async_training.enabled and getattr(config, "envs", None):
+        errors.append("async_training.enabled with `envs:` (several environments) is not "
+                      "supported yet: the producer plays one environment's seeds; use one "
+                      "`env:` or turn async_training off")
+    s = config.scheduler
+    if s.oversample != 1.0:
+        errors.append(f"scheduler.oversample ({s.oversample}): an agentic group's episodes all "
+                      f"start at once; use env.redundancy (extra episodes per group, the first "
+                      f"to finish kept)")
+    if s.max_running_per_engine is not None:
+        errors.append("scheduler.max_running_per_engine: not available in agentic runs (every "
+                      "running episode has its turn's request on the engine); remove it")
     return errors

@@ -437,6 +437,11 @@ class RLRunConfig(RunConfig):
     runs also have turn-level credit assignment: `rebn`, `gigpo`, `ipa_chunk`."""
     eval: EvalConfig = Field(default_factory=EvalConfig)
     distributed: DistributedConfig = Field(default_factory=DistributedConfig)
+    scheduler: SchedulerConfig = Field(default_factory=SchedulerConfig)
+    async_training: AsyncTrainingConfig = Field(default_factory=AsyncTrainingConfig)
+    """Rollout runs on while the trainer updates (docs/async.md): a step's prompts (RLVR) or
+    episodes (agentic) up to `max_staleness` weight versions old are trained on."""
+    tail_batching: TailBatchingConfig = Field(default_factory=TailBatchingConfig)
 
     def max_restarts(self) -> int:
         return self.distributed.max_restarts
@@ -466,7 +471,12 @@ class RLRunConfig(RunConfig):
         """Why the trained samples can come from a distribution other than the trainer's pi_old
         (empty: they are on-policy up to float noise); `algorithm.correction.auto` reads it."""
         engine = self.rollout.engine.type
-        return [f"rollout.engine: {engine} samples with its own logprobs"] if engine != "hf" else []
+        reasons = [f"rollout.engine: {engine} samples with its own logprobs"] \
+            if engine != "hf" else []
+        if self.async_training.enabled:
+            reasons.append(f"async_training trains on samples up to "
+                           f"{self.async_training.max_staleness} versions old")
+        return reasons
 
     @model_validator(mode="after")
     def _resolve_correction(self) -> RLRunConfig:
@@ -500,16 +510,6 @@ class RLConfig(RLRunConfig):
     row's `answer`), `code` (the row's tests run in the sandbox), `custom` (your function,
     `module:function`; the contract is in docs/rewards.md), `model` (a reward model's score,
     docs/preferences.md) or `judge` (an LLM judge's verdict). Each type's keys are below."""
-    scheduler: SchedulerConfig = Field(default_factory=SchedulerConfig)
-    async_training: AsyncTrainingConfig = Field(default_factory=AsyncTrainingConfig)
-    tail_batching: TailBatchingConfig = Field(default_factory=TailBatchingConfig)
-
-    def off_policy_reasons(self) -> list[str]:
-        reasons = super().off_policy_reasons()
-        if self.async_training.enabled:
-            reasons.append(f"async_training trains on samples up to "
-                           f"{self.async_training.max_staleness} versions old")
-        return reasons
 
     def domain_errors(self) -> list[str]:
         """Multi-domain runs draw each domain's groups in synchronous rounds of their own."""

@@ -67,6 +67,10 @@ class Trajectory:
     """The prompt's model inputs beyond its token ids (an image's `pixel_values`,
     `image_grid_thw`...), as the model's processor built them for this one prompt: the trainer's
     forward gets them with the tokens (`collate`, `model_kwargs`). None: tokens only."""
+    token_versions: list[int] | None = None
+    """Per response token, the policy version that sampled it (-1 on environment tokens); None:
+    all `policy_version`. Multi-turn episodes record it (an async run's episode can span
+    several versions, and a resumed request's tokens differ within one turn)."""
     tag: str | None = None
     """The prompt row's `tag` column (None without one): routes the sample to its teacher in
     on-policy distillation (`algorithm.distill.teachers`)."""
@@ -74,7 +78,7 @@ class Trajectory:
     def __post_init__(self) -> None:
         if len(self.behaviour_logprobs) != len(self.response_ids):
             raise ValueError("behaviour_logprobs must have one entry per response token")
-        for name in ("policy_mask", "turn_ids"):
+        for name in ("policy_mask", "turn_ids", "token_versions"):
             value = getattr(self, name)
             if value is not None and len(value) != len(self.response_ids):
                 raise ValueError(f"{name} must have one entry per response token")

@@ -86,8 +86,7 @@ def take_turns(config: Any, policy: Any, engine: Any) -> TakeTurns | Separate:
     d: DistributedConfig = config.distributed
     if not colocated_with_policy(d, "rollout"):
         return Separate()
-    async_training = getattr(config, "async_training", None)
-    if async_training is not None and async_training.enabled:
+    if config.async_training.enabled:
         raise ConfigError("distributed.rollout is colocated with the policy (they take turns), but "
                           "async_training.enabled overlaps rollout with training: give "
                           "distributed.rollout its own CPUs or devices, or disable async_training")

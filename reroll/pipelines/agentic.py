@@ -47,7 +47,10 @@ from reroll.pipelines.task import EvalSet, grouped, held_out, rollout_row
 from reroll.pipelines.validation import context_tokens
 from reroll.rewards import build_runner
 from reroll.rollout.agent_loop import AgentJob, AgentStats, EpisodeReward, run_episodes
+from reroll.rollout.async_episodes import EpisodeWork
+from reroll.rollout.async_source import AsyncSource
 from reroll.rollout.context import from_config
+from reroll.rollout.stream import PromptStream
 
 EVAL_SEED_BASE = 10**9
 
@@ -98,10 +101,11 @@ class EnvTask:
     before the models load."""
 
     def __init__(self, config: AgenticConfig, tokenizer, inputs: TaskInputs | None = None,
-                 env: EnvConfig | None = None):
+                 env: EnvConfig | None = None, seed_offset: int = 0):
         """`inputs`: an environment passed as a Python object (`reroll.api.train`), built
         fresh for each episode instead of `env.id`. `env`: which environment (one of
-        `config.envs`, `reroll.pipelines.envmix`); None: `config.env`."""
+        `config.envs`, `reroll.pipelines.envmix`); None: `config.env`. `seed_offset`: its env
+        seeds are drawn with `seed + seed_offset` (each of several envs its own stream)."""
         self.config, self.tokenizer = config, tokenizer
         self.eval_sets: list[EvalSet] = []
         env = self.env = env or config.env
@@ -121,7 +125,11 @@ class EnvTask:
         self.max_context_tokens = context_tokens(env.max_context_tokens,
                                                  "env.max_context_tokens", config.model.path)
         self.label = env.id
-        self.sampler = PromptSampler(list(range(env.train_seeds)), config.seed)  # env seeds
+        self.sampler = PromptSampler(list(range(env.train_seeds)),  # env seeds
+                                     config.seed + seed_offset)
+        self.stream = PromptStream(self.sampler)
+        self.source: AsyncSource | None = None
+        """With `async_training`: the producer running episodes ahead of the trainer."""
         self.eval_seeds = [EVAL_SEED_BASE + i for i in range(env.eval_episodes)]
         self.counters = EpisodeCounters()
         self._checked = EpisodeCounters()  # the counts at the last failure check
@@ -146,19 +154,34 @@ class EnvTask:
         return held_out(len(self.eval_seeds), "episode", self.config.eval.samples_per_prompt)
 
     def start(self, engine: Engine) -> Engine:
+        c = self.config
+        if c.async_training.enabled:  # episodes run ahead while the trainer updates
+            work = functools.partial(EpisodeWork, make_job=self.job, redundancy=self.env.redundancy)
+            self.source = AsyncSource(c, engine, None, self.tokenizer, self.stream, work=work)
+            engine = self.source.engine
         self.engine = engine
         return engine
 
     def next_batch(self, step: int, params: SamplingParams) -> list[Trajectory]:
-        """A group of episodes for each of this step's env seeds."""
+        """A group of episodes for each of this step's env seeds (async: taken from the
+        producer's buffer within the staleness bound of the trainer's version, step - 1)."""
         c = self.config
-        seeds = self.sampler.next_batch(c.rollout.prompts_per_step)
-        trajectories, stats = self.run(seeds, c.rollout.group_size, params, step, self.env.redundancy)
+        if self.source is not None:
+            trajectories = self.source.next_batch(step, step - 1, params)
+            stats = self.source.work.take_stats()
+            self.account(stats)
+        else:
+            seeds = self.stream.next_batch(c.rollout.prompts_per_step)
+            trajectories, stats = self.run(seeds, c.rollout.group_size, params, step,
+                                           self.env.redundancy)
         self.check_failure_rate(step)  # an environment that keeps failing stops the run here
         success = [t.reward_info.get("success", False) for t in trajectories]
         self._metrics = stats.metrics() | {
             "train/success_rate": sum(success) / max(len(success), 1),
             "env/errors_total": float(self.counters.env_errors)}
+        if self.source is not None:
+            self._metrics |= self.source.metrics() | {
+                "rollout/episodes_restarted": float(self.source.work.restarted)}
         if self.episode_reward is not None:
             runner = self.episode_reward.runner
             runner.check_failure_rate(step)  # a reward that keeps failing stops the run here
@@ -239,19 +262,27 @@ class EnvTask:
         return [rollout_row(t) for t in picked]
 
     def state_dict(self) -> dict[str, Any]:
-        state = {"sampler": self.sampler.state_dict(), "reward_counters": asdict(self.counters)}
+        # The env seeds' position (async: the trainer's, and the groups owed the resumed run).
+        position = self.source.state_dict() if self.source is not None else \
+            {"sampler": self.stream.state_dict()}
+        state = position | {"reward_counters": asdict(self.counters)}
         if self.episode_reward is not None:
             state["learned_reward_counters"] = self.episode_reward.runner.counter_state()
         return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.sampler.load_state_dict(state["sampler"])
+        if self.source is not None:
+            self.source.load_state_dict(state)
+        else:
+            self.stream.load_state_dict(state["sampler"])
         self.counters = EpisodeCounters(**state["reward_counters"])
         self._checked = EpisodeCounters(**state["reward_counters"])
         if self.episode_reward is not None and "learned_reward_counters" in state:
             self.episode_reward.runner.load_counters(state["learned_reward_counters"])
 
     def close(self) -> None:
+        if self.source is not None:
+            self.source.close()
         if self.env_hosts is not None:
             self.env_hosts.close()
         if self.env_processes is not None:

@@ -23,7 +23,6 @@ from typing import Any
 from reroll.config.agentic import AgenticConfig, EnvConfig
 from reroll.config.errors import ConfigError
 from reroll.data.batch import Trajectory, infra_failed
-from reroll.data.datasets import PromptSampler
 from reroll.data.mixing import DomainMixer
 from reroll.engines.base import Engine, SamplingParams
 from reroll.pipelines.task import EvalSet, held_out, rollout_row
@@ -51,10 +50,9 @@ def build_env(env_task, config: AgenticConfig, tokenizer, k: int, name: str, spe
     """Environment k's task (an `env_task`, `agentic.EnvTask`); a bad id, argument or context
     names its entry (`envs[1].id`)."""
     try:
-        task = env_task(config, tokenizer, env=spec)
+        task = env_task(config, tokenizer, env=spec, seed_offset=k * SEED_STRIDE)
     except ConfigError as e:
         raise ConfigError(entry_message(str(e), k, name)) from None
-    task.sampler = PromptSampler(list(range(spec.train_seeds)), config.seed + k * SEED_STRIDE)
     return task
 
 

@@ -134,8 +134,8 @@ def adapter_rank(c: RLConfig) -> int:
     """The LoRA rank an engine in the trainer's process must take adapters of (vLLM then starts
     with its LoRA support), 0 where the sync sends merged weights: no `model.lora`,
     `model.lora.sync: merged`, or engines in Ray actors (they take merged weights)."""
-    lora, scheduler = c.model.lora, getattr(c, "scheduler", None)
-    in_actor = c.distributed.executor == "ray" or bool(scheduler and scheduler.engine_process)
+    lora = c.model.lora
+    in_actor = c.distributed.executor == "ray" or c.scheduler.engine_process
     return lora.rank if lora is not None and lora.sync != "merged" and not in_actor else 0
 
 
@@ -265,10 +265,10 @@ def _local_roles(c: RLConfig, total_steps: int, pad_token_id: int, plan: Plan) -
 
 
 def _local_engine(c: RLConfig, pad_token_id: int, plan: Plan) -> Engine:
-    """The rollout engine in this process, or with `scheduler.engine_process` (RLVR's) in a Ray
-    actor of its own with 1 CPU, so that it runs beside the trainer."""
-    scheduler = getattr(c, "scheduler", None)  # agentic configs have none
-    if scheduler is not None and scheduler.engine_process:
+    """The rollout engine in this process, or with `scheduler.engine_process` in a Ray actor of
+    its own with 1 CPU, so that it runs beside the trainer."""
+    scheduler = c.scheduler
+    if scheduler.engine_process:
         return start_engine_actor(rollout_engine_factory(c, pad_token_id, plan), num_cpus=1,
                                   num_threads=scheduler.engine_threads)
     return rollout_engine_factory(c, pad_token_id, plan)()

@@ -47,7 +47,7 @@ import dataclasses
 import hashlib
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -199,6 +199,7 @@ class _Episode:
         self.ids: list[int] = []
         self.logprobs: list[float] = []
         self.policy: list[int] = []
+        self.versions: list[int] = []  # per token: the version that sampled it, -1 for the env's
         self.turn_ids: list[int] = []
         self.rewards: list[float] = []
         self.states: list[int] = [state_id(first_obs)]
@@ -210,8 +211,10 @@ class _Episode:
         template presents it: in the episode's text, not in its tokens."""
         self.turns: list[tuple[list[int], Any]] = []  # (request tokens, completion) per turn
 
-    def add(self, ids: list[int], logprobs: list[float] | None, turn: int, text: str) -> None:
+    def add(self, ids: list[int], logprobs: list[float] | None, turn: int, text: str,
+            versions: list[int] | None = None) -> None:
         policy = logprobs is not None
+        self.versions += versions if policy else [-1] * len(ids)
         self.ids += ids
         self.logprobs += logprobs if policy else [0.0] * len(ids)
         self.policy += [int(policy)] * len(ids)
@@ -258,7 +261,7 @@ async def run_episode(job: AgentJob, env_seed: int, sample_seed: int, group_id: 
         stats.truncated_replies += completion.finish_reason == "length"
         action = tok.decode(completion.token_ids, skip_special_tokens=True)
         episode.add(completion.token_ids, completion.logprobs, turn,
-                    tok.decode(completion.token_ids))
+                    tok.decode(completion.token_ids), versions_of(completion))
         episode.turns.append((context, completion))
         if completion.finish_reason == "abort":
             finish = "abort"
@@ -348,18 +351,20 @@ def _last_chain(job: AgentJob, episode: _Episode, whole: Trajectory,
     stats.chains_dropped += len(found) - 1
     train = whole.finish_reason != "env_error"
     first = found[-1].calls[0]
-    ids, logprobs, policy, turn_ids, segments = [], [], [], [], []
+    ids, logprobs, policy, turn_ids, segments, versions = [], [], [], [], [], []
     position = len(first.prompt_ids)
     for call in found[-1].calls:
         between = call.prompt_ids[position:]  # the observation since the last completion
         if between:
             ids += between
+            versions += [-1] * len(between)
             logprobs += [0.0] * len(between)
             policy += [0] * len(between)
             turn_ids += [-1] * len(between)
             segments.append({"text": job.tokenizer.decode(between), "policy": False,
                              "turn": call.index - 1})
         n = len(call.completion_ids)
+        versions += versions_of(episode.turns[call.index][1])
         ids += call.completion_ids
         logprobs += call.logprobs
         policy += [int(train)] * n
@@ -370,7 +375,7 @@ def _last_chain(job: AgentJob, episode: _Episode, whole: Trajectory,
     chain = {"calls": [c.index for c in found[-1].calls], "chains": len(found)}
     return dataclasses.replace(
         whole, prompt_ids=list(first.prompt_ids), response_ids=ids, behaviour_logprobs=logprobs,
-        policy_mask=policy, turn_ids=turn_ids, segments=segments,
+        policy_mask=policy, turn_ids=turn_ids, segments=segments, token_versions=versions,
         prompt_text=job.tokenizer.decode(first.prompt_ids),
         response_text="".join(s["text"] for s in segments),
         reward_info=whole.reward_info | {"chain": chain})
@@ -426,10 +431,17 @@ def _turn_samples(job: AgentJob, episode: _Episode, whole: Trajectory) -> list[T
             response_text=job.tokenizer.decode(completion.token_ids), reward=whole.reward,
             reward_info=whole.reward_info | {"turn": k}, policy_version=whole.policy_version,
             policy_mask=[policy] * n, turn_ids=[k if policy else -1] * n,
+            token_versions=versions_of(completion),
             turn_rewards=[whole.reward], turn_states=whole.turn_states[k : k + 1],
             segments=[{"text": job.tokenizer.decode(completion.token_ids), "policy": True,
                        "turn": k}]))
     return samples or [whole]
+
+
+def versions_of(completion) -> list[int]:
+    """The version that sampled each of the completion's tokens."""
+    return list(completion.token_versions
+                or [completion.policy_version] * len(completion.token_ids))
 
 
 def finite_number(value) -> bool:
@@ -471,23 +483,31 @@ def _trajectory(job: AgentJob, episode: _Episode, env_seed: int, group_id: int, 
         reward=float(sum(rewards)),
         reward_info=reward_info, policy_version=getattr(job.engine, "version", 0),
         policy_mask=episode.policy, turn_ids=episode.turn_ids, turn_rewards=rewards or [0.0],
+        token_versions=episode.versions,
         turn_states=episode.states[: max(turns, 1)], segments=segments,
         conversation={"messages": episode.messages}
         | ({"tools": episode.tools} if episode.tools else {}))
 
 
 async def run_group(job: AgentJob, env_seed: int, group_size: int, group_id: int, seed_base: int,
-                    stats: AgentStats, redundancy: int = 0) -> list[Trajectory]:
+                    stats: AgentStats, redundancy: int = 0,
+                    episode: Callable[[int, Callable[[str], None]], Awaitable[list[Trajectory]]]
+                    | None = None) -> list[Trajectory]:
     """`group_size` episodes on the same env seed. With `redundancy` > 0, that many extra
-    episodes start too; the first `group_size` to finish are kept, the rest are aborted."""
+    episodes start too; the first `group_size` to finish are kept, the rest are aborted.
+    `episode(k, on_request)`: runs episode k instead of `run_episode` (an async source's,
+    whose episodes restart when they grow too stale)."""
     in_flight: dict[int, str] = {}
 
     def tracker(k: int) -> Callable[[str], None]:
         return lambda request_id: in_flight.__setitem__(k, request_id)
 
-    tasks = {asyncio.create_task(run_episode(job, env_seed, seed_base + k, group_id, stats,
-                                             tracker(k))): k
-             for k in range(group_size + redundancy)}
+    def one(k: int) -> Awaitable[list[Trajectory]]:
+        if episode is not None:
+            return episode(k, tracker(k))
+        return run_episode(job, env_seed, seed_base + k, group_id, stats, tracker(k))
+
+    tasks = {asyncio.create_task(one(k)): k for k in range(group_size + redundancy)}
     kept: list[tuple[int, list[Trajectory]]] = []
     pending = set(tasks)
     while len(kept) < group_size:

@@ -21,8 +21,9 @@ import functools
 import threading
 import time
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 
@@ -31,7 +32,7 @@ from reroll.data.batch import Trajectory
 from reroll.data.datasets import PromptRow
 from reroll.engines.base import Engine, Request, SamplingParams, WeightSyncError, fingerprint
 from reroll.rewards.runner import RewardRunner
-from reroll.rollout.groups import Group, KeepFn, State, request_seed
+from reroll.rollout.groups import Group, State, request_seed
 from reroll.rollout.metrics import staleness_metrics
 from reroll.rollout.scheduler import RolloutScheduler, shutdown_engine, signal_keep
 from reroll.rollout.stream import PromptStream, encode_prompt
@@ -43,8 +44,11 @@ class AsyncSource:
     it (evaluation) runs on the producer's loop, and loading weights into it preempts the
     running requests, loads, and lets them resume."""
 
-    def __init__(self, config, engine: Engine, rewards: RewardRunner, tokenizer,
-                 stream: PromptStream, version: int = 0):
+    def __init__(self, config, engine: Engine, rewards: RewardRunner | None, tokenizer,
+                 stream: PromptStream, version: int = 0,
+                 work: Callable[[AsyncSource], GroupWork] | None = None):
+        """`work`: what one group is and how it runs (default: a prompt's responses, scored by
+        `rewards`; agentic runs: an env seed's episodes, `reroll.rollout.async_episodes`)."""
         self.config, self.stream, self.tokenizer = config, stream, tokenizer
         a = config.async_training
         self.groups_per_step = config.rollout.prompts_per_step
@@ -67,6 +71,7 @@ class AsyncSource:
         self.running: dict[asyncio.Task, Group] = {}
         """The producer's groups being generated (touched on the producer's loop only)."""
         self.stale_groups_aborted = 0
+        self.work: GroupWork = (work or PromptWork)(self)
         self._params: SamplingParams | None = None
         self._metrics: dict[str, float] = {}
         self._idle_mark = 0.0
@@ -93,7 +98,7 @@ class AsyncSource:
                             "rollout/stale_groups_aborted": float(self.stale_groups_aborted),
                             "rollout/buffered_groups": float(len(self.buffer))})
         self._idle_mark = idle
-        return [t for i, b in enumerate(taken) for t in b.group.trajectories(i)]
+        return [t for i, b in enumerate(taken) for t in self.work.trajectories(b.group, i)]
 
     def metrics(self) -> dict[str, float]:
         return self._metrics
@@ -111,7 +116,7 @@ class AsyncSource:
         owed = dict(self.owed)
         owed |= {g.index: g.row for g in self.buffer.waiting(floor)}
         owed |= {g.index: g.row for task, g in self.running.items()
-                 if not task.done() and not g.cancelled and not _hopeless(g, floor)}
+                 if not task.done() and not g.cancelled and not self.work.gives_up(g, floor)}
         return {"sampler": self.stream.state_dict(),
                 "async": {"consumed": self.consumed, "next_index": self.next_index,
                           "owed": [[i, self.stream.row_id(owed[i])] for i in sorted(owed)]}}
@@ -155,22 +160,16 @@ class AsyncSource:
     # -- the producer's side (runs on self.loop) -------------------------------------------------
 
     async def _produce(self) -> None:
-        c, size = self.config, self.config.rollout.group_size
-        keep = signal_keep(c.algorithm.dynamic_sampling if c.scheduler.refill_filtered else None,
-                           size)
         running = self.running
-        # Async runs are not reproducible (timing decides versions); seeds stay distinct.
-        seed_fn = functools.partial(request_seed, c.seed, -2)
         try:
             while not self.stop.is_set():
                 if not self._may_start():
                     await asyncio.sleep(0.01)
                     continue
                 index, row = self._next_row()
-                group = self.scheduler.new_group(index, row, self._encode(row), size, seed_fn,
-                                                 version=self.engine.version)
+                group = self.work.new_group(index, row, self.engine.version)
                 self.in_flight += 1
-                task = asyncio.ensure_future(self._finish(group, keep))
+                task = asyncio.ensure_future(self._finish(group))
                 running[task] = group
                 task.add_done_callback(lambda t: running.pop(t, None))
                 await asyncio.sleep(0)
@@ -190,7 +189,8 @@ class AsyncSource:
         version - max_staleness can never be trained on (the next trainer holds `version`), so
         they are aborted now rather than decoded to the end and dropped."""
         floor = version - self.config.async_training.max_staleness
-        hopeless = {task: group for task, group in self.running.items() if _hopeless(group, floor)}
+        hopeless = {task: group for task, group in self.running.items()
+                    if self.work.gives_up(group, floor)}
         if hopeless:
             self.stale_groups_aborted += len(hopeless)
             asyncio.ensure_future(self.scheduler.abort_groups(list(hopeless.values())))
@@ -205,13 +205,13 @@ class AsyncSource:
         outstanding = self.consumed + len(self.buffer) + self.in_flight
         return outstanding < self.groups_per_step * bound
 
-    async def _finish(self, group: Group, keep: KeepFn) -> None:
+    async def _finish(self, group: Group) -> None:
         kept = False
         try:
-            await self.scheduler.run_group(group, self._params)
+            passed = await self.work.run(group, self._params)
             if group.cancelled:  # the source is closing
                 return
-            if all(s.state is State.REWARDED for s in group.samples) and keep(group):
+            if passed:
                 self.scheduler.lifecycle[State.KEPT.value] += group.mark(State.KEPT)
                 self.buffer.put(BufferedGroup(group, group.version))
                 kept = True
@@ -222,8 +222,50 @@ class AsyncSource:
             if not kept:  # filtered, aborted or failed: an in-order buffer stops waiting for it
                 self.buffer.skip(group.index)
 
-    def _encode(self, row) -> list[int]:
-        return encode_prompt(self.tokenizer, row, self.config.data.max_prompt_tokens)
+
+class GroupWork(Protocol):
+    """What the producer's groups are: how one is made from its row, run, given up as stale and
+    turned into the trainer's trajectories."""
+
+    def new_group(self, index: int, row, version: int) -> Group: ...
+
+    async def run(self, group: Group, params: SamplingParams) -> bool:
+        """Generate and score the group; whether it is kept (passes dynamic sampling)."""
+        ...
+
+    def gives_up(self, group: Group, floor: int) -> bool:
+        """Whether the running group can no longer be trained (tokens older than `floor`)."""
+        ...
+
+    def trajectories(self, group: Group, group_id: int) -> list[Trajectory]: ...
+
+
+class PromptWork:
+    """RLVR's groups: a prompt's `rollout.group_size` responses, each scored as it finishes,
+    kept by dynamic sampling."""
+
+    def __init__(self, source: AsyncSource):
+        c = source.config
+        self.source, self.size = source, c.rollout.group_size
+        self.keep = signal_keep(c.algorithm.dynamic_sampling if c.scheduler.refill_filtered
+                                else None, self.size)
+        # Async runs are not reproducible (timing decides versions); seeds stay distinct.
+        self.seed_fn = functools.partial(request_seed, c.seed, -2)
+
+    def new_group(self, index: int, row: PromptRow, version: int) -> Group:
+        s = self.source
+        prompt = encode_prompt(s.tokenizer, row, s.config.data.max_prompt_tokens)
+        return s.scheduler.new_group(index, row, prompt, self.size, self.seed_fn, version=version)
+
+    async def run(self, group: Group, params: SamplingParams) -> bool:
+        await self.source.scheduler.run_group(group, params)
+        return all(s.state is State.REWARDED for s in group.samples) and self.keep(group)
+
+    def gives_up(self, group: Group, floor: int) -> bool:
+        return _hopeless(group, floor)
+
+    def trajectories(self, group: Group, group_id: int) -> list[Trajectory]:
+        return group.trajectories(group_id)
 
 
 def _hopeless(group: Group, floor: int) -> bool:

@@ -36,7 +36,7 @@ from reroll import algorithms
 from reroll.config.algorithm import DynamicSamplingConfig
 from reroll.data.batch import Trajectory
 from reroll.data.datasets import PromptRow
-from reroll.engines.base import Engine, Request, SamplingParams
+from reroll.engines.base import Completion, Engine, Request, SamplingParams
 from reroll.rewards.base import RewardSample
 from reroll.rewards.runner import RewardRunner
 from reroll.rollout.groups import (
@@ -293,6 +293,49 @@ class RolloutScheduler:
         sample.reward, sample.reward_info = result.score, result.info
         self._move(sample, State.REWARDED)
 
+    async def generate_turn(self, group: Group, sample: Sample, request: Request,
+                            before_resume: Callable[[], None] | None = None) -> Completion:
+        """One request of a multi-turn episode (`sample`: the episode's record), preempted and
+        resumed around a weight update as `run_group`'s samples are: the pieces' tokens, logprobs
+        and versions are joined into one completion (finish `abort` when the group was
+        cancelled or the sample dropped). `before_resume` may raise to give the request up."""
+        state, engine = self._state(), self.engines[group.engine]
+        tokens, logprobs, versions, finish, version = [], [], [], "abort", 0
+        piece, resumes = request, 0
+        while True:
+            await state.open.wait()  # closed while the weights are being replaced
+            if group.cancelled or sample.dropped:
+                break
+            sample.request_id = piece.request_id
+            self._enter(sample)
+            state.in_engine += 1
+            try:
+                completion = await engine.generate(piece)
+            finally:
+                state.in_engine -= 1
+                state.changed.set()
+                sample.request_id = None
+                self._leave(sample)
+            tokens += completion.token_ids
+            logprobs += completion.logprobs
+            versions += (completion.token_versions
+                         or [completion.policy_version] * len(completion.token_ids))
+            finish, version = completion.finish_reason, completion.policy_version
+            preempted = sample in state.preempted
+            state.preempted.discard(sample)
+            if finish != "abort" or not preempted or group.cancelled or sample.dropped:
+                break
+            if before_resume is not None:
+                before_resume()
+            resumes += 1
+            sample.resumes += 1
+            piece = Request(request.prompt_ids + tokens,
+                            replace(request.params,
+                                    max_new_tokens=request.params.max_new_tokens - len(tokens)),
+                            seed=request.seed + 7919 * resumes)
+        return Completion(request.request_id, request.prompt_ids, tokens, logprobs, finish,
+                          version, versions)
+
     # -- a batch of groups -----------------------------------------------------------------------
 
     async def collect(self, rows: Iterator[PromptRow],
@@ -408,13 +451,22 @@ class RolloutScheduler:
     def _move(self, sample: Sample, state: State) -> None:
         sample.move(state)
         self.lifecycle[state.value] += 1
-        loop_state = self._state()
         if state is State.RUNNING:
-            loop_state.running.add(sample)
-            if loop_state.idle_since is not None:
-                loop_state.idle_s += time.perf_counter() - loop_state.idle_since
-                loop_state.idle_since = None
-        elif sample in loop_state.running:
+            self._enter(sample)
+        else:
+            self._leave(sample)
+
+    def _enter(self, sample: Sample) -> None:
+        """`sample` runs (a weight update preempts it); the engine is no longer idle."""
+        loop_state = self._state()
+        loop_state.running.add(sample)
+        if loop_state.idle_since is not None:
+            loop_state.idle_s += time.perf_counter() - loop_state.idle_since
+            loop_state.idle_since = None
+
+    def _leave(self, sample: Sample) -> None:
+        loop_state = self._state()
+        if sample in loop_state.running:
             loop_state.running.discard(sample)
             if not loop_state.running:
                 loop_state.idle_since = time.perf_counter()

@@ -83,10 +83,8 @@ def test_an_unknown_top_level_key_lists_the_top_level_keys(tmp_path):
 
 
 @pytest.mark.parametrize(("data", "override", "named"), [
-    (AGENTIC, "async_training.enabled=true",
-     "async_training: not a key of `pipeline: agentic` configs (the pipeline that takes it: rlvr)"),
-    (AGENTIC, "scheduler.max_running=4",
-     "scheduler: not a key of `pipeline: agentic` configs (the pipeline that takes it: rlvr)"),
+    (AGENTIC, "data.train=t.jsonl",
+     "data: not a key of `pipeline: agentic` configs (the pipelines that take it: rlvr, sft, "),
     (MINIMAL, "teacher.path=t",
      "teacher: not a key of `pipeline: rlvr` configs (the pipeline that takes it: distill)"),
     (MINIMAL, "env.id=countdown",
@@ -96,7 +94,8 @@ def test_an_unknown_top_level_key_lists_the_top_level_keys(tmp_path):
 ])
 def test_a_key_of_another_pipeline_names_the_pipelines_that_take_it(tmp_path, data, override,
                                                                     named):
-    """`async_training` in an agentic config was 'unknown key (check the spelling)'."""
+    """A key of another pipeline (`env` in an RLVR config) was 'unknown key (check the
+    spelling)'."""
     message = error_of(tmp_path, data, [override])
     assert named in message and "check the spelling" not in message
 
