@@ -113,6 +113,20 @@ ALLOWLIST = {
     "make demo-agentic": "the full agentic demo (~5 min); its commands run in AGENTIC_CHAIN",
     "make demo-real": "SmolLM2-135M: import, SFT and GRPO (~15 min); tests/models/test_real_model.py"
                       " covers the model",
+    "make demo-tools": "SmolLM2-135M: SFT and GRPO through the gateway (~20 min); its commands "
+                       "run shrunk by tests/rollout/test_tools_demo_e2e.py",
+    # docs/agentic.md, the tool demo: run on the tiny model, shrunk by overrides, in order, by
+    # tests/rollout/test_tools_demo_e2e.py.
+    **{command: "run shrunk by tests/rollout/test_tools_demo_e2e.py" for command in (
+        "python examples/tools/make_tasks.py --out data/tools --train 512 --eval 32 --digits 4",
+        "reroll make-episodes --env calculator --kwargs '{\"digits\": 4}' --episodes 64 "
+        "--out data/tools/sft.jsonl",
+        "python examples/tools/evaluate.py examples/tools/grpo.yaml model.path=models/smollm2 "
+        "--out runs/tools-eval/base.json",
+        "reroll sft examples/tools/sft.yaml",
+        "reroll train examples/tools/grpo.yaml",
+        "python tools/demo_tools_figures.py",
+    )},
     # The real model: a 540 MB GGUF import and a 135M-parameter model's checks.
     "make models/smollm2/config.json": "imports the 540 MB GGUF (the tests' `smollm2` fixture "
                                        "does the same import)",
