@@ -126,11 +126,16 @@ demo-real: $(REAL) models/smollm2/config.json data/real/train.jsonl
 # greedy, through the gateway) before SFT, after a short SFT on scripted tool-use episodes, and
 # after GRPO through the gateway; the figures go to runs/demo-tools-figures.json.
 TOOLS_DATA := data/tools/sft.jsonl
+OPENAI := $(VENV)/.openai
+$(OPENAI): $(CORE)
+	$(PY) -m pip install --quiet -e '.[openai]'
+	touch $@
+
 $(TOOLS_DATA): | $(CORE)
 	$(PY) examples/tools/make_tasks.py --out data/tools --train 512 --eval 32 --digits 4
 	$(REROLL) make-episodes --env calculator --kwargs '{"digits": 4}' --episodes 64 --out $@
 
-demo-tools: $(REAL) models/smollm2/config.json $(TOOLS_DATA)
+demo-tools: $(REAL) $(OPENAI) models/smollm2/config.json $(TOOLS_DATA)
 	start=$$(date +%s) \
 	  && $(PY) examples/tools/evaluate.py examples/tools/grpo.yaml model.path=models/smollm2 \
 	    --out runs/tools-eval/base.json \
