@@ -354,6 +354,27 @@ def test_readme_demo_figures_are_the_ones_the_demo_recorded():
     assert re.fullmatch(r"\d{4}-\d\d-\d\d", figures["date"])
 
 
+def test_readme_tool_demo_figures_are_the_ones_the_demo_recorded():
+    """README's `make demo-tools` paragraph is rendered from docs/demo-tools-figures.json
+    (written by the demo, copied by `make demo-tools-figures`), or says it was not measured."""
+    spec = importlib.util.spec_from_file_location("demo_tools_figures",
+                                                  REPO / "tools" / "demo_tools_figures.py")
+    tool = importlib.util.module_from_spec(spec)
+    sys.path.insert(0, str(REPO / "tools"))  # it imports demo_figures, as when run as a script
+    try:
+        spec.loader.exec_module(tool)
+    finally:
+        sys.path.remove(str(REPO / "tools"))
+    readme = (REPO / "README.md").read_text()
+    kept = REPO / "docs" / "demo-tools-figures.json"
+    if not kept.is_file():
+        assert f"{tool.BEGIN}\nNot measured yet" in readme
+        return
+    figures = json.loads(kept.read_text())
+    assert f"{tool.BEGIN}\n{tool.render(figures)}\n{tool.END}" in readme
+    assert figures["command"] == "make demo-tools"
+
+
 def _project(tmp_path: Path) -> Path:
     (tmp_path / "examples").symlink_to(REPO / "examples")
     return tmp_path
