@@ -113,8 +113,8 @@ ALLOWLIST = {
     "make demo-agentic": "the full agentic demo (~5 min); its commands run in AGENTIC_CHAIN",
     "make demo-real": "SmolLM2-135M: import, SFT and GRPO (~15 min); tests/models/test_real_model.py"
                       " covers the model",
-    "make demo-tools": "SmolLM2-135M: SFT and GRPO through the gateway (~20 min); its commands "
-                       "run shrunk by tests/rollout/test_tools_demo_e2e.py",
+    "make demo-tools": "SmolLM2-135M: SFT and GRPO through the gateway (tens of minutes); its "
+                       "commands run shrunk by tests/rollout/test_tools_demo_e2e.py",
     # docs/agentic.md, the tool demo: run on the tiny model, shrunk by overrides, in order, by
     # tests/rollout/test_tools_demo_e2e.py.
     **{command: "run shrunk by tests/rollout/test_tools_demo_e2e.py" for command in (
