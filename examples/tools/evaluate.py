@@ -5,6 +5,9 @@ GRPO run itself reports the figures after SFT (before its first step) and after 
 
     python examples/tools/evaluate.py examples/tools/grpo.yaml model.path=models/smollm2 \
         --out runs/tools-eval/base.json
+
+writes the figures to base.json and the episodes (prompt, segments, reward) to
+base.samples.jsonl.
 """
 
 from __future__ import annotations
@@ -19,9 +22,11 @@ from reroll.engines import build_engine
 from reroll.engines.base import SamplingParams
 from reroll.models.loading import load_tokenizer
 from reroll.pipelines.agents import AgentTask
+from reroll.pipelines.task import rollout_row
 
 
-def evaluate(config_path: str, overrides: list[str]) -> dict:
+def evaluate(config_path: str, overrides: list[str]) -> tuple[dict, list[dict]]:
+    """The held-out figures of the config's model, and the episodes as rollout rows."""
     config = load_config(config_path, overrides, expect="agentic")
     model = config.model.path
     tokenizer = load_tokenizer(model)
@@ -36,9 +41,10 @@ def evaluate(config_path: str, overrides: list[str]) -> dict:
         metrics = task.evaluate(params)
     finally:
         task.close()
-    return {"model": model, "eval_tasks": config.agent.eval_tasks,
-            "episodes": len(task.eval_trajectories), "wall_time_s": time.time() - started,
-            **metrics}
+    figures = {"model": model, "eval_tasks": config.agent.eval_tasks,
+               "episodes": len(task.eval_trajectories), "wall_time_s": time.time() - started,
+               **metrics}
+    return figures, [rollout_row(t) for t in task.eval_trajectories]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -47,9 +53,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("overrides", nargs="*", help="key.path=value, as `reroll train` takes")
     parser.add_argument("--out", required=True, help="JSON file for the figures")
     args = parser.parse_args(argv)
-    figures = evaluate(args.config, args.overrides)
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(figures, indent=1) + "\n")
+    figures, samples = evaluate(args.config, args.overrides)
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(figures, indent=1) + "\n")
+    # the episodes themselves, as `reroll eval` keeps them (rows `reroll view` shows)
+    out.with_suffix(".samples.jsonl").write_text("".join(json.dumps(r) + "\n" for r in samples))
     print(f"{figures['model']}: held-out success {figures['eval/success_rate']:.3f} "
           f"({figures['episodes']} episodes, {figures['wall_time_s']:.0f} s)")
     return 0

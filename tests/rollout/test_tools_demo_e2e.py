@@ -64,5 +64,6 @@ def test_the_tool_demo_path_trains_through_the_gateway(tiny_model, tmp_path, mon
     figures = json.loads(Path("runs/demo-tools-figures.json").read_text())
     assert figures["sft_steps"] >= 1 and figures["grpo_steps"] == 2
     assert figures["eval_episodes"] == 2
+    assert len(Path("runs/tools-eval/base.samples.jsonl").read_text().splitlines()) == 2
     for key in ("success_before_sft", "success_after_sft", "success_after_rl"):
         assert 0.0 <= figures[key] <= 1.0, figures
