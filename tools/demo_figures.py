@@ -79,13 +79,13 @@ def render(f: dict) -> str:
     )
 
 
-def readme_with(readme: str, paragraph: str) -> str:
-    """`readme` with the text between the markers replaced by `paragraph`."""
-    head, found, rest = readme.partition(BEGIN)
-    _, found_end, tail = rest.partition(END)
+def readme_with(readme: str, paragraph: str, begin: str = BEGIN, end: str = END) -> str:
+    """`readme` with the text between the markers `begin` and `end` replaced by `paragraph`."""
+    head, found, rest = readme.partition(begin)
+    _, found_end, tail = rest.partition(end)
     if not found or not found_end:
-        raise SystemExit(f"README.md has no `{BEGIN}` ... `{END}` block")
-    return f"{head}{BEGIN}\n{paragraph}\n{END}{tail}"
+        raise SystemExit(f"README.md has no `{begin}` ... `{end}` block")
+    return f"{head}{begin}\n{paragraph}\n{end}{tail}"
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -22,7 +22,7 @@ from reroll.config.errors import ConfigError
 from reroll.data.batch import Trajectory
 from reroll.data.datasets import PromptSampler, _read_records
 from reroll.engines.base import Engine, SamplingParams
-from reroll.pipelines.task import EvalSet, grouped, rollout_row
+from reroll.pipelines.task import EvalSet, grouped, held_out, rollout_row
 from reroll.pipelines.validation import context_tokens
 from reroll.rewards.custom import resolve
 from reroll.rollout.gateway import AgentSpec, Gateway, run_episodes
@@ -69,6 +69,10 @@ class AgentTask:
     @property
     def evaluates(self) -> bool:
         return bool(self.eval_tasks)
+
+    @property
+    def eval_what(self) -> str:
+        return held_out(len(self.eval_tasks), "task", self.config.eval.samples_per_prompt)
 
     def start(self, engine: Engine) -> Engine:
         a = self.config.agent

@@ -57,3 +57,26 @@ def test_bad_entrypoint_and_tasks_are_named_at_start(tmp_path, monkeypatch):
                                                             "entrypoint": "agent_mod:solve"}})
     with pytest.raises(ConfigError, match="bad.jsonl:2"):
         AgentTask(config, None)
+
+
+def test_an_agent_task_with_held_out_tasks_is_a_whole_task(tmp_path, monkeypatch):
+    """An agent run with `agent.eval_tasks` says what it evaluates (`eval_what`, read by the
+    RL step at start: without it such a run died with an AttributeError), and AgentTask has
+    every member of the task protocol."""
+    from reroll.config.agentic import AgenticConfig
+    from reroll.pipelines.agents import AgentTask
+    from reroll.pipelines.task import Task
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "tasks.jsonl").write_text('{"prompt": "hi"}\n')
+    (tmp_path / "held.jsonl").write_text('{"prompt": "a"}\n{"prompt": "b"}\n')
+    (tmp_path / "agent_mod.py").write_text("def solve(task, base_url, api_key):\n    return 1\n")
+    config = AgenticConfig.model_validate(BASE | {
+        "agent": {"tasks": "tasks.jsonl", "eval_tasks": "held.jsonl", "max_context_tokens": 64,
+                  "entrypoint": "agent_mod:solve"},
+        "eval": {"samples_per_prompt": 2}})
+    task = AgentTask(config, None)
+    assert task.evaluates and task.eval_what == "2 held-out tasks x 2 samples"
+    members = {name for name in dir(Task) if not name.startswith("_")} | set(Task.__annotations__)
+    missing = {name for name in members if not hasattr(task, name)}
+    assert not missing, missing

@@ -1,0 +1,98 @@
+"""README's tool-use demo figures come from the files `make demo-tools` writes, never typed by
+hand (as tools/demo_figures.py does for `make demo`).
+
+    python tools/demo_tools_figures.py --started EPOCH   (the last step of `make demo-tools`)
+        reads runs/tools-eval/base.json (held-out success before SFT), runs/tools-sft/summary.json
+        and runs/tools-grpo/summary.json (held-out success before its first step, after SFT, and
+        after its last), writes runs/demo-tools-figures.json and prints README's paragraph.
+    python tools/demo_tools_figures.py --docs            (`make demo-tools-figures`)
+        copies runs/demo-tools-figures.json to docs/demo-tools-figures.json and rewrites README's
+        paragraph between the `demo-tools-figures` markers from it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+
+from demo_figures import _commit, _duration, readme_with
+
+REPO = Path(__file__).resolve().parents[1]
+RECORD = Path("runs/demo-tools-figures.json")
+KEPT = REPO / "docs" / "demo-tools-figures.json"
+README = REPO / "README.md"
+BEGIN = ("<!-- demo-tools-figures: written by `make demo-tools-figures` from "
+         "docs/demo-tools-figures.json -->")
+END = "<!-- /demo-tools-figures -->"
+
+
+def collect(started: float, now: float) -> dict:
+    """The demo's figures from its evaluation of the base model and its two runs' summaries."""
+    base = json.loads(Path("runs/tools-eval/base.json").read_text())
+    sft = json.loads(Path("runs/tools-sft/summary.json").read_text())
+    grpo = json.loads(Path("runs/tools-grpo/summary.json").read_text())
+    return {
+        "date": datetime.now(UTC).strftime("%Y-%m-%d"),
+        "command": "make demo-tools",
+        "commit": _commit(),
+        "cpus": os.cpu_count(),
+        "load_average": round(os.getloadavg()[0], 1),
+        "demo_s": round(now - started),
+        "eval_episodes": base["episodes"],
+        "sft_steps": sft["steps"],
+        "sft_s": round(sft["wall_time_s"]),
+        "grpo_steps": grpo["steps"],
+        "grpo_s": round(grpo["wall_time_s"]),
+        "success_before_sft": base["eval/success_rate"],
+        "success_after_sft": grpo["eval_start"].get("eval/success_rate"),
+        "success_after_rl": grpo["eval_end"].get("eval/success_rate"),
+    }
+
+
+def _rate(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.3g}"
+
+
+def render(f: dict) -> str:
+    """README's paragraph for the figures `f`."""
+    commit = f" at commit {f['commit']}" if f.get("commit") else ""
+    return (
+        f"Measured by `{f['command']}` on {f['date']} ({f['cpus']} CPU cores shared with other "
+        f"work, load average {f['load_average']} at the end; set-up done{commit}): it took "
+        f"{_duration(f['demo_s'])} (SFT {f['sft_steps']} steps in {f['sft_s']} s, GRPO "
+        f"{f['grpo_steps']} steps through the gateway in {f['grpo_s']} s). Held-out success on "
+        f"{f['eval_episodes']} questions, greedy: **{_rate(f['success_before_sft'])} before SFT, "
+        f"{_rate(f['success_after_sft'])} after SFT, {_rate(f['success_after_rl'])} after RL**. "
+        f"The demo writes these figures to `runs/demo-tools-figures.json`; "
+        f"`make demo-tools-figures` copies them here."
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--started", type=float, help="the demo's start (seconds since the epoch)")
+    parser.add_argument("--docs", action="store_true",
+                        help="copy runs/demo-tools-figures.json into docs/ and README")
+    args = parser.parse_args(argv)
+    if args.docs:
+        if not RECORD.is_file():
+            raise SystemExit(f"{RECORD} is missing: run `make demo-tools` first")
+        figures = json.loads(RECORD.read_text())
+        KEPT.write_text(json.dumps(figures, indent=1) + "\n")
+        README.write_text(readme_with(README.read_text(), render(figures), BEGIN, END))
+        print(f"README.md and {KEPT.relative_to(REPO)}: figures of {figures['date']}")
+        return 0
+    figures = collect(args.started or time.time(), time.time())
+    RECORD.parent.mkdir(parents=True, exist_ok=True)
+    RECORD.write_text(json.dumps(figures, indent=1) + "\n")
+    print(render(figures))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
