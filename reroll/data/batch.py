@@ -68,6 +68,9 @@ class Trajectory:
     `image_grid_thw`...), as the model's processor built them for this one prompt: the trainer's
     forward gets them with the tokens (`collate`, `model_kwargs`). None: tokens only."""
     tag: str | None = None
+    images: list[str] | None = None
+    """The prompt's image paths, in order, for the rollout files and the run viewer (None: no
+    images; the pixels the model saw are in `model_inputs`)."""
     """The prompt row's `tag` column (None without one): routes the sample to its teacher in
     on-policy distillation (`algorithm.distill.teachers`)."""
 
@@ -87,6 +90,7 @@ def trajectory_row(t: Trajectory) -> dict[str, Any]:
              "reward": t.reward, "reward_info": t.reward_info, "finish_reason": t.finish_reason}
             | ({"segments": t.segments} if t.segments is not None else {})
             | ({"turn_rewards": t.turn_rewards} if t.turn_rewards is not None else {})
+            | ({"images": t.images} if t.images else {})
             | (t.conversation or {}))
 
 

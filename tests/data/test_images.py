@@ -114,6 +114,11 @@ def test_grpo_runs_on_the_tiny_vlm_with_its_images_in_every_forward(tiny_vlm, tm
     assert summary.steps == 2 and all(row["train/grad_norm"] > 0 for row in history)
     assert all(row["actor/behaviour_kl_k3"] < 1e-5 for row in history)
     assert (summary.final_checkpoint / "processor_config.json").is_file()
+    # The rollout files name each prompt's images (`reroll view` shows them beside the text).
+    rows = [json.loads(line) for line in
+            (tmp_path / "run" / "rollouts" / "step_1.jsonl").read_text().splitlines()]
+    assert rows and all(len(row["images"]) == 1 and row["images"][0].endswith(".png")
+                        for row in rows)
 
 
 def big_image_task(tmp_path):
