@@ -28,6 +28,10 @@ class LoRAConfig(Section):
     """Which linear layers get an adapter: `all-linear` (every linear layer but the output head),
     or names such as `[q_proj, v_proj]` (the last part of a module's name, or a longer dotted
     suffix). A name the model does not have is an error listing the model's linear layers."""
+    vision: bool = False
+    """On a vision-language model, adapters on the vision tower and its connector too. Off by
+    default: the adapters go on the language model only and the vision side stays frozen (the
+    usual VLM RL recipe; images are read as the base model read them)."""
     rslora: bool = False
     """Rank-stabilised LoRA: scale by `alpha / sqrt(rank)` instead of `alpha / rank`."""
     sync: Literal["auto", "adapter", "merged"] = "auto"

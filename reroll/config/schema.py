@@ -84,6 +84,14 @@ class DataConfig(Section):
     file and line (never silently cut). Every train and eval row is checked when loaded, also
     against the model's context (`max_position_embeddings`) with `rollout.max_new_tokens`; a
     `math` or `code` reward also needs every row's `answer`."""
+    max_image_pixels: int | None = Field(None, ge=1)
+    """The most pixels (width x height) an image in a row may have (None: no limit of reroll's;
+    the model's processor still resizes to its own size). A larger image is handled as
+    `oversize_images` says. Every train and eval image is checked when the rows load."""
+    oversize_images: Literal["resize", "refuse"] = "resize"
+    """An image over `max_image_pixels`: `resize`: scaled down to fit, aspect kept, when the
+    processor reads it; `refuse`: the run stops before it starts, naming the row's file and line
+    (exit 2)."""
     domains: list[DomainConfig] | None = None
     """Multi-domain RLVR (docs/multidomain.md): several domains trained together, each with its
     prompts (files or a reasoning-gym task), its reward, its share of every step's prompts, its

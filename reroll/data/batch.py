@@ -72,6 +72,9 @@ class Trajectory:
     all `policy_version`. Multi-turn episodes record it (an async run's episode can span
     several versions, and a resumed request's tokens differ within one turn)."""
     tag: str | None = None
+    images: list[str] | None = None
+    """The prompt's image paths, in order, for the rollout files and the run viewer (None: no
+    images; the pixels the model saw are in `model_inputs`)."""
     """The prompt row's `tag` column (None without one): routes the sample to its teacher in
     on-policy distillation (`algorithm.distill.teachers`)."""
 
@@ -91,6 +94,7 @@ def trajectory_row(t: Trajectory) -> dict[str, Any]:
              "reward": t.reward, "reward_info": t.reward_info, "finish_reason": t.finish_reason}
             | ({"segments": t.segments} if t.segments is not None else {})
             | ({"turn_rewards": t.turn_rewards} if t.turn_rewards is not None else {})
+            | ({"images": t.images} if t.images else {})
             | (t.conversation or {}))
 
 

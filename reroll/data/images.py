@@ -12,6 +12,7 @@ chance, 1 in 4).
 
 from __future__ import annotations
 
+import math
 import random
 from pathlib import Path
 from typing import Any
@@ -80,8 +81,47 @@ def open_image(path: str | Path, where: str = ""):
 
 
 def load_images(messages: list[dict[str, Any]]) -> list:
-    """The PIL images of the messages' image parts, in order (paths checked at load)."""
-    return [open_image(part["image"]) for part in image_parts(messages)]
+    """The PIL images of the messages' image parts, in order (paths checked at load); a part
+    marked with `max_pixels` (by `limit_images`) is scaled down to it, aspect kept."""
+    images = []
+    for part in image_parts(messages):
+        image = open_image(part["image"])
+        if part.get("max_pixels"):
+            image = image.resize(fitted_size(image.size, part["max_pixels"]))
+        images.append(image)
+    return images
+
+
+def fitted_size(size: tuple[int, int], max_pixels: int) -> tuple[int, int]:
+    """`size` (width, height) scaled down to at most `max_pixels`, aspect kept (each side at
+    least 1); unchanged if it fits."""
+    width, height = size
+    if width * height <= max_pixels:
+        return size
+    scale = math.sqrt(max_pixels / (width * height))
+    return max(1, int(width * scale)), max(1, int(height * scale))
+
+
+def limit_images(field: str, rows: list, max_pixels: int | None, mode: str) -> None:
+    """`data.max_image_pixels` on loaded rows: an image with more pixels is refused (a
+    ConfigError naming the row's file:line, the image and its size) when `mode` is `refuse`, or
+    its part marked to be scaled down when opened (`resize`: the path stays, for the viewer)."""
+    if max_pixels is None:
+        return
+    from PIL import Image
+
+    for row in rows:
+        for part in image_parts(row.messages):
+            with Image.open(part["image"]) as image:  # reads the header only
+                width, height = image.size
+            if width * height <= max_pixels:
+                continue
+            if mode == "refuse":
+                raise ConfigError(
+                    f"{row.source}: image {part['image']} is {width}x{height} = "
+                    f"{width * height} pixels, over data.max_image_pixels={max_pixels} ({field}; "
+                    f"data.oversize_images=resize scales it down instead)")
+            part["max_pixels"] = max_pixels
 
 
 def draw_count_image(count: int, rng: random.Random, size: int = 64):

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import re
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -72,12 +73,25 @@ def check_targets(model: torch.nn.Module, targets: str | list[str], source: str)
                 f"{target!r}; its linear layers are {', '.join(short)}")
 
 
-def peft_config(config: LoRAConfig):
+# The vision side of the VLM families transformers has: Idefics3/SmolVLM (`vision_model`,
+# `connector`), Qwen2-VL (`visual`), LLaVA-likes (`vision_tower`, `multi_modal_projector`).
+VISION_MODULES = r"(.*\.)?(vision_model|visual|vision_tower|connector|multi_modal_projector)\..*"
+
+
+def vision_module_names(model: torch.nn.Module) -> list[str]:
+    """The linear layers of `model`'s vision tower and connector (none for a text model)."""
+    return [name for name in linear_module_names(model) if re.fullmatch(VISION_MODULES, name)]
+
+
+def peft_config(config: LoRAConfig, model: torch.nn.Module | None = None):
     from peft import LoraConfig
 
+    # A VLM's vision side stays frozen unless `vision`: adapters on the language model only.
+    exclude = VISION_MODULES if model is not None and not config.vision and \
+        vision_module_names(model) else None
     return LoraConfig(r=config.rank, lora_alpha=config.alpha, lora_dropout=config.dropout,
                       target_modules=config.target_modules, use_rslora=config.rslora,
-                      bias="none", task_type="CAUSAL_LM")
+                      exclude_modules=exclude, bias="none", task_type="CAUSAL_LM")
 
 
 class LoRAAdapter:
@@ -92,7 +106,7 @@ class LoRAAdapter:
         check_targets(model, config.target_modules, source)
         if Path(base).expanduser().exists():  # the adapter's files name an absolute base path
             model.name_or_path = str(Path(base).expanduser().resolve())
-        self.peft = get_peft_model(model, peft_config(config))
+        self.peft = get_peft_model(model, peft_config(config, model))
         self.model = model
 
     @contextlib.contextmanager

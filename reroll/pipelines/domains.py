@@ -29,6 +29,7 @@ from reroll.config.errors import ConfigError, RunStopped
 from reroll.config.schema import DomainConfig, RLConfig
 from reroll.data.batch import Trajectory
 from reroll.data.datasets import PromptRow, PromptSampler, load_prompts
+from reroll.data.images import limit_images
 from reroll.data.mixing import DomainMixer
 from reroll.data.reasoning_gym import generate_rows
 from reroll.engines.base import Engine, SamplingParams
@@ -116,6 +117,8 @@ def check_domain(config: RLConfig, tokenizer, spec: DomainConfig, where: str,
                 check_rules(reward, rows, f"{where}.reward")
             if split == "train":
                 check_teacher_tags(config.algorithm.distill, field_name, rows)
+            limit_images(field_name, rows, config.data.max_image_pixels,
+                         config.data.oversize_images)
             check_lengths(field_name, rows, prompt_lengths(tokenizer, rows),
                           config.data.max_prompt_tokens, config.rollout.max_new_tokens, context)
         except ConfigError as e:

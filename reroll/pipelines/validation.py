@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from reroll.config.errors import ConfigError
 from reroll.data.datasets import PromptRow
+from reroll.data.images import limit_images
 from reroll.models.files import model_context
 from reroll.rewards.rules import check_rows
 from reroll.rollout.stream import encode_prompt
@@ -32,6 +33,7 @@ def check_prompts(config, tokenizer, splits: dict[str, list[PromptRow]]) -> None
         reward = eval_reward if field == "data.eval" and eval_reward is not None else config.reward
         check_answers(reward.type, field, rows)
         check_rules(reward, rows)
+        limit_images(field, rows, config.data.max_image_pixels, config.data.oversize_images)
         lengths = prompt_lengths(tokenizer, rows)
         check_lengths(field, rows, lengths, config.data.max_prompt_tokens, max_new, context)
 

@@ -12,6 +12,7 @@ from enum import StrEnum
 
 from reroll.data.batch import Trajectory
 from reroll.data.datasets import PromptRow
+from reroll.data.images import image_parts
 from reroll.engines.base import Completion
 
 
@@ -94,7 +95,9 @@ class Group:
             finish_reason=s.finish_reason, group_id=group_id, prompt_text=self.row.prompt_text,
             response_text=s.response_text, answer=self.row.answer, reward=s.reward,
             reward_info=s.reward_info, policy_version=self.version if version is None else version,
-            tag=self.row.tag, model_inputs=self.model_inputs or None) for s in self.samples]
+            tag=self.row.tag, model_inputs=self.model_inputs or None,
+            images=[part["image"] for part in image_parts(self.row.messages)] or None)
+            for s in self.samples]
 
     def mark(self, state: State) -> int:
         """Move the samples whose life has not ended to `state`; returns how many moved."""

@@ -188,7 +188,7 @@ def _read_rollouts(folder: Path, names: re.Pattern, limit: int,
 def _rollout(raw: dict[str, Any], warnings: list[str], where: str) -> dict[str, Any]:
     """The fields the table shows, with safe types; extra keys are kept under `extra`."""
     known = {"prompt", "response", "answer", "reward", "reward_info", "finish_reason",
-             "group_id", "turns", "segments", "turn_rewards"}
+             "group_id", "turns", "segments", "turn_rewards", "images"}
     reward = _as_float(raw.get("reward"))
     row = {
         "prompt": _text(raw.get("prompt"), warnings, where),
@@ -201,6 +201,9 @@ def _rollout(raw: dict[str, Any], warnings: list[str], where: str) -> dict[str, 
         "group_id": raw.get("group_id") if isinstance(raw.get("group_id"), int | str) else None,
         "extra": _jsonable({k: v for k, v in raw.items() if k not in known}),
     }
+    images = raw.get("images")
+    if isinstance(images, list) and images:
+        row["images"] = [thumbnail(path, warnings, where) for path in images]
     turns = raw.get("turns")
     if not isinstance(turns, list) and isinstance(raw.get("segments"), list):
         turns = segments_to_turns(raw["segments"])
@@ -215,6 +218,26 @@ def _rollout(raw: dict[str, Any], warnings: list[str], where: str) -> dict[str, 
         if isinstance(rewards, list):  # one per policy turn, by turn number
             row["turn_rewards"] = [r if _is_number(r := _as_float(v)) else None for v in rewards]
     return row
+
+
+def thumbnail(path: Any, warnings: list[str], where: str, size: int = 128) -> str | None:
+    """The image at `path` as a small PNG data URI, embedded so the report stands alone (None,
+    with a warning, if it cannot be read: the run's images may have moved since)."""
+    import base64
+    import io
+
+    from PIL import Image
+
+    try:
+        with Image.open(str(path)) as image:
+            image = image.convert("RGB")
+            image.thumbnail((size, size))
+            buffer = io.BytesIO()
+            image.save(buffer, format="PNG")
+    except (OSError, ValueError) as e:
+        warnings.append(f"{where}: image {path} cannot be shown ({type(e).__name__})")
+        return None
+    return "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode()
 
 
 def policy_turns(turns: list[dict[str, Any]]) -> int:

@@ -114,3 +114,67 @@ def test_grpo_runs_on_the_tiny_vlm_with_its_images_in_every_forward(tiny_vlm, tm
     assert summary.steps == 2 and all(row["train/grad_norm"] > 0 for row in history)
     assert all(row["actor/behaviour_kl_k3"] < 1e-5 for row in history)
     assert (summary.final_checkpoint / "processor_config.json").is_file()
+    # The rollout files name each prompt's images (`reroll view` shows them beside the text).
+    rows = [json.loads(line) for line in
+            (tmp_path / "run" / "rollouts" / "step_1.jsonl").read_text().splitlines()]
+    assert rows and all(len(row["images"]) == 1 and row["images"][0].endswith(".png")
+                        for row in rows)
+
+
+def big_image_task(tmp_path):
+    """A one-row image task whose image is 200x100 (20000 pixels)."""
+    Image.new("RGB", (200, 100), "white").save(tmp_path / "big.png")
+    path = tmp_path / "train.jsonl"
+    path.write_text("\n".join(json.dumps({"messages": [{"role": "user", "content": [
+        {"type": "image", "image": name}, {"type": "text", "text": "How many?"}]}],
+        "answer": "1"}) for name in ("big.png", "big.png")) + "\n")
+    return path
+
+
+def test_an_oversize_image_is_scaled_down_with_its_aspect_kept(tmp_path):
+    from reroll.data.images import fitted_size, limit_images, load_images
+
+    rows = load_prompts(big_image_task(tmp_path))
+    limit_images("data.train", rows, 5000, "resize")
+    assert [image.size for image in load_images(rows[1].messages)] == [(100, 50)]
+    assert fitted_size((200, 100), 20000) == (200, 100)  # at the limit: unchanged
+    fresh = load_prompts(big_image_task(tmp_path))
+    limit_images("data.train", fresh, None, "refuse")  # no limit: nothing refused or changed
+    assert [image.size for image in load_images(fresh[0].messages)] == [(200, 100)]
+
+
+def test_an_oversize_image_is_refused_by_file_and_line(tmp_path):
+    from reroll.data.images import limit_images
+
+    rows = load_prompts(big_image_task(tmp_path))
+    with pytest.raises(ConfigError, match=r"train.jsonl:1: image .*big.png is 200x100 = 20000 "
+                                          r"pixels, over data.max_image_pixels=19999"):
+        limit_images("data.train", rows, 19999, "refuse")
+
+
+def test_the_image_limit_is_validated(tmp_path):
+    from pydantic import ValidationError
+
+    from reroll.config.schema import DataConfig
+
+    assert DataConfig(train="t.jsonl").max_image_pixels is None
+    for bad in ({"max_image_pixels": 0}, {"oversize_images": "crop"}):
+        with pytest.raises(ValidationError):
+            DataConfig(train="t.jsonl", **bad)
+
+
+@pytest.mark.e2e
+def test_train_refuses_an_oversize_image_with_exit_2(tiny_vlm, tmp_path, capsys):
+    """`reroll train` with `oversize_images: refuse` stops before the model loads."""
+    import yaml
+
+    from reroll.cli import main
+
+    config = tmp_path / "config.yaml"
+    config.write_text(yaml.safe_dump({
+        "output_dir": str(tmp_path / "run"), "model": {"path": tiny_vlm}, "steps": 1,
+        "data": {"train": str(big_image_task(tmp_path)), "max_image_pixels": 4096,
+                 "oversize_images": "refuse"}}))
+    assert main(["train", str(config)]) == 2
+    err = capsys.readouterr().err
+    assert "train.jsonl:1: image" in err and "max_image_pixels=4096" in err

@@ -125,6 +125,20 @@ function turnsView(turns, turnRewards) {
   return box;
 }
 
+/** The prompt's images (PNG data URIs; null: one that could not be read when the report was built). */
+function imagesView(images) {
+  const box = el("div", "full images");
+  box.appendChild(el("h4", "", "images"));
+  for (const src of images) {
+    if (src === null) { box.appendChild(el("span", "missing", "(image not found)")); continue; }
+    const img = document.createElement("img");
+    img.src = src;
+    img.alt = "prompt image";
+    box.appendChild(img);
+  }
+  return box;
+}
+
 function detailNode(row) {
   const tr = el("tr", "rollout-detail");
   const td = el("td");
@@ -134,6 +148,7 @@ function detailNode(row) {
   follow.type = "button";
   follow.addEventListener("click", (event) => { event.stopPropagation(); followPrompt(table.follow === null ? row.prompt : null); });
   grid.appendChild(follow);
+  if (row.images) grid.appendChild(imagesView(row.images));
   grid.appendChild(block("prompt", row.prompt, true));
   if (row.turns) grid.appendChild(turnsView(row.turns, row.turn_rewards));
   if (row.response || !row.turns) grid.appendChild(block("response", row.response, true));
