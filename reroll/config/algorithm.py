@@ -503,6 +503,18 @@ class AlgorithmConfig(Section):
     """The value model that `advantage: {name: gae}` needs; None: no critic."""
     distill: OnPolicyDistillConfig | None = None
     """On-policy distillation from a teacher model (None: none)."""
+    routing_replay: Literal["off", "rollout"] = "off"
+    """Mixture-of-experts models only (docs/moe.md): which routing the trainer's forwards (pi_old
+    and the loss) use. `off`: the trainer's router routes again; `rollout` (R3): the experts the
+    engine routed each token to, recorded at rollout (hf engine only). The replayed experts'
+    weights still come from the current router, so the router keeps learning."""
+    router_aux_loss_coef: float = Field(0.0, ge=0, le=1)
+    """Mixture-of-experts models: weight of the router's load-balancing loss (Switch
+    Transformer's, as transformers computes it) in the policy loss; 0 logs it only
+    (`actor/router_aux_loss`)."""
+    router_z_loss_coef: float = Field(0.0, ge=0, le=1)
+    """Mixture-of-experts models: weight of the router z-loss (mean squared logsumexp of the
+    router logits, ST-MoE) in the policy loss; 0 logs it only (`actor/router_z_loss`)."""
 
     @model_validator(mode="after")
     def _check_combinations(self) -> AlgorithmConfig:

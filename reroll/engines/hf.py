@@ -49,6 +49,7 @@ from reroll.models.attention import GQA_SDPA, decode_row_segments, share_kv_head
 from reroll.models.lm_head import OutputHead
 from reroll.models.logprobs import load_weights
 from reroll.models.lora import AdapterError, HeldBase
+from reroll.models.routing import NO_RECORD, Recorder, is_moe, top_k
 
 if TYPE_CHECKING:
     from transformers import DynamicCache
@@ -71,6 +72,9 @@ class _Row:
     finish: str | None = None
     submitted_at: float = field(default_factory=time.perf_counter)
     first_token_s: float | None = None
+    routing: list[torch.Tensor] = field(default_factory=list)
+    """With `record_routing`: the experts routed for each token the model has seen of this row,
+    in chunks of [tokens, layers, top_k] (the prompt, then one per fed token)."""
 
 
 @dataclass
@@ -96,10 +100,14 @@ class HFEngine:
     """Engine over a transformers causal LM that it owns (its weights arrive via `load_weights`)."""
 
     def __init__(self, model: torch.nn.Module, max_batch_size: int = 256, pad_token_id: int = 0,
-                 dtype: torch.dtype | None = None):
+                 dtype: torch.dtype | None = None, record_routing: bool = False):
         """`dtype`: hold the weights in this dtype (None: as `model` has them). Weights loaded
         later are cast to it; `weights_fingerprint` is then of the weights as received (before
-        the cast), so it still matches the trainer's, as vLLM's does."""
+        the cast), so it still matches the trainer's, as vLLM's does.
+
+        `record_routing`: on a mixture-of-experts model, each completion carries the experts its
+        tokens were routed to (`Completion.routed_experts`, for routing replay); ignored on a
+        dense model."""
         self.model = model.eval()
         self.model.requires_grad_(False)
         self._received_fingerprint: str | None = None
@@ -132,6 +140,7 @@ class HFEngine:
         share_kv_heads_in_sdpa(model)
         self._segmented_attention = (
             getattr(getattr(model, "config", None), "_attn_implementation", None) == GQA_SDPA)
+        self._routing = Recorder(model) if record_routing and is_moe(model) else None
 
     # -- Engine protocol -------------------------------------------------------------------------
 
@@ -385,7 +394,7 @@ class HFEngine:
         mixed = len(set(row.versions)) > 1
         return Completion(row.request.request_id, row.request.prompt_ids, row.tokens, row.logprobs,
                           row.finish or "length", self.version, row.versions if mixed else None,
-                          row.first_token_s)
+                          row.first_token_s, routed_record(row, self._routing))
 
     # -- decoding --------------------------------------------------------------------------------
 
@@ -423,6 +432,10 @@ class HFEngine:
         logits = self._next_logits(input_ids, attention, positions, cache)
         for row in rows:
             row.logits_version = self.version
+        if self._routing is not None:
+            routed = self._routing.take().view(*input_ids.shape, *[-1, top_k(self.model)])
+            for row, p in zip(rows, prompt_of_row, strict=True):
+                row.routing = [routed[p, input_ids.shape[1] - len(row.request.prompt_ids):]]
         batch = _Batch(rows[0].request.params, list(rows), cache, attention, positions[:, -1:] + 1,
                        logits)
         if len(distinct) < len(rows):
@@ -464,6 +477,11 @@ class HFEngine:
                                          batch.cache)
         for row in batch.rows:
             row.logits_version = self.version
+        if self._routing is not None:
+            routed = self._routing.take().view(rows, 1, -1, top_k(self.model))
+            for j, row in enumerate(batch.rows):
+                if row.finish is None:  # an ended row not compacted away is fed, ignored
+                    row.routing.append(routed[j])
         batch.next_position = batch.next_position + 1
         return finished
 
@@ -487,6 +505,16 @@ class HFEngine:
             extra["logits_to_keep"] = 1
         return self.model(input_ids=input_ids, attention_mask=attention, position_ids=positions,
                           past_key_values=cache, use_cache=True, **extra).logits[:, -1]
+
+
+def routed_record(row: _Row, recorder: Recorder | None) -> torch.Tensor | None:
+    """[prompt + response tokens, layers, top_k] of the row: what the engine routed for each
+    token it fed; the last token was sampled and never fed (-1, no record)."""
+    if recorder is None or not row.routing:
+        return None
+    seen = torch.cat(row.routing)
+    missing = len(row.request.prompt_ids) + len(row.tokens) - seen.shape[0]
+    return torch.cat([seen, seen.new_full((missing, *seen.shape[1:]), NO_RECORD)])
 
 
 def _left_padded(prompts: list[tuple[int, ...]], pad_token_id: int, device: torch.device

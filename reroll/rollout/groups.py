@@ -10,6 +10,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import StrEnum
 
+import torch
+
 from reroll.data.batch import Trajectory
 from reroll.data.datasets import PromptRow
 from reroll.engines.base import Completion
@@ -45,6 +47,9 @@ class Sample:
     history: list[State] = field(default_factory=lambda: [State.QUEUED])
     dropped: bool = False
     """A spare speculative sample that is no longer needed: it is aborted, never resumed."""
+    routed_experts: torch.Tensor | None = None
+    """The engine's routing record of prompt and response (`Completion.routed_experts`): the
+    latest piece's, whose prompt holds the earlier pieces."""
 
     def move(self, state: State) -> None:
         self.state = state
@@ -56,6 +61,7 @@ class Sample:
         self.token_versions += (completion.token_versions
                                 or [completion.policy_version] * len(completion.token_ids))
         self.finish_reason = completion.finish_reason
+        self.routed_experts = completion.routed_experts
 
     @property
     def oldest_version(self) -> int | None:
@@ -91,7 +97,7 @@ class Group:
             finish_reason=s.finish_reason, group_id=group_id, prompt_text=self.row.prompt_text,
             response_text=s.response_text, answer=self.row.answer, reward=s.reward,
             reward_info=s.reward_info, policy_version=self.version if version is None else version,
-            tag=self.row.tag) for s in self.samples]
+            tag=self.row.tag, routed_experts=s.routed_experts) for s in self.samples]
 
     def mark(self, state: State) -> int:
         """Move the samples whose life has not ended to `state`; returns how many moved."""

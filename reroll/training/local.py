@@ -186,7 +186,7 @@ class LocalStrategy:
         with self.autocast():
             return batched_logprobs(self.model, batch["input_ids"], batch["attention_mask"],
                                     self.train_config.micro_batch_size, temperature,
-                                    batch["response_mask"])
+                                    batch["response_mask"], batch.get("routed_experts"))
 
     def reference_logprobs(self, batch: TensorDict, temperature: float = 1.0) -> torch.Tensor:
         """With `model.lora`: logprobs [B, L] of the base model, the adapter switched off (the
