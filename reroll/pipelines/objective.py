@@ -100,6 +100,8 @@ class Objective:
     kl: KLTerm
     new_kl_controller: Callable[[], algorithms.FixedKLController | algorithms.AdaptiveKLController]
     entropy_coef: float
+    old_policy_routing: bool
+    """`routing_replay: old_policy` with pi_old computed: its routing is recorded and replayed."""
     router_coefs: tuple[float, float]
     """Mixture-of-experts: the weights of the router's load-balancing loss and z-loss in the
     policy loss (both are logged whatever they are)."""
@@ -163,6 +165,7 @@ def build(config: AlgorithmConfig, *, group_size: int = 1, temperature: float = 
         kl=KLTerm(kl.coef, kl.estimator, kl.in_loss, kl.in_reward),
         new_kl_controller=functools.partial(kl_controller, kl),
         entropy_coef=config.entropy_coef,
+        old_policy_routing=config.routing_replay == "old_policy" and needs_old,
         router_coefs=(config.router_aux_loss_coef, config.router_z_loss_coef), distill=None if d is None else _distill_term(d),
         correct=functools.partial(apply_corrections, corr) if ratio_or_tis else None,
         sets_is_weights=corr.tis is not None,
@@ -420,7 +423,8 @@ def make_rl_loss(obj: Objective, batch: TensorDict, *, kl_coef: float | None = N
     def loss_fn(model: torch.nn.Module, micro: TensorDict) -> tuple[torch.Tensor, dict]:
         mask, response = micro["loss_mask"], micro["response_mask"]
         # routing replay (algorithm.routing_replay): the batch carries the routing to force
-        with routed_forward(model, micro.get("routed_experts")) as router_logits:
+        record = micro.get("routed_experts", micro.get("old_routed_experts"))
+        with routed_forward(model, record) as router_logits:
             if dense is not None:  # the student at the teacher's top-k ids and the sampled token
                 ids = torch.cat([micro["teacher_top_ids"], micro["input_ids"][..., None]], -1)
                 student, entropy = logprobs_at(model, micro["input_ids"],
@@ -468,6 +472,16 @@ def make_rl_loss(obj: Objective, batch: TensorDict, *, kl_coef: float | None = N
         return loss, metrics
 
     return loss_fn
+
+
+def old_routing(policy, batch: TensorDict, rows: Tensor | None) -> Tensor:
+    """pi_old's routing [B, T, layers, k] of the batch (of `rows` only, -1 elsewhere)."""
+    if rows is None:
+        return policy.routing(batch)
+    some = policy.routing(batch[rows])
+    routing = torch.full((*batch["input_ids"].shape, *some.shape[2:]), -1, dtype=some.dtype)
+    routing[rows] = some
+    return routing
 
 
 def _with_router_terms(obj: Objective, model: torch.nn.Module, router_logits: list[Tensor],

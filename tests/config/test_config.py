@@ -292,6 +292,9 @@ def test_routing_replay_of_the_rollout_needs_the_hf_engine(tmp_path, capsys):
     from reroll.cli import main
 
     replay = {"algorithm": {"routing_replay": "rollout"}}
+    off = write(tmp_path, {**MINIMAL, "rollout": {"engine": "vllm"}})
+    off.write_text(off.read_text() + "algorithm: {routing_replay: off}\n")  # YAML's bare off
+    assert load_config(off).algorithm.routing_replay == "off"
     assert load_config(write(tmp_path, {**MINIMAL, **replay})).algorithm.routing_replay == "rollout"
     vllm = {**MINIMAL, **replay, "rollout": {"engine": "vllm"}}
     assert "algorithm.routing_replay: rollout replays the experts the engine routed, which " \
