@@ -7,7 +7,7 @@ them; peers on one line may import each other, as long as no cycle forms.
 
     cli
     api
-    evaluation, evaluation_domains, check_model, mismatch, export, pipelines
+    evaluation, evaluation_domains, check_model, mismatch, routing_check, export, pipelines
     rollout, workers
     distributed
     engines, training
