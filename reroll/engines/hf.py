@@ -141,6 +141,7 @@ class HFEngine:
         self._segmented_attention = (
             getattr(getattr(model, "config", None), "_attn_implementation", None) == GQA_SDPA)
         self._routing = Recorder(model) if record_routing and is_moe(model) else None
+        self._top_k = top_k(model)
 
     # -- Engine protocol -------------------------------------------------------------------------
 
@@ -433,7 +434,7 @@ class HFEngine:
         for row in rows:
             row.logits_version = self.version
         if self._routing is not None:
-            routed = self._routing.take().view(*input_ids.shape, *[-1, top_k(self.model)])
+            routed = self._routing.take().view(*input_ids.shape, -1, self._top_k)
             for row, p in zip(rows, prompt_of_row, strict=True):
                 row.routing = [routed[p, input_ids.shape[1] - len(row.request.prompt_ids):]]
         batch = _Batch(rows[0].request.params, list(rows), cache, attention, positions[:, -1:] + 1,
@@ -478,7 +479,7 @@ class HFEngine:
         for row in batch.rows:
             row.logits_version = self.version
         if self._routing is not None:
-            routed = self._routing.take().view(rows, 1, -1, top_k(self.model))
+            routed = self._routing.take().view(rows, 1, -1, self._top_k)
             for j, row in enumerate(batch.rows):
                 if row.finish is None:  # an ended row not compacted away is fed, ignored
                     row.routing.append(routed[j])
@@ -490,6 +491,8 @@ class HFEngine:
         """[B, V] logits of the token after each row's last input. With `logits_to_keep` the model
         computes them for that position only, not for every prompt position."""
         extra = {}
+        if self._routing is not None:
+            self._routing.discard()  # what a failed forward left (its requests failed with it)
         if input_ids.shape[1] == 1 and self._segmented_attention:
             extra["row_segments"] = decode_row_segments(attention)
         if self._head is not None:
