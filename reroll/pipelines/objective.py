@@ -166,7 +166,8 @@ def build(config: AlgorithmConfig, *, group_size: int = 1, temperature: float = 
         new_kl_controller=functools.partial(kl_controller, kl),
         entropy_coef=config.entropy_coef,
         old_policy_routing=config.routing_replay == "old_policy" and needs_old,
-        router_coefs=(config.router_aux_loss_coef, config.router_z_loss_coef), distill=None if d is None else _distill_term(d),
+        router_coefs=(config.router_aux_loss_coef, config.router_z_loss_coef),
+        distill=None if d is None else _distill_term(d),
         correct=functools.partial(apply_corrections, corr) if ratio_or_tis else None,
         sets_is_weights=corr.tis is not None,
         asyppo=(functools.partial(asyppo_masks, critic.asyppo)
