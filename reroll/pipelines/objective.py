@@ -470,19 +470,12 @@ def make_rl_loss(obj: Objective, batch: TensorDict, *, kl_coef: float | None = N
             loss = loss - obj.entropy_coef * bonus
         if router_logits:
             loss = _with_router_terms(obj, model, router_logits, micro, loss, whole, metrics)
+        if record is not None:  # the share of the micro-batch's tokens whose routing was forced
+            metrics["actor/routing_replayed"] = algorithms.masked_mean(
+                (record >= 0).all(-1).all(-1).float(), micro["attention_mask"].float())
         return loss, metrics
 
     return loss_fn
-
-
-def old_routing(policy, batch: TensorDict, rows: Tensor | None) -> Tensor:
-    """pi_old's routing [B, T, layers, k] of the batch (of `rows` only, -1 elsewhere)."""
-    if rows is None:
-        return policy.routing(batch)
-    some = policy.routing(batch[rows])
-    routing = torch.full((*batch["input_ids"].shape, *some.shape[2:]), -1, dtype=some.dtype)
-    routing[rows] = some
-    return routing
 
 
 def _with_router_terms(obj: Objective, model: torch.nn.Module, router_logits: list[Tensor],

@@ -41,3 +41,5 @@ def test_grpo_with_routing_replay(moe_model, arithmetic, tmp_path, replay, steps
     for row in rows:
         assert abs(row["actor/behaviour_kl_k3"]) < 1e-3, row["actor/behaviour_kl_k3"]
         assert row["actor/router_aux_loss"] > 0 and row["actor/router_z_loss"] > 0
+        # every token but each sample's last (never fed to the engine) had its routing forced
+        assert row["actor/routing_replayed"] > 0.8, row["actor/routing_replayed"]
