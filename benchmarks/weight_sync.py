@@ -24,7 +24,15 @@ weight_sync: delta`, `reroll.engines.delta`) after one GRPO-shaped update of Smo
 them, and the time to take the diff and patch a copy against the time to serialise the whole.
 The last line then has `delta_sync_bytes_ratio` and `delta_sync_time_ratio`.
 
-    .venv/bin/python benchmarks/weight_sync.py [--device cuda] [--lora-rank 16] [--delta]
+With `--moe` it measures only routing replay (`algorithm.routing_replay`, docs/moe.md) on the tiny
+`qwen3_moe` (`reroll make-model` preset, 4 experts, top-2, 2 layers): a bf16 HF engine samples 8
+prompts x 4 responses x 24 tokens, and the float32 trainer scores them routing afresh and replaying
+the engine's routing (`reroll.routing_check`). The default run measures it too, after the sync.
+The last line then has `routing_mismatch_without` and `routing_mismatch_with_replay` (the share of
+tokens routed to other experts than the engine's in some layer) and the per-token behaviour KL of
+each.
+
+    .venv/bin/python benchmarks/weight_sync.py [--device cuda] [--lora-rank 16] [--delta] [--moe]
 """
 
 from __future__ import annotations
@@ -134,6 +142,24 @@ def delta_sync(model_dir: str, lr: float) -> dict:
             "delta_sync_time_ratio": delta_s / full_s}
 
 
+def moe_routing(seed: int = 0) -> dict:
+    """`--moe`: routing mismatch and behaviour KL with and without replay, bf16 engine."""
+    import tempfile
+
+    from reroll.models.factory import make_model
+    from reroll.models.loading import load_model
+    from reroll.routing_check import compare_routing
+
+    with tempfile.TemporaryDirectory() as folder:
+        model = load_model(str(make_model(folder, "tiny", seed=seed, architecture="qwen3_moe")))
+    generator = torch.Generator().manual_seed(seed)
+    prompts = [torch.randint(3, model.config.vocab_size, (12,), generator=generator).tolist()
+               for _ in range(8)]
+    result = compare_routing(model, prompts, torch.bfloat16, tokens=24, samples=4)
+    return {"moe_model": "tiny qwen3_moe", **{f"moe_{k}" if k.startswith("behaviour") or k in (
+        "engine_dtype", "responses", "response_tokens") else k: v for k, v in result.items()}}
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
@@ -143,8 +169,13 @@ def main() -> None:
     p.add_argument("--delta", action="store_true",
                    help="measure the delta sync after one GRPO-shaped update of SmolLM2")
     p.add_argument("--model", default="models/smollm2", help="with --delta: the model folder")
+    p.add_argument("--moe", action="store_true",
+                   help="measure only routing replay on the tiny qwen3_moe (bf16 engine)")
     args = p.parse_args()
     torch.set_num_threads(args.threads)
+    if args.moe:
+        report(moe_routing())
+        return
     if args.delta:
         report(delta_sync(args.model, lr=3e-5))
         return
@@ -165,13 +196,20 @@ def main() -> None:
         "fingerprint_s": best_seconds(lambda: fingerprint(policy.state_dict_for_sync()),
                                       args.device),
     }
-    report(result)
+    report(result | moe_routing())
 
 
 def report(result: dict) -> None:
     for key, value in result.items():
         print(f"{key:>22}: {value:.4f}" if isinstance(value, float) else f"{key:>22}: {value}")
-    print(json.dumps({k: round(v, 4) if isinstance(v, float) else v for k, v in result.items()}))
+    print(json.dumps({k: _rounded(v) for k, v in result.items()}))
+
+
+def _rounded(value):
+    """4 decimals; 3 significant digits for small figures (a KL of 4e-6 is not 0)."""
+    if not isinstance(value, float):
+        return value
+    return round(value, 4) if abs(value) >= 1e-2 or value == 0 else float(f"{value:.3g}")
 
 
 if __name__ == "__main__":

@@ -8,7 +8,8 @@ them; peers on one line may import each other, as long as no cycle forms.
     cli
     commands
     api
-    evaluation_command, evaluation_settings, evaluation, check_model, mismatch, export, pipelines
+    evaluation_command, evaluation_settings, evaluation, check_model, mismatch, routing_check, export,
+    pipelines
     rollout, workers
     distributed
     engines, training

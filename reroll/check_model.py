@@ -12,6 +12,10 @@ the attention implementation of `model.attn_implementation`):
 - logprobs_padded / logprobs_packed: the engine's behaviour logprobs of sampled responses equal
   the trainer's, on the padded path and on shared-prefix packing;
 - weight_sync: new weights change the engine's fingerprint to the trainer's, and its logprobs;
+- routing: on a mixture-of-experts model, the routing agreement (share of tokens whose top-k
+  experts are the same in every layer) between the HF engine and the trainer, in the model's dtype
+  (pass at 99% or more) and with a bf16 engine without and with routing replay (reported);
+  skipped for a dense model;
 - vllm: the same engine checks on vLLM when it is installed (skipped otherwise);
 - cpu_bf16: whether this CPU computes bf16 natively (pass: `train.bf16_autocast: true` speeds CPU
   training up) or not (skip: bf16 would be slower here, keep float32), from its flags and oneDNN.
@@ -45,6 +49,7 @@ from reroll.models.loading import (
 )
 from reroll.models.logprobs import forward_logprobs
 from reroll.models.packing import sliding_window, supports_packing
+from reroll.models.routing import is_moe
 
 TEXTS = ["Hello, world!", "  two  spaces and\ttabs\nnew line", "3 + 4 * (12 - 5) = 31",
          "naïve café — ünïcödé ✓ 日本語", "def f(x):\n    return x ** 2\n"]
@@ -84,6 +89,7 @@ class ModelChecks:
                             ("logprobs_padded", lambda: self.check_logprobs(packed=False)),
                             ("logprobs_packed", lambda: self.check_logprobs(packed=True)),
                             ("weight_sync", self.check_weight_sync),
+                            ("routing", self.check_routing),
                             ("vllm", self.check_vllm),
                             ("cpu_bf16", self.check_cpu_bf16),
                             ("image_logprobs", self.check_image_logprobs),
@@ -141,6 +147,22 @@ class ModelChecks:
                 return "fail", f"{self.implementation} logits differ from eager by {diff:.2e}"
         kept = ", ".join(features) or "no special features"
         return "pass", f"{self.implementation} keeps {kept}"
+
+    def check_routing(self) -> tuple[str, str]:
+        from reroll.routing_check import compare_routing
+
+        if not is_moe(self.model):
+            return "skip", "dense model: no experts to route"
+        pad = self.tokenizer.pad_token_id or 0
+        dtype = next(self.model.parameters()).dtype
+        same = compare_routing(self.model, self.prompts, dtype, self.tokens, 2, pad)
+        agree = 1 - same["routing_mismatch_without"]
+        detail = f"engine and trainer route {agree:.1%} of tokens alike ({same['engine_dtype']})"
+        if dtype != torch.bfloat16:
+            bf16 = compare_routing(self.model, self.prompts, torch.bfloat16, self.tokens, 2, pad)
+            detail += (f"; bf16 engine: {1 - bf16['routing_mismatch_without']:.1%} without "
+                       f"routing replay, {1 - bf16['routing_mismatch_with_replay']:.1%} with it")
+        return ("pass" if agree >= 0.99 else "fail"), detail
 
     def check_engine_greedy(self) -> tuple[str, str]:
         engine = self._hf_engine()

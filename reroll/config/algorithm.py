@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import ClassVar, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from reroll.config.base import Section, choice
 from reroll.config.on_policy_distill import OnPolicyDistillConfig
@@ -503,6 +503,26 @@ class AlgorithmConfig(Section):
     """The value model that `advantage: {name: gae}` needs; None: no critic."""
     distill: OnPolicyDistillConfig | None = None
     """On-policy distillation from a teacher model (None: none)."""
+    routing_replay: Literal["off", "rollout", "old_policy"] = "off"
+    """Mixture-of-experts models only (docs/moe.md): which routing the trainer's forwards use.
+    `off`: the trainer's router routes again; `rollout` (R3): the experts the engine routed each
+    token to, recorded at rollout (hf engine only), in pi_old's forward and every update's;
+    `old_policy`: pi_old's own routing, recorded by the trainer when it computes pi_old, in every
+    update (it changes nothing with one update and one epoch per batch, where pi_old is the
+    first update's own forward). The replayed experts' weights still come from the current
+    router, so the router keeps learning."""
+    router_aux_loss_coef: float = Field(0.0, ge=0, le=1)
+    """Mixture-of-experts models: weight of the router's load-balancing loss (Switch
+    Transformer's, as transformers computes it) in the policy loss; 0 logs it only
+    (`actor/router_aux_loss`)."""
+    router_z_loss_coef: float = Field(0.0, ge=0, le=1)
+    """Mixture-of-experts models: weight of the router z-loss (mean squared logsumexp of the
+    router logits, ST-MoE) in the policy loss; 0 logs it only (`actor/router_z_loss`)."""
+
+    @field_validator("routing_replay", mode="before")
+    @classmethod
+    def _yaml_off(cls, value):
+        return "off" if value is False else value  # YAML 1.1 reads a bare `off` as false
 
     @model_validator(mode="after")
     def _check_combinations(self) -> AlgorithmConfig:

@@ -494,6 +494,15 @@ class RLRunConfig(RunConfig):
                              "rollout.engine: hf or vllm, and keep remote endpoints for `reroll "
                              "eval`, judges and teachers")
         self.algorithm.resolve_correction(self.off_policy_reasons())
+        if self.algorithm.routing_replay == "rollout" and self.rollout.engine.type != "hf":
+            raise ValueError(f"algorithm.routing_replay: rollout replays the experts the engine "
+                             f"routed, which only the hf engine records (rollout.engine: "
+                             f"{self.rollout.engine.type} does not expose them, docs/moe.md): use "
+                             f"rollout.engine: hf, or routing_replay: off")
+        if self.algorithm.routing_replay != "off" and self.distributed.policy.num_workers > 1:
+            raise ValueError("algorithm.routing_replay replays in one policy process: set "
+                             "distributed.policy.num_workers: 1 (FSDP2 policies do not replay "
+                             "routing yet)")
         if self.model.lora is not None and self.distributed.policy.num_workers > 1:
             raise ValueError("model.lora trains in one policy process: set "
                              "distributed.policy.num_workers: 1 (FSDP2 sharding of a LoRA "

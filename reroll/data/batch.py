@@ -72,11 +72,14 @@ class Trajectory:
     all `policy_version`. Multi-turn episodes record it (an async run's episode can span
     several versions, and a resumed request's tokens differ within one turn)."""
     tag: str | None = None
+    """The prompt row's `tag` column (None without one): routes the sample to its teacher in
+    on-policy distillation (`algorithm.distill.teachers`)."""
     images: list[str] | None = None
     """The prompt's image paths, in order, for the rollout files and the run viewer (None: no
     images; the pixels the model saw are in `model_inputs`)."""
-    """The prompt row's `tag` column (None without one): routes the sample to its teacher in
-    on-policy distillation (`algorithm.distill.teachers`)."""
+    routed_experts: torch.Tensor | None = None
+    """Mixture-of-experts: the experts the engine routed each prompt and response token to,
+    [prompt + response tokens, layers, top_k] (-1: none recorded), for routing replay."""
 
     def __post_init__(self) -> None:
         if len(self.behaviour_logprobs) != len(self.response_ids):
@@ -136,6 +139,8 @@ def collate(trajectories: list[Trajectory], pad_token_id: int) -> tuple[TensorDi
         tensors.update(turn_tensors(trajectories, width))
     if any(t.model_inputs for t in trajectories):
         tensors["model_inputs"] = batched_model_inputs([t.model_inputs or {} for t in trajectories])
+    if any(t.routed_experts is not None for t in trajectories):
+        tensors["routed_experts"] = routing_tensor(trajectories, width)
     metadata = [trajectory_row(t) | {"policy_version": t.policy_version} for t in trajectories]
     return tensors, metadata
 
@@ -184,6 +189,17 @@ def model_kwargs(batch: TensorDict, device: torch.device | str | None = None
     return out
 
 
+def routing_tensor(trajectories: list[Trajectory], width: int) -> torch.Tensor:
+    """[B, width, layers, top_k] the samples' routing records, -1 past each one's end (and for a
+    sample without one)."""
+    shape = next(t.routed_experts for t in trajectories if t.routed_experts is not None).shape
+    out = torch.full((len(trajectories), width, *shape[1:]), -1, dtype=torch.int16)
+    for i, t in enumerate(trajectories):
+        if t.routed_experts is not None:
+            out[i, : t.routed_experts.shape[0]] = t.routed_experts[:width]
+    return out
+
+
 def turn_tensors(trajectories: list[Trajectory], width: int) -> dict[str, torch.Tensor]:
     """`turn_ids` [B, width], `turn_rewards` and `state_ids` [B, K] of multi-turn trajectories (a
     trajectory without turns counts as one turn holding its reward)."""
@@ -225,12 +241,15 @@ class RLBatch(TensorDict):
         "old_logprobs": "B T", "ref_logprobs": "B T", "token_kl": "B T", "is_weights": "B T",
         "values": "B T", "returns": "B T", "teacher_logprobs": "B T", "teacher_route": "B",
         "teacher_top_ids": "B T k", "teacher_top_logprobs": "B T k", "model_inputs": "B ...",
+        "routed_experts": "B T l k", "old_routed_experts": "B T l k",
     }
     """Set by the phases: pi_old, the reference's logprobs, the KL reward penalty, the truncated
     IS weights, the critics' values (and `old_values_{m}` of each) and returns, the teacher's
     logprobs (or top-k), and `model_inputs`: the prompts' model inputs beyond tokens (images'
     pixel values and the like), a nested TensorDict made by `collate` (`batched_model_inputs`),
-    which every forward of the policy, reference and teacher passes on (`model_kwargs`)."""
+    which every forward of the policy, reference and teacher passes on (`model_kwargs`);
+    `routed_experts`: a mixture-of-experts model's routing at rollout (`old_routed_experts`: the
+    trainer's at pi_old), replayed by `algorithm.routing_replay`."""
 
     @classmethod
     def derived(cls, tensors: TensorDict, group_size: int = 1) -> RLBatch:

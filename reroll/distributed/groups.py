@@ -30,6 +30,10 @@ class PolicyGroup:
     def forward_logprobs(self, batch: TensorDict, temperature: float = 1.0) -> torch.Tensor:
         return self.cluster.call("forward_logprobs", batch, temperature, dispatch=Dispatch.SPLIT)
 
+    def routing(self, batch: TensorDict) -> torch.Tensor:
+        """A mixture-of-experts policy's routing [B, L, layers, k] of the batch, now."""
+        return self.cluster.call("routing", batch, dispatch=Dispatch.SPLIT)
+
     def reference_logprobs(self, batch: TensorDict, temperature: float = 1.0) -> torch.Tensor:
         """With `model.lora`: the base model's logprobs (the adapter switched off)."""
         return self.cluster.call("reference_logprobs", batch, temperature,

@@ -22,18 +22,21 @@ from reroll.models.loading import DTYPES, load_model
 
 def build_engine(rollout, model_path: str, dtype: str = "float32", pad_token_id: int = 0,
                  seed: int = 0, attn_implementation: str = "auto", device: str = "cpu",
-                 section: str = "rollout", lora_rank: int = 0):
+                 section: str = "rollout", lora_rank: int = 0, record_routing: bool = False):
     """The engine `rollout.engine` (of a RolloutConfig) chooses, over the model at `model_path`,
     whose trained weights are in `dtype`; the engine holds them in `rollout.dtype`
     (`attn_implementation` as in `model.attn_implementation`, and `device`, for the HF engine:
     its weights, inputs and KV cache live there; vLLM places itself). `section`: the config
     section `rollout` is (`reward` for a judge's engine), as its errors name it. `lora_rank` > 0:
-    vLLM starts with its LoRA support, to take a LoRA run's adapters (`model.lora.sync`)."""
+    vLLM starts with its LoRA support, to take a LoRA run's adapters (`model.lora.sync`).
+    `record_routing`: the HF engine records each token's routed experts on a MoE model
+    (`algorithm.routing_replay: rollout`)."""
     engine_dtype = dtype if getattr(rollout, "dtype", "auto") == "auto" else rollout.dtype
     match rollout.engine:
         case HFEngineConfig():
             engine = HFEngine(load_model(model_path, dtype, attn_implementation).to(device),
-                              rollout.max_batch_size, pad_token_id, DTYPES[engine_dtype])
+                              rollout.max_batch_size, pad_token_id, DTYPES[engine_dtype],
+                              record_routing=record_routing)
         case VLLMEngineConfig() as v:
             engine = _build_vllm(v, rollout.max_batch_size, model_path, engine_dtype, seed,
                                  section, lora_rank)
@@ -63,11 +66,12 @@ def _with_serving_endpoint(engine, s: ServingEndpointConfig):
 
 def engine_factory(rollout, model_path: str, dtype: str = "float32", pad_token_id: int = 0,
                    seed: int = 0, attn_implementation: str = "auto", device: str = "cpu",
-                   lora_rank: int = 0) -> Callable:
+                   lora_rank: int = 0, record_routing: bool = False) -> Callable:
     """A picklable zero-argument builder of the configured engine, for engines that are built
     inside another process (a Ray actor): the same choice and checks as `build_engine`."""
     return functools.partial(build_engine, rollout, model_path, dtype, pad_token_id, seed,
-                             attn_implementation, device, lora_rank=lora_rank)
+                             attn_implementation, device, lora_rank=lora_rank,
+                             record_routing=record_routing)
 
 
 def _build_vllm(v: VLLMEngineConfig, max_batch_size: int, model_path: str, dtype: str, seed: int,

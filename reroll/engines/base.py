@@ -63,6 +63,10 @@ class Completion:
     first_token_s: float | None = None
     """Seconds from submission to the first sampled token (time to first token), when the engine
     measures it (the HF engine does); a serving endpoint's latency objective reads it."""
+    routed_experts: torch.Tensor | None = None
+    """[prompt + response tokens, MoE layers, top_k] the experts the engine routed each token to
+    (-1: none recorded), when it records them (`HFEngine(record_routing=True)`, for routing
+    replay); None otherwise."""
 
 
 @runtime_checkable

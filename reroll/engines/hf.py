@@ -49,6 +49,7 @@ from reroll.models.attention import GQA_SDPA, decode_row_segments, share_kv_head
 from reroll.models.lm_head import OutputHead
 from reroll.models.logprobs import load_weights, placeholder_ids, without_placeholders
 from reroll.models.lora import AdapterError, HeldBase
+from reroll.models.routing import NO_RECORD, Recorder, is_moe, top_k
 
 if TYPE_CHECKING:
     from transformers import DynamicCache
@@ -71,6 +72,9 @@ class _Row:
     finish: str | None = None
     submitted_at: float = field(default_factory=time.perf_counter)
     first_token_s: float | None = None
+    routing: list[torch.Tensor] = field(default_factory=list)
+    """With `record_routing`: the experts routed for each token the model has seen of this row,
+    in chunks of [tokens, layers, top_k] (the prompt, then one per fed token)."""
 
 
 @dataclass
@@ -96,10 +100,14 @@ class HFEngine:
     """Engine over a transformers causal LM that it owns (its weights arrive via `load_weights`)."""
 
     def __init__(self, model: torch.nn.Module, max_batch_size: int = 256, pad_token_id: int = 0,
-                 dtype: torch.dtype | None = None):
+                 dtype: torch.dtype | None = None, record_routing: bool = False):
         """`dtype`: hold the weights in this dtype (None: as `model` has them). Weights loaded
         later are cast to it; `weights_fingerprint` is then of the weights as received (before
-        the cast), so it still matches the trainer's, as vLLM's does."""
+        the cast), so it still matches the trainer's, as vLLM's does.
+
+        `record_routing`: on a mixture-of-experts model, each completion carries the experts its
+        tokens were routed to (`Completion.routed_experts`, for routing replay); ignored on a
+        dense model."""
         self.model = model.eval()
         self.model.requires_grad_(False)
         self._received_fingerprint: str | None = None
@@ -132,6 +140,8 @@ class HFEngine:
         share_kv_heads_in_sdpa(model)
         self._segmented_attention = (
             getattr(getattr(model, "config", None), "_attn_implementation", None) == GQA_SDPA)
+        self._routing = Recorder(model) if record_routing and is_moe(model) else None
+        self._top_k = top_k(model)
 
     # -- Engine protocol -------------------------------------------------------------------------
 
@@ -385,7 +395,7 @@ class HFEngine:
         mixed = len(set(row.versions)) > 1
         return Completion(row.request.request_id, row.request.prompt_ids, row.tokens, row.logprobs,
                           row.finish or "length", self.version, row.versions if mixed else None,
-                          row.first_token_s)
+                          row.first_token_s, routed_record(row, self._routing))
 
     # -- decoding --------------------------------------------------------------------------------
 
@@ -429,6 +439,10 @@ class HFEngine:
                                                   device))
         for row in rows:
             row.logits_version = self.version
+        if self._routing is not None:
+            routed = self._routing.take().view(*input_ids.shape, -1, self._top_k)
+            for row, p in zip(rows, prompt_of_row, strict=True):
+                row.routing = [routed[p, input_ids.shape[1] - len(row.request.prompt_ids):]]
         batch = _Batch(rows[0].request.params, list(rows), cache, attention, positions[:, -1:] + 1,
                        logits)
         if len(distinct) < len(rows):
@@ -470,6 +484,11 @@ class HFEngine:
                                          batch.cache)
         for row in batch.rows:
             row.logits_version = self.version
+        if self._routing is not None:
+            routed = self._routing.take().view(rows, 1, -1, self._top_k)
+            for j, row in enumerate(batch.rows):
+                if row.finish is None:  # an ended row not compacted away is fed, ignored
+                    row.routing.append(routed[j])
         batch.next_position = batch.next_position + 1
         return finished
 
@@ -480,6 +499,8 @@ class HFEngine:
         computes them for that position only, not for every prompt position. `model_inputs`: the
         prompts' inputs beyond tokens at prefill (decoding steps read them from the cache)."""
         extra = dict(model_inputs or {})
+        if self._routing is not None:
+            self._routing.discard()  # what a failed forward left (its requests failed with it)
         if input_ids.shape[1] == 1 and self._segmented_attention:
             extra["row_segments"] = decode_row_segments(attention)
         if self._head is not None:
@@ -504,6 +525,16 @@ def _prompt_inputs(requests: list[Request], device: torch.device) -> dict[str, t
     names = sorted({name for r in requests for name in r.model_inputs})
     return {name: torch.cat([r.model_inputs[name] for r in requests if name in r.model_inputs]
                             ).to(device) for name in names}
+
+
+def routed_record(row: _Row, recorder: Recorder | None) -> torch.Tensor | None:
+    """[prompt + response tokens, layers, top_k] of the row: what the engine routed for each
+    token it fed; the last token was sampled and never fed (-1, no record)."""
+    if recorder is None or not row.routing:
+        return None
+    seen = torch.cat(row.routing)
+    missing = len(row.request.prompt_ids) + len(row.tokens) - seen.shape[0]
+    return torch.cat([seen, seen.new_full((missing, *seen.shape[1:]), NO_RECORD)])
 
 
 def _left_padded(prompts: list[tuple[int, ...]], pad_token_id: int, device: torch.device

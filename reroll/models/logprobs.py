@@ -23,6 +23,7 @@ from reroll.models.packing import (
     packed_masks,
     supports_packing,
 )
+from reroll.models.routing import replay_on, replaying
 
 
 def token_logprobs_from_logits(logits: torch.Tensor, input_ids: torch.Tensor) -> torch.Tensor:
@@ -97,7 +98,7 @@ def forward_logprobs(model: torch.nn.Module, input_ids: torch.Tensor, attention_
     scores = functools.partial(_chunked_scores, model, head, sharded_head,
                                shape=input_ids.shape, temperature=temperature,
                                with_entropy=with_entropy, entropy_grad=entropy_grad)
-    if response_mask is not None and supports_packing(model):
+    if response_mask is not None and supports_packing(model) and not replay_on(model):
         packed = pack_shared_prefixes(input_ids, attention_mask, response_mask,
                                       getattr(model.config, "hidden_size", 0))
         if packed is not None and head is None and sharded_head is None:
@@ -250,18 +251,23 @@ def trimmed_micro_batches(attention_mask: torch.Tensor, micro_batch_size: int
 def batched_logprobs(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                      micro_batch_size: int, temperature: float = 1.0,
                      response_mask: torch.Tensor | None = None,
-                     model_inputs: TensorDict | None = None) -> torch.Tensor:
+                     model_inputs: TensorDict | None = None,
+                     routed_experts: torch.Tensor | None = None) -> torch.Tensor:
     """`forward_logprobs` without gradients over micro-batches of a large batch -> [B, L]
     (with `response_mask`: from each row's first response token on, see `forward_logprobs`;
-    `model_inputs`: the batch's field of that name, each micro-batch's rows passed on)."""
+    `model_inputs`: the batch's field of that name, each micro-batch's rows passed on; with
+    `routed_experts` [B, L, layers, k]: that routing replayed, `reroll.models.routing`)."""
     out = torch.zeros(input_ids.shape, dtype=torch.float32)
     device = next(model.parameters()).device  # inputs go to the model, results come back
     for rows, width in trimmed_micro_batches(attention_mask, micro_batch_size):
         response = None if response_mask is None else response_mask[rows, :width].to(device)
         extra = {} if model_inputs is None else model_kwargs(
             TensorDict({"model_inputs": model_inputs[rows]}, batch_size=[]), device)
-        logprobs, _ = forward_logprobs(model, input_ids[rows, :width].to(device),
-                                       attention_mask[rows, :width].to(device), temperature,
-                                       response_mask=response, model_inputs=extra)
+        replay = contextlib.nullcontext() if routed_experts is None \
+            else replaying(model, routed_experts[rows, :width])
+        with replay:
+            logprobs, _ = forward_logprobs(model, input_ids[rows, :width].to(device),
+                                           attention_mask[rows, :width].to(device), temperature,
+                                           response_mask=response, model_inputs=extra)
         out[rows, :width] = logprobs.to(out.device)
     return out

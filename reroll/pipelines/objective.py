@@ -32,6 +32,7 @@ from reroll.algorithms import distillation
 from reroll.config.algorithm import AlgorithmConfig, AsyPPOConfig, CorrectionConfig, KLConfig
 from reroll.data.batch import model_kwargs
 from reroll.models.logprobs import forward_logprobs
+from reroll.models.routing import routed_forward, router_terms
 from reroll.models.top_k import logprobs_at
 from reroll.pipelines import plugins
 from reroll.pipelines.advantages import ESTIMATORS, distill_advantages
@@ -102,6 +103,11 @@ class Objective:
     kl: KLTerm
     new_kl_controller: Callable[[], algorithms.FixedKLController | algorithms.AdaptiveKLController]
     entropy_coef: float
+    old_policy_routing: bool
+    """`routing_replay: old_policy` with pi_old computed: its routing is recorded and replayed."""
+    router_coefs: tuple[float, float]
+    """Mixture-of-experts: the weights of the router's load-balancing loss and z-loss in the
+    policy loss (both are logged whatever they are)."""
     distill: DistillTerm | None
     correct: Callable[[TensorDict, Tensor | None], dict[str, float]] | None
     """Off-policy corrections (ratio masks, TIS) of a batch with `old_logprobs`; None: off."""
@@ -161,7 +167,10 @@ def build(config: AlgorithmConfig, *, group_size: int = 1, temperature: float = 
         policy_loss=policy_loss, loss_agg=config.loss_agg, counts_chunks=loss.name == "ipa_chunk",
         kl=KLTerm(kl.coef, kl.estimator, kl.in_loss, kl.in_reward),
         new_kl_controller=functools.partial(kl_controller, kl),
-        entropy_coef=config.entropy_coef, distill=None if d is None else _distill_term(d),
+        entropy_coef=config.entropy_coef,
+        old_policy_routing=config.routing_replay == "old_policy" and needs_old,
+        router_coefs=(config.router_aux_loss_coef, config.router_z_loss_coef),
+        distill=None if d is None else _distill_term(d),
         correct=functools.partial(apply_corrections, corr) if ratio_or_tis else None,
         sets_is_weights=corr.tis is not None,
         asyppo=(functools.partial(asyppo_masks, critic.asyppo)
@@ -293,16 +302,20 @@ def make_rl_loss(obj: Objective, batch: TensorDict, *, kl_coef: float | None = N
         extra = model_kwargs(micro, micro["input_ids"].device)  # images' pixel values...
         if dense is not None and extra:  # never drop them silently
             raise NotImplementedError("dense distillation does not take image prompts yet")
-        if dense is not None:  # the student at the teacher's top-k ids and the sampled token
-            ids = torch.cat([micro["teacher_top_ids"], micro["input_ids"][..., None]], -1)
-            student, entropy = logprobs_at(model, micro["input_ids"], micro["attention_mask"],
-                                           response, ids, obj.temperature)
-            logprobs = student[..., -1]
-        else:
-            logprobs, entropy = forward_logprobs(
-                model, micro["input_ids"], micro["attention_mask"], obj.temperature,
-                with_entropy=True, response_mask=response, entropy_grad=obj.entropy_coef > 0,
-                model_inputs=extra)
+        # routing replay (algorithm.routing_replay): the batch carries the routing to force
+        record = micro.get("routed_experts", micro.get("old_routed_experts"))
+        with routed_forward(model, record) as router_logits:
+            if dense is not None:  # the student at the teacher's top-k ids and the sampled token
+                ids = torch.cat([micro["teacher_top_ids"], micro["input_ids"][..., None]], -1)
+                student, entropy = logprobs_at(model, micro["input_ids"],
+                                               micro["attention_mask"], response, ids,
+                                               obj.temperature)
+                logprobs = student[..., -1]
+            else:
+                logprobs, entropy = forward_logprobs(
+                    model, micro["input_ids"], micro["attention_mask"], obj.temperature,
+                    with_entropy=True, response_mask=response,
+                    entropy_grad=obj.entropy_coef > 0, model_inputs=extra)
         old = pi_old(obj, micro, logprobs)
         # Train/inference mismatch: how far the engine's sampling distribution is from the policy.
         metrics = {"actor/behaviour_kl_k3": algorithms.masked_mean(
@@ -334,9 +347,26 @@ def make_rl_loss(obj: Objective, batch: TensorDict, *, kl_coef: float | None = N
         if obj.entropy_coef > 0:
             bonus = algorithms.aggregate_loss(entropy, micro["entropy_mask"], **tokens)
             loss = loss - obj.entropy_coef * bonus
+        if router_logits:
+            loss = _with_router_terms(obj, model, router_logits, micro, loss, whole, metrics)
+        if record is not None:  # the share of the micro-batch's tokens whose routing was forced
+            metrics["actor/routing_replayed"] = algorithms.masked_mean(
+                (record >= 0).all(-1).all(-1).float(), micro["attention_mask"].float())
         return loss, metrics
 
     return loss_fn
+
+
+def _with_router_terms(obj: Objective, model: torch.nn.Module, router_logits: list[Tensor],
+                       micro: TensorDict, loss: Tensor, whole: int, metrics: dict) -> Tensor:
+    """Log the router's auxiliary and z-losses; add them at `obj.router_coefs`, each a mean over
+    the micro-batch's tokens, weighted by its share of the batch (the micro-batch losses sum)."""
+    aux, z = router_terms(model, router_logits, micro["attention_mask"])
+    metrics["actor/router_aux_loss"], metrics["actor/router_z_loss"] = aux.detach(), z.detach()
+    aux_coef, z_coef = obj.router_coefs
+    if aux_coef > 0 or z_coef > 0:
+        loss = loss + (aux_coef * aux + z_coef * z) * (micro.batch_size[0] / whole)
+    return loss
 
 
 def _dense_divergence(name: str, divergence: Callable, student: Tensor, micro: TensorDict,

@@ -365,6 +365,9 @@ def compute_logprobs_and_values(batch: RLBatch, learner: Learner, rows: torch.Te
         else:
             batch["old_logprobs"] = batch["behaviour_logprobs"].clone()
             batch["old_logprobs"][rows] = policy.forward_logprobs(batch[rows], obj.temperature)
+        if obj.old_policy_routing:  # routing_replay: old_policy, replayed in every update
+            # the whole batch: samples without gradient may still fill a mini-batch
+            batch["old_routed_experts"] = policy.routing(batch)
     if obj.kl.in_reward and reference is not None:
         batch["token_kl"] = objective.reward_kl(obj.kl, batch["old_logprobs"],
                                                 batch["ref_logprobs"], batch["response_mask"])

@@ -127,7 +127,8 @@ def rollout_engine_factory(c: RLConfig, pad_token_id: int, plan: Plan):
         if hasattr(c.rollout, "dtype") else c.rollout
     return engine_factory(rollout, c.model.path, c.model.dtype, pad_token_id, c.seed,
                           c.model.attn_implementation, plan["rollout"].device,
-                          lora_rank=adapter_rank(c))
+                          lora_rank=adapter_rank(c),
+                          record_routing=c.algorithm.routing_replay == "rollout")
 
 
 def adapter_rank(c: RLConfig) -> int:

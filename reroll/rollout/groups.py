@@ -10,6 +10,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import StrEnum
 
+import torch
+
 from reroll.data.batch import Trajectory
 from reroll.data.datasets import PromptRow
 from reroll.data.images import image_parts
@@ -46,6 +48,9 @@ class Sample:
     history: list[State] = field(default_factory=lambda: [State.QUEUED])
     dropped: bool = False
     """A spare speculative sample that is no longer needed: it is aborted, never resumed."""
+    routed_experts: torch.Tensor | None = None
+    """The engine's routing record of prompt and response (`Completion.routed_experts`): the
+    latest piece's, whose prompt holds the earlier pieces."""
 
     def move(self, state: State) -> None:
         self.state = state
@@ -57,6 +62,7 @@ class Sample:
         self.token_versions += (completion.token_versions
                                 or [completion.policy_version] * len(completion.token_ids))
         self.finish_reason = completion.finish_reason
+        self.routed_experts = completion.routed_experts
 
     @property
     def oldest_version(self) -> int | None:
@@ -96,7 +102,8 @@ class Group:
             response_text=s.response_text, answer=self.row.answer, reward=s.reward,
             reward_info=s.reward_info, policy_version=self.version if version is None else version,
             tag=self.row.tag, model_inputs=self.model_inputs or None,
-            images=[part["image"] for part in image_parts(self.row.messages)] or None)
+            images=[part["image"] for part in image_parts(self.row.messages)] or None,
+            routed_experts=s.routed_experts)
             for s in self.samples]
 
     def mark(self, state: State) -> int:

@@ -61,7 +61,7 @@ def load_batch(path: Path) -> list[Trajectory]:
     if data.get("format") != FORMAT:
         raise ConfigError(f"{path}: batch format {data.get('format')!r}, this reroll reads {FORMAT}")
     known = {f.name for f in fields(Trajectory)}
-    return [Trajectory(**{k: v.tolist() if isinstance(v, torch.Tensor) else v
+    return [Trajectory(**{k: v.tolist() if k in TOKEN_FIELDS and isinstance(v, torch.Tensor) else v
                           for k, v in row.items() if k in known})
             for row in data["trajectories"]]
 

@@ -26,6 +26,7 @@ from reroll.data.batch import split_micro_batches
 from reroll.models.files import share_like_siblings
 from reroll.models.logprobs import batched_logprobs, load_weights
 from reroll.models.lora import LoRAAdapter, is_adapter_dir
+from reroll.models.routing import batched_routing
 from reroll.training.memory import limit_heap_fragmentation
 
 LossFn = Callable[[torch.nn.Module, TensorDict],
@@ -186,7 +187,15 @@ class LocalStrategy:
         with self.autocast():
             return batched_logprobs(self.model, batch["input_ids"], batch["attention_mask"],
                                     self.train_config.micro_batch_size, temperature,
-                                    batch["response_mask"], batch.get("model_inputs"))
+                                    batch["response_mask"], batch.get("model_inputs"),
+                                    batch.get("routed_experts"))
+
+    def routing(self, batch: TensorDict) -> torch.Tensor:
+        """A mixture-of-experts policy's routing [B, L, layers, k] of the batch under the current
+        weights (pi_old's, for `algorithm.routing_replay: old_policy`)."""
+        with self.autocast():
+            return batched_routing(self.model, batch["input_ids"], batch["attention_mask"],
+                                   self.train_config.micro_batch_size)
 
     def reference_logprobs(self, batch: TensorDict, temperature: float = 1.0) -> torch.Tensor:
         """With `model.lora`: logprobs [B, L] of the base model, the adapter switched off (the

@@ -48,6 +48,10 @@ class PolicyWorker:
     def forward_logprobs(self, shard: TensorDict, temperature: float = 1.0) -> torch.Tensor:
         return self.strategy.forward_logprobs(shard, temperature)
 
+    def routing(self, shard: TensorDict) -> torch.Tensor:
+        """A mixture-of-experts policy's routing of the shard (`LocalStrategy.routing`)."""
+        return self.strategy.routing(shard)
+
     def reference_logprobs(self, shard: TensorDict, temperature: float = 1.0) -> torch.Tensor:
         """With `model.lora`: the base model's logprobs (the adapter switched off)."""
         return self.strategy.reference_logprobs(shard, temperature)

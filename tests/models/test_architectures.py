@@ -32,6 +32,8 @@ def test_check_model_passes(models, architecture):
     # every engine check ran (none skipped): packing is on for every one of these
     for name in ("engine_greedy", "logprobs_padded", "logprobs_packed", "weight_sync"):
         assert statuses[name] == "pass", (name, summary["checks"])
+    # the routing agreement is checked on the MoE model, skipped on dense ones
+    assert statuses["routing"] == ("pass" if architecture == "qwen3_moe" else "skip")
     # the CPU's bf16 is reported, never failed: pass where native, skip (keep float32) where not
     fast, detail = cpu_bf16()
     bf16 = next(c for c in summary["checks"] if c["name"] == "cpu_bf16")
