@@ -63,8 +63,10 @@ def watch(run_dir: str, out: str | None, limit: int, every: float):
 
     try:
         while True:
-            if Path(run_dir).is_dir() and not (Path(run_dir) / "metrics.jsonl").exists():
-                print(f"{run_dir}: no metrics.jsonl yet (the run is starting); waiting",
+            metrics = Path(run_dir) / "metrics.jsonl"
+            # a run starting has no metrics file yet, or an empty one (created before its row)
+            if Path(run_dir).is_dir() and (not metrics.exists() or not metrics.read_text().strip()):
+                print(f"{run_dir}: no steps in metrics.jsonl yet (the run is starting); waiting",
                       flush=True)
                 time.sleep(every)
                 continue

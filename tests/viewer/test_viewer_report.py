@@ -266,6 +266,30 @@ def test_watch_rewrites_the_report_while_the_run_grows_until_it_finishes(tmp_pat
     assert "rewritten every 0.05 s until the run finishes" in out and "live" in out
 
 
+def test_watch_waits_while_the_metrics_file_is_still_empty(tmp_path, capsys):
+    """A run creates metrics.jsonl before it writes its first row: `--watch` read the empty file
+    as a broken run ("holds no steps yet") and stopped, where it should wait for the row."""
+    import threading
+    import time
+
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.yaml").write_text("pipeline: rlvr\nname: live\nsteps: 1\nmodel: {path: m}\n")
+    (run / "metrics.jsonl").write_text("")
+
+    def play():
+        time.sleep(0.3)
+        (run / "metrics.jsonl").write_text(json.dumps({"step": 1, "train/reward_mean": 0.5}) + "\n")
+        (run / "summary.json").write_text(json.dumps({"steps": 1}))
+
+    writer = threading.Thread(target=play)
+    writer.start()
+    cmd_view(cli(["view", str(run), "--watch", "0.05"]))
+    writer.join()
+    assert shown_steps(run / "report.html")[0] == 1
+    assert "no steps in metrics.jsonl yet" in capsys.readouterr().out
+
+
 def test_watch_needs_one_run_and_a_positive_interval(tmp_path, run_dir):
     for argv in (["view", str(run_dir), "--watch", "0"],
                  ["view", str(run_dir), str(run_dir), "--watch", "5"]):
