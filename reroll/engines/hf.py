@@ -31,7 +31,6 @@ import inspect
 import itertools
 import time
 from collections.abc import Iterable
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import torch
@@ -45,6 +44,15 @@ from reroll.engines.base import (
     SamplingParams,
     fingerprint,
 )
+from reroll.engines.running_batch import (
+    Batch,
+    Row,
+    crop_padding,
+    gather_rows,
+    left_padded,
+    merge_batches,
+    row_apart,
+)
 from reroll.models.attention import GQA_SDPA, decode_row_segments, share_kv_heads_in_sdpa
 from reroll.models.lm_head import OutputHead
 from reroll.models.logprobs import load_weights, placeholder_ids, without_placeholders
@@ -53,47 +61,6 @@ from reroll.models.routing import NO_RECORD, Recorder, is_moe, top_k
 
 if TYPE_CHECKING:
     from transformers import DynamicCache
-
-
-@dataclass
-class _Row:
-    """One request, from submission to completion."""
-
-    request: Request
-    generator: torch.Generator | None = None
-    future: asyncio.Future | None = None
-    """None in the synchronous path (`generate_batch`)."""
-    tokens: list[int] = field(default_factory=list)
-    logprobs: list[float] = field(default_factory=list)
-    versions: list[int] = field(default_factory=list)
-    """The weights version of each token's logits (in-flight updates change it mid-request)."""
-    logits_version: int = 0
-    """The version that computed the row's next-token logits, waiting to be sampled."""
-    finish: str | None = None
-    submitted_at: float = field(default_factory=time.perf_counter)
-    first_token_s: float | None = None
-    routing: list[torch.Tensor] = field(default_factory=list)
-    """With `record_routing`: the experts routed for each token the model has seen of this row,
-    in chunks of [tokens, layers, top_k] (the prompt, then one per fed token)."""
-
-
-@dataclass
-class _Batch:
-    """Rows decoding together over one KV cache.
-
-    The cache is left-padded: row i's real columns are where `attention[i]` is 1, always a suffix
-    (every row appends one column per step). `DynamicCache()` built without a config holds one
-    `DynamicLayer` per model layer, whose `keys`/`values` are [B, heads, L, head_dim]."""
-
-    params: SamplingParams
-    rows: list[_Row]
-    cache: DynamicCache
-    attention: torch.Tensor
-    """[B, L] 1 on a row's real cache columns, 0 on padding."""
-    next_position: torch.Tensor
-    """[B, 1] the position id of each row's next token."""
-    logits: torch.Tensor
-    """[B, V] each row's next-token logits, ready to sample."""
 
 
 class HFEngine:
@@ -122,12 +89,12 @@ class HFEngine:
         self.max_batch_size = max_batch_size
         self.pad_token_id = pad_token_id
         self.version = 0
-        self._pending: list[_Row] = []
-        self._running: _Batch | None = None
+        self._pending: list[Row] = []
+        self._running: Batch | None = None
         self._aborted: set[str] = set()
         self._paused: set[str] = set()
         """Requests to hold (`pause`), until `resume`."""
-        self._parked: dict[str, _Batch] = {}
+        self._parked: dict[str, Batch] = {}
         """Paused rows set aside, each in a one-row batch with its KV cache and logits."""
         self._wakeup: tuple[asyncio.AbstractEventLoop, asyncio.Event] | None = None
         self._worker: asyncio.Task | None = None
@@ -147,7 +114,7 @@ class HFEngine:
 
     async def generate(self, request: Request) -> Completion:
         future = asyncio.get_running_loop().create_future()
-        self._pending.append(_Row(request, _generator(request), future))
+        self._pending.append(Row(request, _generator(request), future))
         self.meter.started()
         if self._worker is None or self._worker.done():
             self._worker = asyncio.create_task(self._serve())
@@ -320,14 +287,14 @@ class HFEngine:
         if not leaving:
             return
         for j in leaving:
-            self._parked[batch.rows[j].request.request_id] = _row_apart(batch, j)
+            self._parked[batch.rows[j].request.request_id] = row_apart(batch, j)
         keep = [j for j, row in enumerate(batch.rows) if row.finish is None and j not in leaving]
         if not keep:
             self._running = None
             return
         batch.rows = [batch.rows[j] for j in keep]
-        _gather_rows(batch, torch.tensor(keep, dtype=torch.long, device=batch.logits.device))
-        _crop_padding(batch)
+        gather_rows(batch, torch.tensor(keep, dtype=torch.long, device=batch.logits.device))
+        crop_padding(batch)
 
     def _unpark(self) -> None:
         """Merge the resumed rows back into the running batch (or start one with them) while
@@ -338,9 +305,9 @@ class HFEngine:
                 self._running = self._parked.pop(request_id)
             elif _batch_key(running.params) == _batch_key(parked.params) \
                     and len(running.rows) < self.max_batch_size:
-                self._running = _merge(running, self._parked.pop(request_id))
+                self._running = merge_batches(running, self._parked.pop(request_id))
 
-    def _take_newcomers(self) -> list[_Row]:
+    def _take_newcomers(self) -> list[Row]:
         """The pending requests that join the running batch now (or start one): those with its
         sampling key, up to `max_batch_size` rows in all, the oldest always among them.
 
@@ -366,7 +333,7 @@ class HFEngine:
         self._pending = [row for row in self._pending if id(row) not in taken]
         return chosen
 
-    def _admit(self, newcomers: list[_Row]) -> None:
+    def _admit(self, newcomers: list[Row]) -> None:
         """Prefill the newcomers alone, then merge them into the running batch."""
         if not newcomers:
             return
@@ -375,20 +342,20 @@ class HFEngine:
         except Exception as e:  # noqa: BLE001 - a prompt the model rejects fails its own requests
             self._fail(newcomers, e)
             return
-        self._running = joining if self._running is None else _merge(self._running, joining)
+        self._running = joining if self._running is None else merge_batches(self._running, joining)
 
-    def _resolve(self, row: _Row) -> None:
+    def _resolve(self, row: Row) -> None:
         completion = self._completion(row)
         if not row.future.done():
             row.future.set_result(completion)
 
-    def _fail(self, rows: list[_Row], error: Exception) -> None:
+    def _fail(self, rows: list[Row], error: Exception) -> None:
         for row in rows:
             self._aborted.discard(row.request.request_id)
             if not row.future.done():
                 row.future.set_exception(error)
 
-    def _completion(self, row: _Row) -> Completion:
+    def _completion(self, row: Row) -> Completion:
         """The row's result; its abort mark, if any, is used up."""
         self._aborted.discard(row.request.request_id)
         self.generated_tokens += len(row.tokens)
@@ -405,7 +372,7 @@ class HFEngine:
         loop, so nothing joins on the way."""
         if len({_batch_key(r.params) for r in requests}) > 1:
             raise ValueError("generate_batch needs requests with one temperature, top_p and top_k")
-        rows = [_Row(r, _generator(r)) for r in requests]
+        rows = [Row(r, _generator(r)) for r in requests]
         for row in rows:
             if row.request.request_id in self._aborted:
                 row.finish = "abort"
@@ -416,7 +383,7 @@ class HFEngine:
                 self._step(batch)
         return [self._completion(row) for row in rows]
 
-    def _prefill(self, rows: list[_Row]) -> _Batch:
+    def _prefill(self, rows: list[Row]) -> Batch:
         """A new batch of `rows`, their prompts run through the model (left-padded) in a new cache.
 
         A prompt shared by several rows (a GRPO group) is computed once; its KV, logits and
@@ -430,7 +397,7 @@ class HFEngine:
                          for row, key in zip(rows, inputs, strict=True)]
         firsts = {index: row.request for row, index in zip(rows, prompt_of_row, strict=True)}
         device = next(self.model.parameters()).device
-        input_ids, attention = _left_padded([ids for ids, _ in distinct], self.pad_token_id,
+        input_ids, attention = left_padded([ids for ids, _ in distinct], self.pad_token_id,
                                             device)
         positions = (attention.cumsum(-1) - 1).clamp(min=0)
         cache = growing_cache()
@@ -443,13 +410,13 @@ class HFEngine:
             routed = self._routing.take().view(*input_ids.shape, -1, self._top_k)
             for row, p in zip(rows, prompt_of_row, strict=True):
                 row.routing = [routed[p, input_ids.shape[1] - len(row.request.prompt_ids):]]
-        batch = _Batch(rows[0].request.params, list(rows), cache, attention, positions[:, -1:] + 1,
+        batch = Batch(rows[0].request.params, list(rows), cache, attention, positions[:, -1:] + 1,
                        logits)
         if len(distinct) < len(rows):
-            _gather_rows(batch, torch.tensor(prompt_of_row, dtype=torch.long, device=device))
+            gather_rows(batch, torch.tensor(prompt_of_row, dtype=torch.long, device=device))
         return batch
 
-    def _step(self, batch: _Batch) -> list[_Row]:
+    def _step(self, batch: Batch) -> list[Row]:
         """Sample each row's next token; rows that end leave the batch and are returned, the
         others' tokens go through the model so that their next logits are ready."""
         tokens, logprobs = _sample(batch.logits.float(), batch.params,
@@ -475,9 +442,9 @@ class HFEngine:
         if len(keep) <= 3 * len(batch.rows) // 4:
             index = torch.tensor(keep, dtype=torch.long, device=tokens.device)
             batch.rows = [batch.rows[j] for j in keep]
-            _gather_rows(batch, index)
+            gather_rows(batch, index)
             tokens = tokens[index]
-            _crop_padding(batch)
+            crop_padding(batch)
         rows = len(batch.rows)
         batch.attention = torch.cat([batch.attention, batch.attention.new_ones((rows, 1))], -1)
         batch.logits = self._next_logits(tokens[:, None], batch.attention, batch.next_position,
@@ -527,7 +494,7 @@ def _prompt_inputs(requests: list[Request], device: torch.device) -> dict[str, t
                             ).to(device) for name in names}
 
 
-def routed_record(row: _Row, recorder: Recorder | None) -> torch.Tensor | None:
+def routed_record(row: Row, recorder: Recorder | None) -> torch.Tensor | None:
     """[prompt + response tokens, layers, top_k] of the row: what the engine routed for each
     token it fed; the last token was sampled and never fed (-1, no record)."""
     if recorder is None or not row.routing:
@@ -537,83 +504,11 @@ def routed_record(row: _Row, recorder: Recorder | None) -> torch.Tensor | None:
     return torch.cat([seen, seen.new_full((missing, *seen.shape[1:]), NO_RECORD)])
 
 
-def _left_padded(prompts: list[tuple[int, ...]], pad_token_id: int, device: torch.device
-                 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(input_ids, attention) [N, longest prompt], prompts aligned to the right."""
-    width = max(len(p) for p in prompts)
-    input_ids = torch.full((len(prompts), width), pad_token_id, dtype=torch.long)
-    attention = torch.zeros((len(prompts), width), dtype=torch.long)
-    for j, p in enumerate(prompts):
-        input_ids[j, width - len(p):] = torch.tensor(p, dtype=torch.long)
-        attention[j, width - len(p):] = 1
-    return input_ids.to(device), attention.to(device)
-
-
-def _gather_rows(batch: _Batch, index: torch.Tensor) -> None:
-    """Row i of the batch's tensors becomes its row `index[i]`: drops rows, or repeats one (a
-    shared prompt's KV). The caller keeps `batch.rows` in step."""
-    batch.cache.batch_select_indices(index)
-    batch.attention = batch.attention[index]
-    batch.next_position = batch.next_position[index]
-    batch.logits = batch.logits[index]
-
-
-def _row_apart(batch: _Batch, j: int) -> _Batch:
-    """Row `j` of the batch in a one-row batch of its own: copies of its real KV columns (a
-    suffix), attention, next position and logits."""
-    from reroll.engines.kv_cache import growing_cache
-
-    real = int(batch.attention[j].sum())
-    cache = growing_cache()
-    for i, layer in enumerate(batch.cache.layers):
-        cache.update(layer.keys[j:j + 1, :, -real:].clone(),
-                     layer.values[j:j + 1, :, -real:].clone(), i)
-    return _Batch(batch.params, [batch.rows[j]], cache, batch.attention[j:j + 1, -real:].clone(),
-                  batch.next_position[j:j + 1].clone(), batch.logits[j:j + 1].clone())
-
-
-def _crop_padding(batch: _Batch) -> None:
-    """Drop the leading cache columns that are padding for every row. The rows that needed them
-    have left; a long-running batch would otherwise keep them (and attend over them) forever."""
-    first_real = int(batch.attention.argmax(-1).min())  # argmax: the first 1 of each row
-    if first_real == 0:
-        return
-    for layer in batch.cache.layers:
-        layer.keys = layer.keys[:, :, first_real:]
-        layer.values = layer.values[:, :, first_real:]
-    batch.attention = batch.attention[:, first_real:]
-
-
-def _merge(running: _Batch, joining: _Batch) -> _Batch:
-    """The running batch with the joining rows added after its own. The shorter cache is
-    left-padded (zero K/V, attention 0) to the longer one's length; positions are per row, so
-    the padding shifts nothing."""
-    width = max(running.attention.shape[1], joining.attention.shape[1])
-    for mine, theirs in zip(running.cache.layers, joining.cache.layers, strict=True):
-        mine.stack(theirs, width)
-    running.attention = torch.cat([_pad_left(running.attention, width, 1),
-                                   _pad_left(joining.attention, width, 1)])
-    running.next_position = torch.cat([running.next_position, joining.next_position])
-    running.logits = torch.cat([running.logits, joining.logits])
-    running.rows = running.rows + joining.rows
-    return running
-
-
-def _pad_left(tensor: torch.Tensor, width: int, dim: int) -> torch.Tensor:
-    """`tensor` with zeros prepended along `dim` up to `width`."""
-    missing = width - tensor.shape[dim]
-    if missing == 0:
-        return tensor
-    shape = list(tensor.shape)
-    shape[dim] = missing
-    return torch.cat([tensor.new_zeros(shape), tensor], dim=dim)
-
-
 def _batch_key(params: SamplingParams) -> tuple:
     return (params.temperature, params.top_p, params.top_k)
 
 
-def _similar_lengths(candidates: list[_Row], anchor: int, size: int) -> list[_Row]:
+def _similar_lengths(candidates: list[Row], anchor: int, size: int) -> list[Row]:
     """Up to `size` requests whose prompt lengths are closest to the oldest request's (`anchor`),
     which is always included: less left padding, and no request waits forever."""
     if len(candidates) <= size:
@@ -629,7 +524,7 @@ def _generator(request: Request) -> torch.Generator | None:
     return generator
 
 
-def _finish_reason(row: _Row, aborted: set[str]) -> str | None:
+def _finish_reason(row: Row, aborted: set[str]) -> str | None:
     params = row.request.params
     if row.tokens[-1] in params.stop_token_ids:
         return "stop"

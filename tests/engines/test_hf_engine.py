@@ -115,9 +115,10 @@ def test_stats_count_queue_and_speed_and_sleep_wake_keep_outputs(tiny_model, tok
 
 
 def test_batches_group_similar_prompt_lengths_and_keep_the_oldest():
-    from reroll.engines.hf import _Row, _similar_lengths
+    from reroll.engines.hf import _similar_lengths
+    from reroll.engines.running_batch import Row
 
-    pending = [_Row(Request([0] * n, SamplingParams())) for n in (9, 2, 30, 8, 31, 10)]
+    pending = [Row(Request([0] * n, SamplingParams())) for n in (9, 2, 30, 8, 31, 10)]
     batch = _similar_lengths(pending, anchor=9, size=3)
     assert [len(row.request.prompt_ids) for row in batch] == [9, 8, 10]
 
