@@ -271,24 +271,13 @@ async def run_episode(job: AgentJob, env_seed: int, sample_seed: int, group_id: 
         content = completion.token_ids[:-1] if stopped else completion.token_ids
         episode.messages.append({"role": "assistant", "content": tok.decode(content)})
         view.append(episode.messages[-1])
-        t0 = time.perf_counter()
-        results = await _tool_turn(job, tools, action, stats) if tools else None
         try:
-            if results is not None:  # the calls' results are this turn's observation
-                obs = "\n".join(m["content"] for m in results)
-                reward, terminated, truncated = 0.0, False, False
-            else:
-                obs, reward, terminated, truncated, info = await step_async(
-                    env, action, job.step_timeout_s)
+            obs, reward, terminated, truncated, step_info, results = await _answer(
+                job, env, tools, action, stats)
         except EnvError as e:
             error = str(e)
             break
-        finally:
-            stats.env_seconds += time.perf_counter() - t0
-            stats.turns += 1
-        if not finite_number(reward):  # it would make the loss, then every weight, NaN
-            error = f"env.step returned a non-finite reward ({reward!r})"
-            break
+        info = step_info if step_info is not None else info  # a tool turn keeps the last
         episode.rewards.append(reward)
         reply = results or [{"role": "user", "content": obs}]
         obs_ids = fmt.reply_ids(reply, stopped)
@@ -320,6 +309,27 @@ async def run_episode(job: AgentJob, env_seed: int, sample_seed: int, group_id: 
     if not strip and not job.context.edits:  # append-only: the episode is one chain
         return [trajectory]
     return [_last_chain(job, episode, trajectory, stats)]
+
+
+async def _answer(job: AgentJob, env: Any, tools: list[Tool], action: str, stats: AgentStats
+                  ) -> tuple[str, float, bool, bool, dict | None, list[dict] | None]:
+    """The answer to the model's turn: the results of its tool calls (the observation, reward
+    0), or else `env.step`'s. (observation, reward, terminated, truncated, env.step's info or
+    None, the tool messages or None). An env that raises or times out, or a non-finite reward,
+    is an EnvError: it fails its episode only."""
+    t0 = time.perf_counter()
+    results = await _tool_turn(job, tools, action, stats) if tools else None
+    try:
+        if results is not None:  # the calls' results are this turn's observation
+            return "\n".join(m["content"] for m in results), 0.0, False, False, None, results
+        obs, reward, terminated, truncated, info = await step_async(env, action,
+                                                                    job.step_timeout_s)
+    finally:
+        stats.env_seconds += time.perf_counter() - t0
+        stats.turns += 1
+    if not finite_number(reward):  # it would make the loss, then every weight, NaN
+        raise EnvError(f"env.step returned a non-finite reward ({reward!r})")
+    return obs, reward, terminated, truncated, info, None
 
 
 def _fit(job: AgentJob, fmt: ChatFormat, view: list[dict], grown: list[int],
