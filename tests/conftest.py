@@ -104,6 +104,21 @@ def session_cache(tmp_path_factory):
     return get
 
 
+@pytest.fixture(scope="module")
+def moe():
+    """A tiny random-init Qwen3-MoE (2 layers of 4 experts, top 2), in memory: the routing
+    record and replay tests' model."""
+    import torch
+    from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
+
+    torch.manual_seed(0)
+    config = Qwen3MoeConfig(vocab_size=64, hidden_size=32, num_hidden_layers=2,
+                            num_attention_heads=4, num_key_value_heads=2, head_dim=8,
+                            intermediate_size=32, moe_intermediate_size=16, num_experts=4,
+                            num_experts_per_tok=2, max_position_embeddings=64)
+    return Qwen3MoeForCausalLM(config).eval()
+
+
 @pytest.fixture(scope="session")
 def tiny_model(session_cache) -> str:
     from reroll.models.factory import make_model

@@ -20,7 +20,7 @@ import time
 from datetime import UTC, datetime
 from pathlib import Path
 
-from demo_figures import _commit, _duration, readme_with
+from demo_figures import _commit, _duration, _reward, readme_with
 
 REPO = Path(__file__).resolve().parents[1]
 RECORD = Path("runs/demo-tools-figures.json")
@@ -54,10 +54,6 @@ def collect(started: float, now: float) -> dict:
     }
 
 
-def _rate(value: float | None) -> str:
-    return "n/a" if value is None else f"{value:.3g}"
-
-
 def render(f: dict) -> str:
     """README's paragraph for the figures `f`."""
     commit = f" at commit {f['commit']}" if f.get("commit") else ""
@@ -66,8 +62,8 @@ def render(f: dict) -> str:
         f"work, load average {f['load_average']} at the end; set-up done{commit}): it took "
         f"{_duration(f['demo_s'])} (SFT {f['sft_steps']} steps in {f['sft_s']} s, GRPO "
         f"{f['grpo_steps']} steps through the gateway in {f['grpo_s']} s). Held-out success on "
-        f"{f['eval_episodes']} questions, greedy: **{_rate(f['success_before_sft'])} before SFT, "
-        f"{_rate(f['success_after_sft'])} after SFT, {_rate(f['success_after_rl'])} after RL**. "
+        f"{f['eval_episodes']} questions, greedy: **{_reward(f['success_before_sft'])} before SFT, "
+        f"{_reward(f['success_after_sft'])} after SFT, {_reward(f['success_after_rl'])} after RL**. "
         f"The demo writes these figures to `runs/demo-tools-figures.json`; "
         f"`make demo-tools-figures` copies them here."
     )

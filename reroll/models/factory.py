@@ -147,11 +147,17 @@ def make_model(out: str | Path, preset: str = "tiny", corpus: Iterable[str] | No
         dtype="float32", **(config_overrides or {}))
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(config)
+    return save_new_model(model, tokenizer, tokenizer, out)
+
+
+def save_new_model(model, tokenizer, files, out: str | Path) -> Path:
+    """A freshly built model written to `out` with `files` (its tokenizer, or the processor
+    that holds it), generation stopping at the tokenizer's eos and padding with its pad token."""
     model.generation_config.eos_token_id = tokenizer.eos_token_id
     model.generation_config.pad_token_id = tokenizer.pad_token_id
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out)
-    tokenizer.save_pretrained(out)
+    files.save_pretrained(out)
     share_like_siblings(out)
     return out

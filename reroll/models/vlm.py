@@ -15,8 +15,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from pathlib import Path
 
-from reroll.models.factory import BOS_TOKEN, make_tokenizer
-from reroll.models.files import share_like_siblings
+from reroll.models.factory import BOS_TOKEN, make_tokenizer, save_new_model
 
 IMAGE_TOKEN, FAKE_IMAGE_TOKEN = "<image>", "<fake_token_around_image>"
 VLM_SPECIAL_TOKENS = [FAKE_IMAGE_TOKEN, IMAGE_TOKEN, "<end_of_utterance>", "<global-img>"]
@@ -70,11 +69,4 @@ def make_vlm(out: str | Path, corpus: Iterable[str] | None = None, seed: int = 0
         tie_word_embeddings=True, dtype="float32", **tokens)
     torch.manual_seed(seed)
     model = Idefics3ForConditionalGeneration(config)
-    model.generation_config.eos_token_id = tokenizer.eos_token_id
-    model.generation_config.pad_token_id = tokenizer.pad_token_id
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(out)
-    processor.save_pretrained(out)
-    share_like_siblings(out)
-    return out
+    return save_new_model(model, tokenizer, processor, out)

@@ -6,7 +6,6 @@ import copy
 
 import pytest
 import torch
-from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
 
 from reroll.engines.base import Request, SamplingParams
 from reroll.engines.hf import HFEngine
@@ -22,16 +21,6 @@ from reroll.models.routing import (
 )
 
 pytestmark = pytest.mark.unit
-
-
-@pytest.fixture(scope="module")
-def moe():
-    torch.manual_seed(0)
-    config = Qwen3MoeConfig(vocab_size=64, hidden_size=32, num_hidden_layers=2,
-                            num_attention_heads=4, num_key_value_heads=2, head_dim=8,
-                            intermediate_size=32, moe_intermediate_size=16, num_experts=4,
-                            num_experts_per_tok=2, max_position_embeddings=64)
-    return Qwen3MoeForCausalLM(config).eval()
 
 
 def routing_of(model, ids):
