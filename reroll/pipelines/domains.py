@@ -25,8 +25,9 @@ from typing import Any
 
 import torch
 
+from reroll.config.domains import DomainConfig
 from reroll.config.errors import ConfigError, RunStopped
-from reroll.config.schema import DomainConfig, RLConfig
+from reroll.config.schema import RLConfig
 from reroll.data.batch import Trajectory
 from reroll.data.datasets import PromptRow, PromptSampler, load_prompts
 from reroll.data.images import limit_images

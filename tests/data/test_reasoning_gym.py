@@ -5,8 +5,8 @@ import asyncio
 
 import pytest
 
+from reroll.config.domains import ReasoningGymSource
 from reroll.config.errors import ConfigError
-from reroll.config.schema import ReasoningGymSource
 from reroll.data.reasoning_gym import generate_rows
 from reroll.rewards.base import RewardSample
 from reroll.rewards.reasoning_gym import ReasoningGymReward, extract
