@@ -97,7 +97,9 @@ def run_part(part: dict, deadline: float) -> dict:
     """Run a part's commands in turn within its limit (and the whole check's deadline)."""
     start = time.perf_counter()
     result: dict = {"commands": [" ".join(c) for c in part["commands"]]}
-    env = os.environ | {"PYTHONPATH": str(REPO), "TOKENIZERS_PARALLELISM": "false"}
+    # the repo first, then whatever PYTHONPATH already holds (a lent machine's carried wheels)
+    path = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p)
+    env = os.environ | {"PYTHONPATH": path, "TOKENIZERS_PARALLELISM": "false"}
     with GpuMemory() as memory:
         for command in part["commands"]:
             left = min(part["limit_s"] - (time.perf_counter() - start),

@@ -7,7 +7,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PY:-.venv/bin/python}
 NAMES="tensordict pyvers pydantic pydantic_core annotated-types typing-inspection math-verify
-       latex2sympy2_extended antlr4-python3-runtime gguf"
+       latex2sympy2_extended antlr4-python3-runtime gguf starlette uvicorn"
 pins=$(for n in $NAMES; do echo "$n==$($PY -m pip show "$n" | sed -n 's/^Version: //p')"; done)
 grep -qx '/.whl/' .git/info/exclude 2>/dev/null || echo /.whl/ >> "$(git rev-parse --git-path info/exclude)"
 $PY -m pip download --quiet --no-deps --only-binary=:all: --python-version 3.12 \
