@@ -1,8 +1,10 @@
 """The step of the pipelines that train on preference pairs (`reroll dpo`, `reroll rm`).
 
 The step (data order, evaluation, greedy samples of held-out prompts) is here, the loop in
-`reroll.pipelines.run`; what is trained and how is an `Objective` passed in: `dpo.DPOObjective` (the policy, a DPO-family
-loss) or `rm.RewardModelObjective` (a scalar head, Bradley–Terry).
+`reroll.pipelines.run`; what is trained and how is a `PreferenceObjective` passed in:
+`dpo.DPOObjective` (the policy, a DPO-family loss) or `rm.RewardModelObjective` (a scalar head,
+Bradley–Terry). (Not the RL step's `reroll.pipelines.objective.Objective`, the algorithm's
+resolved callables.)
 
 A batch of n pairs is 2n sequences interleaved `[chosen_0, rejected_0, chosen_1, ...]`, so that
 any even micro-batch holds whole pairs and a pair's two responses share one forward of their
@@ -76,7 +78,7 @@ def chunks(items: list, size: int) -> list[list]:
     return [items[i:i + size] for i in range(0, len(items), size)]
 
 
-class Objective(Protocol):
+class PreferenceObjective(Protocol):
     """What a preference pipeline trains: the model, its loss, its held-out metrics."""
 
     strategy: LocalStrategy
@@ -115,8 +117,8 @@ class PreferenceStep:
     phase = "training"
 
     def __init__(self, config: PreferenceRunConfig, place, run_dir: Path, make_objective):
-        """`make_objective(config, tokenizer, run_dir, total_steps, place)`: the Objective (its
-        model loaded on `place`, the trainer's device and precision)."""
+        """`make_objective(config, tokenizer, run_dir, total_steps, place)`: the
+        `PreferenceObjective` (its model loaded on `place`, the trainer's device and precision)."""
         self.config = c = config
         self.run_dir = run_dir
         self.tokenizer = load_tokenizer(c.model.path)
