@@ -471,16 +471,18 @@ class RLConfig(RLRunConfig):
     docs/preferences.md) or `judge` (an LLM judge's verdict). Each type's keys are below."""
 
     def domain_errors(self) -> list[str]:
-        """Multi-domain runs draw each domain's groups in synchronous rounds of their own."""
+        """What multi-domain runs cannot combine with: tail batching's rounds defer a domain's
+        long prompts out of the step the mixer gave them to."""
         if self.data.domains is None:
             return []
         if self.eval.reward is not None:
             return ["eval.reward cannot be combined with data.domains: each domain's eval set "
                     "is scored by that domain's reward (data.domains[].reward)"]
-        return [f"data.domains cannot be combined with {name}.enabled (each domain's prompts are "
-                f"drawn in synchronous rounds of their own); turn it off"
-                for name, section in (("async_training", self.async_training),
-                                      ("tail_batching", self.tail_batching)) if section.enabled]
+        if self.tail_batching.enabled:
+            return ["data.domains cannot be combined with tail_batching.enabled (it defers long "
+                    "prompts to rounds of their own, out of the step whose share the domain "
+                    "mixer gave them to); turn it off, or use async_training for long tails"]
+        return []
 
     @model_validator(mode="after")
     def _check_combinations(self) -> RLConfig:

@@ -9,16 +9,22 @@ groups are concatenated into the step's batch, every trajectory's `reward_info["
 naming its domain. Metrics come per domain (`train/<name>/...`, `eval/<name>/...`,
 `time/<name>/rollout_s`) besides the overall ones the pipeline computes.
 
+With `async_training`, one asynchronous source (`reroll.rollout.async_source`) runs every
+domain's groups: its producer draws them from `MixedStream`, a block of `prompts_per_step`
+groups at a time split by the same mixer, and each group is scored by its domain's reward
+(`DomainWork`); the trainer's batch is then split by domain for the filters and metrics.
+
 A domain whose reward keeps failing (its `max_failure_rate_*` bound reached) fails alone: its
 groups leave that step (counted in `train/<name>/reward_failed_steps`) and the other domains
 train on; the run stops only when every domain of a step failed. The streams' positions, the
-reward counters and the mixer's credit are in the checkpoint, so a resumed run is the
-uninterrupted one.
+reward counters and the mixer's credit are in the checkpoint (async: with the groups the
+producer owed), so a resumed run is the uninterrupted one.
 """
 
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -45,6 +51,8 @@ from reroll.pipelines.validation import (
     prompt_lengths,
 )
 from reroll.rewards import FailureBounds, RewardRunner, build_runner
+from reroll.rollout.async_source import AsyncSource, PromptWork
+from reroll.rollout.groups import Group, State
 from reroll.rollout.sampling import RolloutJob, rollout
 from reroll.rollout.scheduler import SyncSource, signal_keep
 from reroll.rollout.stream import PromptStream
@@ -166,6 +174,8 @@ class DomainTask:
         self.mixer = DomainMixer([s.weight for s in d.domains], d.reweight, d.reweight_floor,
                                  d.reweight_momentum)
         self.engine: Engine | None = None
+        self.source: AsyncSource | None = None
+        """The one source of every domain (async runs; sync runs give each domain its own)."""
         self.eval_sets: list[EvalSet] = []
         self._metrics: dict[str, float] = {}
         self._evaluated = False
@@ -182,6 +192,12 @@ class DomainTask:
                         self.config.eval.samples_per_prompt)
 
     def start(self, engine: Engine) -> Engine:
+        if self.config.async_training.enabled:
+            stream = MixedStream(self.domains, self.mixer, self.config.rollout.prompts_per_step)
+            self.source = AsyncSource(self.config, engine, None, self.tokenizer, stream,
+                                      work=lambda source: DomainWork(source, self.domains))
+            self.engine = self.source.engine
+            return self.engine
         for d in self.domains:
             d.source = SyncSource(d.config, engine, d.rewards, self.tokenizer, d.stream)
         self.engine = engine
@@ -191,6 +207,8 @@ class DomainTask:
 
     def next_batch(self, step: int, params: SamplingParams) -> list[Trajectory]:
         """Each domain's share of the step's groups, concatenated (group ids renumbered)."""
+        if self.source is not None:
+            return self.async_batch(step, params)
         counts = self.mixer.counts(self.config.rollout.prompts_per_step)
         batch, failures, metrics = [], [], {}
         for index, (d, count) in enumerate(zip(self.domains, counts, strict=True)):
@@ -201,10 +219,7 @@ class DomainTask:
                 continue
             if trajectories:
                 self.mixer.observe(index, sum(t.reward for t in trajectories) / len(trajectories))
-            offset = batch[-1].group_id + 1 if batch else 0
-            for t in trajectories:
-                t.group_id += offset
-            batch += trajectories
+            batch += renumbered(trajectories, batch[-1].group_id + 1 if batch else 0)
         if failures and not batch:
             raise RunStopped("every domain's reward failed this step: "
                              + "; ".join(str(f) for f in failures))
@@ -213,6 +228,52 @@ class DomainTask:
                              f"group of the step (scheduler.refill_filtered: true refills them)")
         self._metrics = metrics | self.overall(metrics)
         return batch
+
+    def async_batch(self, step: int, params: SamplingParams) -> list[Trajectory]:
+        """The async source's next batch (every domain's groups, drawn by the producer's mixer),
+        split by domain for each domain's filter, failure bound and metrics."""
+        timer = time.perf_counter()
+        sampled = self.source.next_batch(step, step - 1, params)
+        seconds = time.perf_counter() - timer
+        batch, failures, metrics = [], [], {}
+        for index, d in enumerate(self.domains):
+            mine = [t for t in sampled if t.reward_info["domain"] == d.name]
+            count = len({t.group_id for t in mine})
+            trajectories, filtered = self.own_filter(d, mine)
+            failed = self.check_failures(d, step)
+            metrics |= self.domain_metrics(d, mine, count, filtered, {})
+            metrics[f"time/{d.name}/rollout_s"] = seconds  # the domains' groups ran together
+            if failed is not None:
+                failures.append(failed)
+                continue
+            if trajectories:
+                self.mixer_observe(index, trajectories)
+            batch += renumbered(trajectories, batch[-1].group_id + 1 if batch else 0)
+        if failures and not batch:
+            raise RunStopped("every domain's reward failed this step: "
+                             + "; ".join(str(f) for f in failures))
+        if not batch:
+            raise RunStopped(f"step {step}: the domains' dynamic-sampling filters dropped every "
+                             f"group of the step (scheduler.refill_filtered: true refills them)")
+        self._metrics = metrics | self.overall(metrics) | self.source.metrics()
+        return batch
+
+    def mixer_observe(self, index: int, trajectories: list[Trajectory]) -> None:
+        """The domain's mean train reward of the step, for `reweight: success_rate` (under the
+        stream's lock: the producer's thread draws from the mixer meanwhile)."""
+        with self.source.stream.lock:
+            self.mixer.observe(index, sum(t.reward for t in trajectories) / len(trajectories))
+
+    def check_failures(self, d: Domain, step: int) -> RunStopped | None:
+        """The domain's reward past its failure bound: the error (its groups leave the step)."""
+        try:
+            d.rewards.check_failure_rate(step)
+        except RunStopped as e:
+            d.failed_steps += 1
+            failed = RunStopped(f"domain {d.name!r}: {e}")
+            log.warning("%s; its groups leave this step, the other domains train on", failed)
+            return failed
+        return None
 
     def domain_step(self, d: Domain, count: int, step: int, params: SamplingParams
                     ) -> tuple[list[Trajectory], RunStopped | None, dict[str, float]]:
@@ -225,19 +286,14 @@ class DomainTask:
             d.config.rollout.prompts_per_step = count  # the source reads its share from here
             sampled = d.source.next_batch(step, step - 1, params)
         trajectories, filtered = self.own_filter(d, sampled)
-        failed = None
-        try:
-            d.rewards.check_failure_rate(step)
-        except RunStopped as e:
-            d.failed_steps += 1
-            failed = RunStopped(f"domain {d.name!r}: {e}")
-            log.warning("%s; its groups leave this step, the other domains train on", failed)
+        failed = self.check_failures(d, step)
         for t in sampled:
             t.reward_info = {**t.reward_info, "domain": d.name}
         # what the domain sampled, its filters' drops included (the source's refills, and its
         # own filter here): a step whose groups were all dropped still says what they scored
         everything = [t for g in d.source.sampled for t in g.trajectories(0)] if count else []
-        metrics = self.domain_metrics(d, everything, count, filtered)
+        metrics = self.domain_metrics(d, everything, count, filtered,
+                                      d.source.metrics() if count else {})
         metrics[f"time/{d.name}/rollout_s"] = time.perf_counter() - timer
         return ([] if failed else trajectories), failed, metrics
 
@@ -259,9 +315,10 @@ class DomainTask:
         return kept, dropped
 
     def domain_metrics(self, d: Domain, trajectories: list[Trajectory], count: int,
-                       filtered: int) -> dict[str, float]:
+                       filtered: int, source: dict[str, float]) -> dict[str, float]:
+        """`source`: the domain's own source's metrics (sync runs; the async source's are
+        the run's, reported once)."""
         p = f"train/{d.name}/"
-        source = d.source.metrics() if count else {}
         c = d.rewards.counters
         metrics = {p + "prompts": float(count),
                    p + "groups_filtered": float(filtered + source.get("rollout/groups_filtered",
@@ -340,29 +397,128 @@ class DomainTask:
         return rows
 
     def state_dict(self) -> dict[str, Any]:
-        return {"mixer": self.mixer.state_dict(),
-                "domains": {d.name: {"sampler": d.stream.state_dict(),
-                                     "reward_counters": d.rewards.counter_state(),
-                                     "failed_steps": d.failed_steps} for d in self.domains}}
+        """Sync: the mixer and each domain's stream. Async: the source's state instead (the
+        producer's mixer and streams, and the groups it owes a resumed run)."""
+        domains = {d.name: {"reward_counters": d.rewards.counter_state(),
+                            "failed_steps": d.failed_steps} for d in self.domains}
+        if self.source is not None:
+            return {"domains": domains, "async_source": self.source.state_dict()}
+        for d in self.domains:
+            domains[d.name]["sampler"] = d.stream.state_dict()
+        return {"mixer": self.mixer.state_dict(), "domains": domains}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         saved = state.get("domains")
         if saved is None or set(saved) != {d.name for d in self.domains}:
             raise ConfigError(f"resume: the checkpoint's domains ({sorted(saved or [])}) are not "
                               f"the config's data.domains ({[d.name for d in self.domains]})")
-        self.mixer.load_state_dict(state["mixer"])
+        if (self.source is not None) != ("async_source" in state):
+            raise ConfigError("resume: the checkpoint was written with async_training "
+                              f"{'off' if self.source is not None else 'on'}; a multi-domain "
+                              f"run resumes in the mode it was written in")
         self._evaluated = True  # the run's start was evaluated before the checkpoint
+        if self.source is not None:
+            self.source.load_state_dict(state["async_source"])
+        else:
+            self.mixer.load_state_dict(state["mixer"])
         for d in self.domains:
-            d.stream.load_state_dict(saved[d.name]["sampler"])
+            if self.source is None:
+                d.stream.load_state_dict(saved[d.name]["sampler"])
             d.rewards.load_counters(saved[d.name]["reward_counters"])
             d.failed_steps = saved[d.name]["failed_steps"]
 
     def close(self) -> None:
         """The reward workers of every domain; the engine once (the sources share it)."""
-        if self.domains and self.domains[0].source is not None:
-            self.domains[0].source.close()
+        first = self.source or (self.domains[0].source if self.domains else None)
+        if first is not None:
+            first.close()
         for d in self.domains:
             d.rewards.close()
+
+
+def renumbered(trajectories: list[Trajectory], offset: int) -> list[Trajectory]:
+    """The trajectories with their groups numbered from `offset` on, in order."""
+    ids: dict[int, int] = {}
+    for t in trajectories:
+        t.group_id = ids.setdefault(t.group_id, offset + len(ids))
+    return trajectories
+
+
+class MixedStream:
+    """The async producer's prompts over the domains: each block of `prompts_per_step` groups
+    is split by the mixer as a synchronous step would be, domain by domain, and each domain's
+    rows come from its own stream. A row's id (what a checkpoint keeps of an owed group) is
+    `[domain index, row index]`."""
+
+    def __init__(self, domains: list[Domain], mixer: DomainMixer, per_step: int):
+        self.domains, self.mixer, self.per_step = domains, mixer, per_step
+        self.block: list[int] = []
+        """The domains of the rest of the current block's groups, in order."""
+        self.lock = threading.Lock()
+        self._domain = {id(row): k for k, d in enumerate(domains) for row in d.stream.sampler.rows}
+
+    def __iter__(self) -> MixedStream:
+        return self
+
+    def __next__(self) -> PromptRow:
+        with self.lock:
+            if not self.block:
+                counts = self.mixer.counts(self.per_step)
+                self.block = [k for k, n in enumerate(counts) for _ in range(n)]
+            k = self.block.pop(0)
+        return next(self.domains[k].stream)
+
+    def domain(self, row: PromptRow) -> Domain:
+        return self.domains[self._domain[id(row)]]
+
+    def row_id(self, row: PromptRow) -> list[int]:
+        k = self._domain[id(row)]
+        return [k, self.domains[k].stream.row_id(row)]
+
+    def row(self, row_id: list[int]) -> PromptRow:
+        k, index = row_id
+        return self.domains[k].stream.row(index)
+
+    def state_dict(self) -> dict:
+        with self.lock:
+            return {"block": list(self.block), "mixer": self.mixer.state_dict(),
+                    "streams": [d.stream.state_dict() for d in self.domains]}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.block = list(state["block"])
+        self.mixer.load_state_dict(state["mixer"])
+        for d, saved in zip(self.domains, state["streams"], strict=True):
+            d.stream.load_state_dict(saved)
+
+
+class DomainWork(PromptWork):
+    """The async producer's groups of a multi-domain run: a prompt's responses scored by its
+    domain's reward and kept by its domain's filter (when filtered groups are refilled; else
+    `DomainTask.own_filter` drops them from the trainer's batch); each trajectory names its
+    domain (`reward_info["domain"]`)."""
+
+    def __init__(self, source: AsyncSource, domains: list[Domain]):
+        super().__init__(source)
+        refill = source.config.scheduler.refill_filtered
+        self.keeps = {d.name: signal_keep(d.config.algorithm.dynamic_sampling if refill else None,
+                                          self.size) for d in domains}
+
+    def new_group(self, index: int, row: PromptRow, version: int) -> Group:
+        group = super().new_group(index, row, version)
+        group.scorer = self.source.stream.domain(row).rewards
+        return group
+
+    async def run(self, group: Group, params: SamplingParams) -> bool:
+        await self.source.scheduler.run_group(group, params)
+        keep = self.keeps[self.source.stream.domain(group.row).name]
+        return all(s.state is State.REWARDED for s in group.samples) and keep(group)
+
+    def trajectories(self, group: Group, group_id: int) -> list[Trajectory]:
+        name = self.source.stream.domain(group.row).name
+        trajectories = group.trajectories(group_id)
+        for t in trajectories:
+            t.reward_info = {**t.reward_info, "domain": name}
+        return trajectories
 
 
 @dataclass

@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import StrEnum
+from typing import Any
 
 import torch
 
@@ -84,6 +85,9 @@ class Group:
     model_inputs: dict = field(default_factory=dict)
     """The prompt's model inputs beyond `prompt_ids` (images...), sent with each request and
     kept on each trajectory ({}: tokens only)."""
+    scorer: Any = None
+    """The `RewardRunner` that scores this group's samples (None: the scheduler's own). A
+    multi-domain run's groups carry their domain's."""
 
     @property
     def rewards(self) -> list[float]:

@@ -287,7 +287,7 @@ class RolloutScheduler:
             return
         self._move(sample, State.FINISHED)
         sample.response_text = self.tokenizer.decode(sample.tokens, skip_special_tokens=True)
-        result = await self.rewards.reward(RewardSample(
+        result = await (group.scorer or self.rewards).reward(RewardSample(
             prompt=group.row.prompt_text, response=sample.response_text, answer=group.row.answer,
             finish_reason=sample.finish_reason, metadata=group.row.metadata))
         sample.reward, sample.reward_info = result.score, result.info

@@ -65,7 +65,8 @@ def test_config_errors(data, message):
         RLConfig(steps=1, model={"path": "m"}, data=data)
 
 
-def test_domains_refuse_async_training():
-    with pytest.raises(ValueError, match="data.domains cannot be combined with async_training"):
-        RLConfig(steps=1, model={"path": "m"}, data={"domains": [{"name": "a", "train": "x"}]},
-                 async_training={"enabled": True})
+def test_domains_refuse_tail_batching_but_take_async_training():
+    domains = {"domains": [{"name": "a", "train": "x"}]}
+    with pytest.raises(ValueError, match="data.domains cannot be combined with tail_batching"):
+        RLConfig(steps=1, model={"path": "m"}, data=domains, tail_batching={"enabled": True})
+    RLConfig(steps=1, model={"path": "m"}, data=domains, async_training={"enabled": True})
