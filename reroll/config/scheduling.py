@@ -137,10 +137,6 @@ def agentic_scheduling_errors(config) -> list[str]:
         errors.append("async_training.enabled with `agent:` (an agent program driving the "
                       "gateway) is not supported yet: its sessions are not versioned across "
                       "weight updates; use `env:` or turn async_training off")
-    if config.async_training.enabled and getattr(config, "envs", None):
-        errors.append("async_training.enabled with `envs:` (several environments) is not "
-                      "supported yet: the producer plays one environment's seeds; use one "
-                      "`env:` or turn async_training off")
     s = config.scheduler
     if s.oversample != 1.0:
         errors.append(f"scheduler.oversample ({s.oversample}): an agentic group's episodes all "

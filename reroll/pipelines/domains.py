@@ -10,7 +10,7 @@ naming its domain. Metrics come per domain (`train/<name>/...`, `eval/<name>/...
 `time/<name>/rollout_s`) besides the overall ones the pipeline computes.
 
 With `async_training`, one asynchronous source (`reroll.rollout.async_source`) runs every
-domain's groups: its producer draws them from `MixedStream`, a block of `prompts_per_step`
+domain's groups: its producer draws them from `DomainStream`, a block of `prompts_per_step`
 groups at a time split by the same mixer, and each group is scored by its domain's reward
 (`DomainWork`); the trainer's batch is then split by domain for the filters and metrics.
 
@@ -24,7 +24,6 @@ producer owed), so a resumed run is the uninterrupted one.
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -55,7 +54,7 @@ from reroll.rollout.async_source import AsyncSource, PromptWork
 from reroll.rollout.groups import Group, State
 from reroll.rollout.sampling import RolloutJob, rollout
 from reroll.rollout.scheduler import SyncSource, signal_keep
-from reroll.rollout.stream import PromptStream
+from reroll.rollout.stream import MixedStream, PromptStream
 
 log = logging.getLogger(__name__)
 
@@ -193,7 +192,7 @@ class DomainTask:
 
     def start(self, engine: Engine) -> Engine:
         if self.config.async_training.enabled:
-            stream = MixedStream(self.domains, self.mixer, self.config.rollout.prompts_per_step)
+            stream = DomainStream(self.domains, self.mixer, self.config.rollout.prompts_per_step)
             self.source = AsyncSource(self.config, engine, None, self.tokenizer, stream,
                                       work=lambda source: DomainWork(source, self.domains))
             self.engine = self.source.engine
@@ -246,8 +245,9 @@ class DomainTask:
             if failed is not None:
                 failures.append(failed)
                 continue
-            if trajectories:
-                self.mixer_observe(index, trajectories)
+            if trajectories:  # for `reweight: mean_reward` (the producer draws by the mixer)
+                self.source.stream.observe(index, sum(t.reward for t in trajectories)
+                                           / len(trajectories))
             batch += renumbered(trajectories, batch[-1].group_id + 1 if batch else 0)
         if failures and not batch:
             raise RunStopped("every domain's reward failed this step: "
@@ -257,12 +257,6 @@ class DomainTask:
                              f"group of the step (scheduler.refill_filtered: true refills them)")
         self._metrics = metrics | self.overall(metrics) | self.source.metrics()
         return batch
-
-    def mixer_observe(self, index: int, trajectories: list[Trajectory]) -> None:
-        """The domain's mean train reward of the step, for `reweight: success_rate` (under the
-        stream's lock: the producer's thread draws from the mixer meanwhile)."""
-        with self.source.stream.lock:
-            self.mixer.observe(index, sum(t.reward for t in trajectories) / len(trajectories))
 
     def check_failures(self, d: Domain, step: int) -> RunStopped | None:
         """The domain's reward past its failure bound: the error (its groups leave the step)."""
@@ -283,8 +277,7 @@ class DomainTask:
         sampled: list[Trajectory] = []
         filtered = 0
         if count:
-            d.config.rollout.prompts_per_step = count  # the source reads its share from here
-            sampled = d.source.next_batch(step, step - 1, params)
+            sampled = d.source.next_batch(step, step - 1, params, groups=count)
         trajectories, filtered = self.own_filter(d, sampled)
         failed = self.check_failures(d, step)
         for t in sampled:
@@ -444,51 +437,26 @@ def renumbered(trajectories: list[Trajectory], offset: int) -> list[Trajectory]:
     return trajectories
 
 
-class MixedStream:
-    """The async producer's prompts over the domains: each block of `prompts_per_step` groups
-    is split by the mixer as a synchronous step would be, domain by domain, and each domain's
-    rows come from its own stream. A row's id (what a checkpoint keeps of an owed group) is
-    `[domain index, row index]`."""
+class DomainStream(MixedStream):
+    """The domains' rows for the async producer (`MixedStream`), given as the `PromptRow`s
+    themselves (the scheduler reads them); a row's domain is found by the row."""
 
     def __init__(self, domains: list[Domain], mixer: DomainMixer, per_step: int):
-        self.domains, self.mixer, self.per_step = domains, mixer, per_step
-        self.block: list[int] = []
-        """The domains of the rest of the current block's groups, in order."""
-        self.lock = threading.Lock()
+        super().__init__([d.stream for d in domains], mixer, per_step)
+        self.domains = domains
         self._domain = {id(row): k for k, d in enumerate(domains) for row in d.stream.sampler.rows}
 
-    def __iter__(self) -> MixedStream:
-        return self
-
     def __next__(self) -> PromptRow:
-        with self.lock:
-            if not self.block:
-                counts = self.mixer.counts(self.per_step)
-                self.block = [k for k, n in enumerate(counts) for _ in range(n)]
-            k = self.block.pop(0)
-        return next(self.domains[k].stream)
+        return super().__next__()[1]
 
     def domain(self, row: PromptRow) -> Domain:
         return self.domains[self._domain[id(row)]]
 
     def row_id(self, row: PromptRow) -> list[int]:
-        k = self._domain[id(row)]
-        return [k, self.domains[k].stream.row_id(row)]
+        return super().row_id((self._domain[id(row)], row))
 
     def row(self, row_id: list[int]) -> PromptRow:
-        k, index = row_id
-        return self.domains[k].stream.row(index)
-
-    def state_dict(self) -> dict:
-        with self.lock:
-            return {"block": list(self.block), "mixer": self.mixer.state_dict(),
-                    "streams": [d.stream.state_dict() for d in self.domains]}
-
-    def load_state_dict(self, state: dict) -> None:
-        self.block = list(state["block"])
-        self.mixer.load_state_dict(state["mixer"])
-        for d, saved in zip(self.domains, state["streams"], strict=True):
-            d.stream.load_state_dict(saved)
+        return super().row(row_id)[1]
 
 
 class DomainWork(PromptWork):

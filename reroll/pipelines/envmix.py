@@ -11,6 +11,11 @@ run concurrently in one event loop, as one env's groups do; every trajectory's
 `eval/<name>/...`) besides the overall ones. An env that keeps failing stops the run, naming it
 (its `max_failure_rate_*` bounds, as with one env). The mixer's state and each env's seed
 stream and counters are in the checkpoint.
+
+With `async_training`, one asynchronous source runs every env's groups: its producer draws env
+seeds from a `MixedStream` (blocks of `prompts_per_step` groups split by the same mixer) and
+each group's episodes run in its env's `EpisodeWork` (`EnvMixWork`); the checkpoint then keeps
+the producer's mixer and streams and the groups it owed a resumed run.
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import re
 from dataclasses import fields, replace
+from operator import itemgetter
 from typing import Any
 
 from reroll.config.agentic import AgenticConfig, EnvConfig
@@ -27,7 +33,10 @@ from reroll.data.mixing import DomainMixer
 from reroll.engines.base import Engine, SamplingParams
 from reroll.pipelines.task import EvalSet, held_out, rollout_row
 from reroll.rollout.agent_loop import AgentStats, run_group
-from reroll.rollout.groups import request_seed
+from reroll.rollout.async_episodes import EpisodeWork
+from reroll.rollout.async_source import AsyncSource
+from reroll.rollout.groups import Group, request_seed
+from reroll.rollout.stream import MixedStream
 
 SEED_STRIDE = 7919
 """Environment k draws its env seeds with `seed + k * SEED_STRIDE` (as RLVR's domains)."""
@@ -126,6 +135,8 @@ class EnvMixTask:
             self.close()
             raise
         self.mixer = env_mixer(config)
+        self.source: AsyncSource | None = None
+        """With `async_training`: the one producer of every env's episodes."""
         self.eval_sets: list[EvalSet] = []
         self._metrics: dict[str, float] = {}
 
@@ -139,18 +150,38 @@ class EnvMixTask:
                         self.config.eval.samples_per_prompt)
 
     def start(self, engine: Engine) -> Engine:
+        if self.config.async_training.enabled:
+            stream = MixedStream([t.stream for t in self.tasks], self.mixer,
+                                 self.config.rollout.prompts_per_step)
+            self.source = AsyncSource(self.config, engine, None, self.tokenizer, stream,
+                                      work=lambda source: EnvMixWork(source, self.tasks,
+                                                                     self.names))
+            engine = self.source.engine
+            for t in self.tasks:  # each evaluates through the producer's engine
+                t.engine = engine
+            return engine
         for t in self.tasks:
             t.start(engine)
         return engine
 
     def next_batch(self, step: int, params: SamplingParams) -> list[Trajectory]:
-        """Each env's share of the step's groups (`counts`), run together."""
+        """Each env's share of the step's groups (`counts`), run together (async: taken from
+        the producer, which drew them by the mixer)."""
         c = self.config
-        counts = self.mixer.counts(c.rollout.prompts_per_step)
-        seeds = [t.sampler.next_batch(n) if n else [] for t, n in zip(self.tasks, counts,
-                                                                       strict=True)]
-        results = run_mixed([t.job(params) for t in self.tasks], seeds, c.rollout.group_size,
-                            c.seed, step, [t.env.redundancy for t in self.tasks])
+        if self.source is not None:
+            sampled = self.source.next_batch(step, step - 1, params)
+            results = [([t for t in sampled if t.reward_info["env"] == name], work.take_stats())
+                       for name, work in zip(self.names, self.source.work.works, strict=True)]
+            counts = [len({t.group_id for t in trajectories}) for trajectories, _ in results]
+            observe = self.source.stream.observe  # the producer draws by the mixer meanwhile
+        else:
+            counts = self.mixer.counts(c.rollout.prompts_per_step)
+            seeds = [t.sampler.next_batch(n) if n else [] for t, n in zip(self.tasks, counts,
+                                                                           strict=True)]
+            results = run_mixed([t.job(params) for t in self.tasks], seeds,
+                                c.rollout.group_size, c.seed, step,
+                                [t.env.redundancy for t in self.tasks])
+            observe = self.mixer.observe
         batch, metrics = [], {}
         for k, (task, (trajectories, stats)) in enumerate(zip(self.tasks, results, strict=True)):
             task.account(stats)
@@ -159,7 +190,7 @@ class EnvMixTask:
             for t in trajectories:
                 t.reward_info = {**t.reward_info, "env": name}
             if trajectories:
-                self.mixer.observe(k, outcome(trajectories)["success_rate"])
+                observe(k, outcome(trajectories)["success_rate"])
             metrics |= self.env_metrics(k, counts[k], trajectories, stats)
             batch += trajectories
         everything = merged([s for _, s in results])
@@ -167,6 +198,9 @@ class EnvMixTask:
         self._metrics = metrics | everything.metrics() | {
             "train/success_rate": sum(success) / max(len(success), 1),
             "env/errors_total": float(sum(t.counters.env_errors for t in self.tasks))}
+        if self.source is not None:
+            self._metrics |= self.source.metrics() | {
+                "rollout/episodes_restarted": float(self.source.work.restarted)}
         return batch
 
     def env_metrics(self, k: int, count: int, trajectories: list[Trajectory],
@@ -216,19 +250,62 @@ class EnvMixTask:
         return rows
 
     def state_dict(self) -> dict[str, Any]:
-        return {"mixer": self.mixer.state_dict(),
-                "envs": {name: task.state_dict() for name, task in zip(self.names, self.tasks,
-                                                                       strict=True)}}
+        """Each env's counters and seed stream, and the mixer (async: the source's state, taken
+        at one instant on the producer's loop: its mixer and streams, and the owed groups)."""
+        envs = {name: task.state_dict() for name, task in zip(self.names, self.tasks,
+                                                              strict=True)}
+        if self.source is not None:
+            return {"envs": envs, "async_source": self.source.state_dict()}
+        return {"mixer": self.mixer.state_dict(), "envs": envs}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         saved = state.get("envs")
         if saved is None or set(saved) != set(self.names):
             raise ConfigError(f"resume: the checkpoint's environments ({sorted(saved or [])}) "
                               f"are not the config's envs ({self.names})")
-        self.mixer.load_state_dict(state["mixer"])
+        if (self.source is not None) != ("async_source" in state):
+            raise ConfigError("resume: the checkpoint was written with async_training "
+                              f"{'off' if self.source is not None else 'on'}; a run of several "
+                              f"environments resumes in the mode it was written in")
         for name, task in zip(self.names, self.tasks, strict=True):
             task.load_state_dict(saved[name])
+        if self.source is not None:  # after the tasks': the producer's positions win
+            self.source.load_state_dict(state["async_source"])
+        else:
+            self.mixer.load_state_dict(state["mixer"])
 
     def close(self) -> None:
+        if self.source is not None:
+            self.source.close()
         for task in self.tasks:
             task.close()
+
+
+class EnvMixWork:
+    """The async producer's groups of several environments (`async_source.GroupWork`): a row is
+    `(env index, env seed)` (`MixedStream`), and its group's episodes run in its env's
+    `EpisodeWork`; every trajectory names its env (`reward_info["env"]`)."""
+
+    def __init__(self, source: AsyncSource, tasks: list, names: list[str]):
+        self.names = names
+        self.works = [EpisodeWork(source, make_job=t.job, redundancy=t.env.redundancy,
+                                  seed_of=itemgetter(1)) for t in tasks]
+
+    def new_group(self, index: int, row: tuple[int, int], version: int) -> Group:
+        return self.works[row[0]].new_group(index, row, version)
+
+    async def run(self, group: Group, params: SamplingParams) -> bool:
+        return await self.works[group.row[0]].run(group, params)
+
+    def gives_up(self, group: Group, floor: int) -> bool:
+        return self.works[group.row[0]].gives_up(group, floor)
+
+    def trajectories(self, group: Group, group_id: int) -> list[Trajectory]:
+        k = group.row[0]
+        return [replace(t, reward_info=t.reward_info | {"env": self.names[k]})
+                for t in self.works[k].trajectories(group, group_id)]
+
+    @property
+    def restarted(self) -> int:
+        """Episodes restarted for staleness, over the envs."""
+        return sum(w.restarted for w in self.works)

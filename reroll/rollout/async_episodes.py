@@ -21,7 +21,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from reroll.data.batch import Trajectory
 from reroll.engines.base import Completion, Request, SamplingParams
@@ -41,9 +41,12 @@ class EpisodeWork:
     the async source. `make_job(params)` is the task's AgentJob (env, format, limits)."""
 
     def __init__(self, source: AsyncSource, make_job: Callable[[SamplingParams], AgentJob],
-                 redundancy: int = 0):
+                 redundancy: int = 0, seed_of: Callable[[Any], int] = lambda row: row):
+        """`seed_of`: a group's env seed from its row (the row is the seed; several envs'
+        rows are `(env index, seed)`, `reroll.rollout.stream.MixedStream`)."""
         c = source.config
         self.source, self.make_job, self.redundancy = source, make_job, redundancy
+        self.seed_of = seed_of
         self.size, self.seed = c.rollout.group_size, c.seed
         self.max_staleness = c.async_training.max_staleness
         self.restart = c.async_training.restart_stale_episodes
@@ -69,7 +72,7 @@ class EpisodeWork:
             played[k] = await self._episode(job, group, k, stats, on_request)
             return played[k]
 
-        trajectories = await run_group(job, group.row, self.size, group.index,
+        trajectories = await run_group(job, self.seed_of(group.row), self.size, group.index,
                                        group.samples[0].seed, stats, self.redundancy, episode)
         if self.restart:  # episodes that ended while a sibling ran on, and went stale meanwhile
             kept = [k for k, result in sorted(played.items())
@@ -92,7 +95,8 @@ class EpisodeWork:
         while True:
             engine = _EpisodeEngine(self, group, sample, job.engine)
             try:
-                return await run_episode(dataclasses.replace(job, engine=engine), group.row,
+                return await run_episode(dataclasses.replace(job, engine=engine),
+                                         self.seed_of(group.row),
                                          sample.seed, group.index, stats, on_request)
             except _Restart:
                 self.restarted += 1

@@ -72,10 +72,13 @@ class SyncSource:
         (what a domain's reward metrics describe: a step whose groups were all dropped for
         all-equal rewards still says what they scored)."""
 
-    def next_batch(self, step: int, version: int, params: SamplingParams) -> list[Trajectory]:
+    def next_batch(self, step: int, version: int, params: SamplingParams,
+                   groups: int | None = None) -> list[Trajectory]:
+        """`groups`: how many groups this step (None: `rollout.prompts_per_step`; a domain of
+        a multi-domain run passes its share)."""
         c = self.config
         self.sampled = []
-        n, size = c.rollout.prompts_per_step, c.rollout.group_size
+        n, size = groups or c.rollout.prompts_per_step, c.rollout.group_size
         signal = signal_keep(c.algorithm.dynamic_sampling if c.scheduler.refill_filtered else None,
                              size)
         if self.tail is None:

@@ -7,12 +7,15 @@ than tokens: images)."""
 from __future__ import annotations
 
 import functools
+import threading
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
 from reroll.config.errors import ConfigError
 from reroll.data.datasets import PromptRow, PromptSampler
+from reroll.data.mixing import DomainMixer
 
 
 @dataclass
@@ -122,3 +125,51 @@ class PromptStream:
     def load_state_dict(self, state: dict) -> None:
         self.sampler.load_state_dict({k: v for k, v in state.items() if k != "carry"})
         self.carry = [self.sampler.rows[i] for i in state.get("carry", [])]
+
+
+class MixedStream:
+    """The async producer's rows over several streams (domains, environments): each block of
+    `per_step` groups is split by the mixer as a synchronous step would be, stream by stream, and
+    each stream gives its own rows. A row is `(k, the stream's row)`; its id (what a checkpoint
+    keeps of an owed group) is `[k, the row's index]`. The trainer's thread updates the mixer
+    (`observe`) under `lock` while the producer's draws from it."""
+
+    def __init__(self, streams: list[PromptStream], mixer: DomainMixer, per_step: int):
+        self.streams, self.mixer, self.per_step = streams, mixer, per_step
+        self.block: list[int] = []
+        """The streams of the rest of the current block's groups, in order."""
+        self.lock = threading.Lock()
+
+    def __iter__(self) -> MixedStream:
+        return self
+
+    def __next__(self) -> tuple[int, Any]:
+        with self.lock:
+            if not self.block:
+                counts = self.mixer.counts(self.per_step)
+                self.block = [k for k, n in enumerate(counts) for _ in range(n)]
+            k = self.block.pop(0)
+        return k, next(self.streams[k])
+
+    def observe(self, k: int, value: float) -> None:
+        with self.lock:
+            self.mixer.observe(k, value)
+
+    def row_id(self, row: tuple[int, Any]) -> list[int]:
+        k, own = row
+        return [k, self.streams[k].row_id(own)]
+
+    def row(self, row_id: list[int]) -> tuple[int, Any]:
+        k, index = row_id
+        return k, self.streams[k].row(index)
+
+    def state_dict(self) -> dict:
+        with self.lock:
+            return {"block": list(self.block), "mixer": self.mixer.state_dict(),
+                    "streams": [s.state_dict() for s in self.streams]}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.block = list(state["block"])
+        self.mixer.load_state_dict(state["mixer"])
+        for stream, saved in zip(self.streams, state["streams"], strict=True):
+            stream.load_state_dict(saved)

@@ -61,3 +61,48 @@ def test_two_envs_train_and_evaluate_per_env(tmp_path, tiny_model, capsys):
         assert results["envs"][env]["prompts"] == 2
         assert 1 <= results["envs"][env]["env/turns_mean"] <= turns
         assert {f"eval/{env}/reward_mean", f"eval/{env}/success_rate"} <= set(results)
+
+
+def trained_groups(run, steps) -> list[list[tuple[str, int]]]:
+    """Each step's (env, env seed) groups in the order the trainer took them."""
+    return [list(dict.fromkeys((r["env"], r["reward_info"]["env_seed"]) for r in map(
+        json.loads, (run / "rollouts" / f"step_{n}.jsonl").read_text().splitlines())))
+        for n in steps]
+
+
+def test_async_two_envs_split_by_weight_and_resume_with_every_episode_once(tmp_path,
+                                                                           tiny_model):
+    """Issue 46: async training with several environments. One producer draws each block of
+    groups split 2:1 by the envs' weights and plays each group in its own env; a run killed
+    after its step-1 checkpoint (groups buffered and in flight) resumes to train the
+    uninterrupted run's env seeds, step by step: none lost, none trained twice."""
+    run = tmp_path / "run"
+    config = tmp_path / "two.yaml"
+    config.write_text(yaml.safe_dump({
+        "pipeline": "agentic", "output_dir": str(run), "seed": 0, "steps": 3,
+        "model": {"path": tiny_model},
+        "envs": [{"name": "guess", "id": "guess_number", "kwargs": {"high": 4}, "max_turns": 2,
+                  "max_context_tokens": 96, "eval_episodes": 0, "weight": 2},
+                 {"name": "lake", "id": "frozen_lake", "kwargs": {"size": 3}, "max_turns": 3,
+                  "max_context_tokens": 256, "eval_episodes": 0}],
+        "rollout": {"prompts_per_step": 3, "group_size": 2, "max_new_tokens": 3},
+        "async_training": {"enabled": True, "max_staleness": 2, "max_ahead": 1,
+                           "order": "start"},
+        "train": {"micro_batch_size": 6, "num_threads": 1}, "eval": {"every_steps": 0},
+        "checkpoint": {"every_steps": 1, "keep_last": 3},
+        "tracking": {"tensorboard": False, "progress": False, "record_rollouts": 6}}))
+    assert main(["train", str(config)]) == 0
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").open()]
+    assert [r["step"] for r in rows] == [1, 2, 3]
+    for row in rows:
+        assert (row["train/guess/groups"], row["train/lake/groups"]) == (2.0, 1.0)
+        assert row["staleness/max"] <= 2 and "train/lake/success_rate" in row
+    whole = trained_groups(run, (1, 2, 3))
+    assert all(sorted(env for env, _ in step) == ["guess", "guess", "lake"] for step in whole)
+    for n in (2, 3):
+        shutil.rmtree(run / "checkpoints" / f"step_{n}")
+    assert main(["train", str(config), "resume=true"]) == 0
+    resumed = trained_groups(run, (2, 3))
+    assert resumed == whole[1:]
+    trained = sum(whole[:1] + resumed, [])
+    assert len(set(trained)) == len(trained) == 9
