@@ -207,17 +207,20 @@ class DomainTask:
     def next_batch(self, step: int, params: SamplingParams) -> list[Trajectory]:
         """Each domain's share of the step's groups, concatenated (group ids renumbered)."""
         if self.source is not None:
-            return self.async_batch(step, params)
-        counts = self.mixer.counts(self.config.rollout.prompts_per_step)
+            parts, observe = self.async_parts(step, params), self.source.stream.observe
+        else:
+            counts = self.mixer.counts(self.config.rollout.prompts_per_step)
+            parts = (self.domain_step(d, count, step, params)
+                     for d, count in zip(self.domains, counts, strict=True))
+            observe = self.mixer.observe
         batch, failures, metrics = [], [], {}
-        for index, (d, count) in enumerate(zip(self.domains, counts, strict=True)):
-            trajectories, failed, domain_metrics = self.domain_step(d, count, step, params)
+        for index, (trajectories, failed, domain_metrics) in enumerate(parts):
             metrics |= domain_metrics
             if failed is not None:
                 failures.append(failed)
                 continue
-            if trajectories:
-                self.mixer.observe(index, sum(t.reward for t in trajectories) / len(trajectories))
+            if trajectories:  # for `reweight: mean_reward`
+                observe(index, sum(t.reward for t in trajectories) / len(trajectories))
             batch += renumbered(trajectories, batch[-1].group_id + 1 if batch else 0)
         if failures and not batch:
             raise RunStopped("every domain's reward failed this step: "
@@ -226,37 +229,24 @@ class DomainTask:
             raise RunStopped(f"step {step}: the domains' dynamic-sampling filters dropped every "
                              f"group of the step (scheduler.refill_filtered: true refills them)")
         self._metrics = metrics | self.overall(metrics)
+        if self.source is not None:
+            self._metrics |= self.source.metrics()
         return batch
 
-    def async_batch(self, step: int, params: SamplingParams) -> list[Trajectory]:
-        """The async source's next batch (every domain's groups, drawn by the producer's mixer),
-        split by domain for each domain's filter, failure bound and metrics."""
+    def async_parts(self, step: int, params: SamplingParams):
+        """Per domain, as `domain_step` gives it: the async source's next batch (every domain's
+        groups, drawn by the producer's mixer) split by domain for its filter, failure bound and
+        metrics."""
         timer = time.perf_counter()
         sampled = self.source.next_batch(step, step - 1, params)
         seconds = time.perf_counter() - timer
-        batch, failures, metrics = [], [], {}
-        for index, d in enumerate(self.domains):
+        for d in self.domains:
             mine = [t for t in sampled if t.reward_info["domain"] == d.name]
-            count = len({t.group_id for t in mine})
             trajectories, filtered = self.own_filter(d, mine)
             failed = self.check_failures(d, step)
-            metrics |= self.domain_metrics(d, mine, count, filtered, {})
+            metrics = self.domain_metrics(d, mine, len({t.group_id for t in mine}), filtered, {})
             metrics[f"time/{d.name}/rollout_s"] = seconds  # the domains' groups ran together
-            if failed is not None:
-                failures.append(failed)
-                continue
-            if trajectories:  # for `reweight: mean_reward` (the producer draws by the mixer)
-                self.source.stream.observe(index, sum(t.reward for t in trajectories)
-                                           / len(trajectories))
-            batch += renumbered(trajectories, batch[-1].group_id + 1 if batch else 0)
-        if failures and not batch:
-            raise RunStopped("every domain's reward failed this step: "
-                             + "; ".join(str(f) for f in failures))
-        if not batch:
-            raise RunStopped(f"step {step}: the domains' dynamic-sampling filters dropped every "
-                             f"group of the step (scheduler.refill_filtered: true refills them)")
-        self._metrics = metrics | self.overall(metrics) | self.source.metrics()
-        return batch
+            yield ([] if failed else trajectories), failed, metrics
 
     def check_failures(self, d: Domain, step: int) -> RunStopped | None:
         """The domain's reward past its failure bound: the error (its groups leave the step)."""

@@ -13,19 +13,26 @@ from reroll.cli import main
 pytestmark = pytest.mark.e2e
 
 
-def test_two_envs_train_and_evaluate_per_env(tmp_path, tiny_model, capsys):
+def two_envs(tmp_path, tiny_model, eval_episodes: int, **sections) -> str:
+    """guess_number (weight 2) and frozen_lake (weight 1), 3 groups a step; `sections` replace
+    the config's."""
     config = tmp_path / "two.yaml"
     config.write_text(yaml.safe_dump({
         "pipeline": "agentic", "output_dir": str(tmp_path / "run"), "seed": 0, "steps": 2,
         "model": {"path": tiny_model},
         "envs": [{"name": "guess", "id": "guess_number", "kwargs": {"high": 4}, "max_turns": 2,
-                  "max_context_tokens": 96, "eval_episodes": 2, "weight": 2},
+                  "max_context_tokens": 96, "eval_episodes": eval_episodes, "weight": 2},
                  {"name": "lake", "id": "frozen_lake", "kwargs": {"size": 3}, "max_turns": 3,
-                  "max_context_tokens": 256, "eval_episodes": 2}],
+                  "max_context_tokens": 256, "eval_episodes": eval_episodes}],
         "rollout": {"prompts_per_step": 3, "group_size": 2, "max_new_tokens": 3},
         "train": {"micro_batch_size": 6, "num_threads": 1}, "eval": {"every_steps": 0},
         "checkpoint": {"every_steps": 1},
-        "tracking": {"tensorboard": False, "progress": False, "record_rollouts": 6}}))
+        "tracking": {"tensorboard": False, "progress": False, "record_rollouts": 6}} | sections))
+    return str(config)
+
+
+def test_two_envs_train_and_evaluate_per_env(tmp_path, tiny_model, capsys):
+    config = two_envs(tmp_path, tiny_model, eval_episodes=2)
     assert main(["train", str(config)]) == 0, capsys.readouterr().err
     rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").open()]
     for row in rows:
@@ -77,20 +84,10 @@ def test_async_two_envs_split_by_weight_and_resume_with_every_episode_once(tmp_p
     after its step-1 checkpoint (groups buffered and in flight) resumes to train the
     uninterrupted run's env seeds, step by step: none lost, none trained twice."""
     run = tmp_path / "run"
-    config = tmp_path / "two.yaml"
-    config.write_text(yaml.safe_dump({
-        "pipeline": "agentic", "output_dir": str(run), "seed": 0, "steps": 3,
-        "model": {"path": tiny_model},
-        "envs": [{"name": "guess", "id": "guess_number", "kwargs": {"high": 4}, "max_turns": 2,
-                  "max_context_tokens": 96, "eval_episodes": 0, "weight": 2},
-                 {"name": "lake", "id": "frozen_lake", "kwargs": {"size": 3}, "max_turns": 3,
-                  "max_context_tokens": 256, "eval_episodes": 0}],
-        "rollout": {"prompts_per_step": 3, "group_size": 2, "max_new_tokens": 3},
-        "async_training": {"enabled": True, "max_staleness": 2, "max_ahead": 1,
-                           "order": "start"},
-        "train": {"micro_batch_size": 6, "num_threads": 1}, "eval": {"every_steps": 0},
-        "checkpoint": {"every_steps": 1, "keep_last": 3},
-        "tracking": {"tensorboard": False, "progress": False, "record_rollouts": 6}}))
+    config = two_envs(tmp_path, tiny_model, eval_episodes=0, steps=3,
+                      async_training={"enabled": True, "max_staleness": 2, "max_ahead": 1,
+                                      "order": "start"},
+                      checkpoint={"every_steps": 1, "keep_last": 3})
     assert main(["train", str(config)]) == 0
     rows = [json.loads(line) for line in (run / "metrics.jsonl").open()]
     assert [r["step"] for r in rows] == [1, 2, 3]
