@@ -45,8 +45,8 @@ def check_prompts(config, tokenizer, splits: dict[str, list[PromptRow]]) -> None
 
 def check_image_support(config, field: str, rows: list[PromptRow], train: bool) -> None:
     """What does not take image prompts yet refuses rows with images here, at start, rather than
-    drop the images or fail mid-run (docs/vlm.md): the vLLM engine (every split it samples), the
-    critic and dense on-policy distillation (the training split). The data decides, not the
+    drop the images or fail mid-run (docs/vlm.md): the vLLM engine and a serving endpoint (every
+    split they sample), the critic and dense on-policy distillation (the training split). The data decides, not the
     model: a VLM's text-only prompts pass."""
     first = next((row for row in rows if row.has_images), None)
     if first is None:
@@ -55,6 +55,9 @@ def check_image_support(config, field: str, rows: list[PromptRow], train: bool) 
     if config.rollout.engine.type == "vllm":
         raise ConfigError(f"rollout.engine: vllm does not take image prompts yet ({held}); use "
                           f"rollout.engine: hf")
+    if config.rollout.serving_endpoint is not None:  # lent requests go as token ids alone
+        raise ConfigError(f"rollout.serving_endpoint: a serving endpoint does not take image "
+                          f"prompts yet ({held}); drop it to generate on the rollout engine")
     if not train:
         return
     if config.algorithm.critic is not None:
