@@ -166,6 +166,7 @@ def _sample(spec: EvalSpec, tasks: list, tokenizer, scratch: Path) -> tuple[list
     `--engine` names; (sets, seconds)."""
     from reroll.engines.base import SamplingParams
 
+    _refuse_images(spec, tasks)
     engine = _engine(spec, tokenizer, scratch)
     params = SamplingParams(spec.max_new_tokens, spec.sampling_temperature(), spec.top_p, 0,
                       (tokenizer.eos_token_id,))
@@ -183,6 +184,19 @@ def _sample(spec: EvalSpec, tasks: list, tokenizer, scratch: Path) -> tuple[list
     if spec.task and not spec.domains:  # the set is named as the flag (or the run) named it
         sets = [replace(s, name=spec.task) for s in sets]
     return sets, time.perf_counter() - start
+
+
+def _refuse_images(spec: EvalSpec, tasks: list) -> None:
+    """`--engine vllm` on held-out prompts with images: refused before the engine starts (it
+    does not take them yet, docs/vlm.md), not a NotImplementedError mid-evaluation."""
+    if spec.engine != "vllm":
+        return
+    parts = [part for task in tasks for part in [task, *getattr(task, "domains", [])]]
+    row = next((row for part in parts for row in getattr(part, "eval_rows", [])
+                if row.has_images), None)
+    if row is not None:
+        raise ConfigError(f"--engine vllm: vLLM does not take image prompts yet (the held-out "
+                          f"prompts hold images, e.g. {row.source}); use --engine hf")
 
 
 def _headline(spec: EvalSpec, per_part: dict[str, dict[str, float]]) -> dict[str, Any]:

@@ -9,8 +9,11 @@ module of the trainer is compared with the same module of the engine, in the ord
 ran them; the first whose outputs differ by more than `tolerance` (relative to the output's
 largest value) is where the two part, and the one whose difference is the largest multiple of
 any before it is where the most new error enters. The sweep covers what users change: the engine's dtype,
-its batch size and the trainer's layout. The logprob columns are what `behaviour_kl` and the
-importance ratios of a run see.
+its batch size and the trainer's layout, and on a mixture-of-experts model routing replay off
+or on (`algorithm.routing_replay`): the engine's forward records each token's experts and the
+trainer's routes afresh or replays them (`reroll.models.routing`; replay keeps the rows padded,
+as training does), with the share of tokens the two route to another expert set. The logprob
+columns are what `behaviour_kl` and the importance ratios of a run see.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from dataclasses import asdict, dataclass
 
 import torch
 
+from reroll.models import routing
 from reroll.models.loading import DTYPES, load_model, load_tokenizer
 from reroll.models.logprobs import _packed_mask, picked_logprobs
 from reroll.models.packing import pack_shared_prefixes, supports_packing
@@ -46,6 +50,16 @@ class Diagnosis:
     logprob_mean_abs_diff: float
     ratio_outside: float
     """Share of response tokens whose ratio exp(engine - trainer) leaves [0.9, 1.1]."""
+    routing_replay: str = "n/a"
+    """`off` (the trainer routes afresh) or `on` (it replays the engine's routing) on a
+    mixture-of-experts model; `n/a` on a dense one."""
+    routing_mismatch: float | None = None
+    """Share of the compared positions whose experts differ from the engine's in at least one
+    layer (None on a dense model)."""
+
+
+ROUTING_SKIPPED = "dense model: no experts to route"
+"""What the table says of routing replay on a model without routers."""
 
 
 def rows(path: str, group: int = 4, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor, int]:
@@ -105,11 +119,16 @@ def _at(outputs: dict[str, list[torch.Tensor]], where: Index, rows_: int
     return picked
 
 
-def trainer_side(model, ids, mask, prompt: int, layout: str) -> tuple[dict, torch.Tensor]:
-    """(module outputs at the predicting positions, logprobs of the response tokens)."""
+def trainer_side(model, ids, mask, prompt: int, layout: str,
+                 replay: torch.Tensor | None = None) -> tuple[dict, torch.Tensor, torch.Tensor | None]:
+    """(module outputs at the predicting positions, logprobs of the response tokens, the experts
+    [positions, layers, k] routed there, None for a dense model); `replay`: the engine's routing
+    [B, L, layers, k] forced (padded layout only, as training keeps replayed rows unpacked)."""
     (sr, sc), (tr, tc) = _targets(mask, prompt)
     outputs: dict[str, list[torch.Tensor]] = {}
-    with torch.no_grad(), recording(model, outputs):
+    forced = contextlib.nullcontext() if replay is None else routing.replaying(model, replay)
+    # replay's hook first: the routing record sees the experts it forced
+    with torch.no_grad(), forced, routing.recording(model) as routed, recording(model, outputs):
         if layout == "packed":
             response = mask.clone()
             response[:, :prompt] = 0
@@ -121,32 +140,43 @@ def trainer_side(model, ids, mask, prompt: int, layout: str) -> tuple[dict, torc
             # the packing's predictions put in the padded one's order (row by row)
             order = torch.argsort(packed.target_row * ids.shape[1] + packed.target_col)
             where = packed.source_row[order], packed.source_col[order]
-            rows_ = packed.input_ids.shape[0]
+            shape = packed.input_ids.shape
         else:
             positions = (mask.cumsum(-1) - 1).clamp(min=0)
             logits = model(input_ids=ids, attention_mask=mask, position_ids=positions,
                            use_cache=False).logits
-            where, rows_ = (sr, sc), ids.shape[0]
+            where, shape = (sr, sc), ids.shape
+        experts = routed.take()
     logprobs = picked_logprobs(logits[where].float(), ids[tr, tc])
-    return _at(outputs, where, rows_), logprobs
+    if experts is not None:
+        experts = experts.view(*shape, *experts.shape[1:])[where]
+    return _at(outputs, where, shape[0]), logprobs, experts
 
 
-def engine_side(model, ids, mask, prompt: int, batch_size: int) -> tuple[dict, torch.Tensor]:
+def engine_side(model, ids, mask, prompt: int, batch_size: int
+                ) -> tuple[dict, torch.Tensor, torch.Tensor | None]:
+    """(module outputs at the predicting positions, logprobs of the response tokens, the
+    engine's routing [B, L, layers, k] with -1 on padding, None for a dense model)."""
     (sr, sc), (tr, tc) = _targets(mask, prompt)
     outputs: dict[str, list[torch.Tensor]] = {}
-    logits = []
-    with torch.no_grad(), recording(model, outputs):
+    logits, experts = [], []
+    with torch.no_grad(), routing.recording(model) as routed, recording(model, outputs):
         for start in range(0, ids.shape[0], batch_size):
             b_ids, b_mask = ids[start:start + batch_size], mask[start:start + batch_size]
             positions = (b_mask.cumsum(-1) - 1).clamp(min=0)
             logits.append(model(input_ids=b_ids, attention_mask=b_mask, position_ids=positions,
                                 use_cache=False).logits.float())
+            taken = routed.take()
+            if taken is not None:
+                taken = taken.view(*b_ids.shape, *taken.shape[1:])
+                experts.append(taken.masked_fill(~b_mask.bool()[..., None, None],
+                                                 routing.NO_RECORD))
     logprobs = picked_logprobs(torch.cat(logits)[sr, sc], ids[tr, tc])
-    return _at(outputs, (sr, sc), ids.shape[0]), logprobs
+    return _at(outputs, (sr, sc), ids.shape[0]), logprobs, torch.cat(experts) if experts else None
 
 
-def compare(trainer: tuple[dict, torch.Tensor], engine: tuple[dict, torch.Tensor],
-            tolerance: float) -> tuple[str, float, str, float, torch.Tensor]:
+def compare(trainer: tuple, engine: tuple, tolerance: float
+            ) -> tuple[str, float, str, float, torch.Tensor]:
     """(first parting module, its relative difference, the module that grows the difference
     most and by what factor, per-token logprob difference)."""
     first, rel, growth, factor, worst = "none", 0.0, "none", 1.0, 0.0
@@ -163,28 +193,45 @@ def compare(trainer: tuple[dict, torch.Tensor], engine: tuple[dict, torch.Tensor
     return first, rel, growth, factor, engine[1] - trainer[1]
 
 
+def routing_mismatch(trainer: tuple, engine: tuple, mask: torch.Tensor, prompt: int
+                     ) -> float | None:
+    """Share of the predicting positions routed to another expert set than the engine's in at
+    least one layer (None for a dense model)."""
+    if engine[2] is None:
+        return None
+    (sr, sc), _ = _targets(mask, prompt)
+    return 1 - routing.token_agreement(trainer[2], engine[2][sr, sc])
+
+
 def diagnose(path: str, dtypes: tuple[str, ...] = ("float32", "bfloat16"),
              batch_sizes: tuple[int, ...] = (1, 4), tolerance: float = 1e-3,
              attn_implementation: str = "auto") -> list[Diagnosis]:
-    """The sweep's table: one row per engine dtype x engine batch size x trainer layout."""
+    """The sweep's table: one row per engine dtype x engine batch size x trainer layout, and on
+    a mixture-of-experts model one more per dtype x batch size with routing replay on."""
     ids, mask, prompt = rows(path, group=max(batch_sizes))
     trainer_model = load_model(path, "float32", attn_implementation).eval()
     layouts = ["padded"] + (["packed"] if supports_packing(trainer_model) else [])
     trainers = {layout: trainer_side(trainer_model, ids, mask, prompt, layout)
                 for layout in layouts}
+    moe = routing.is_moe(trainer_model)
     table = []
     for dtype in dtypes:
         engine_model = copy.deepcopy(trainer_model).to(DTYPES[dtype])
         for batch_size in batch_sizes:
             engine = engine_side(engine_model, ids, mask, prompt, batch_size)
-            for layout in layouts:
-                first, rel, growth, factor, delta = compare(trainers[layout], engine, tolerance)
+            sides = [(layout, "off" if moe else "n/a", trainers[layout]) for layout in layouts]
+            if moe:  # the engine's routing replayed in the trainer's (padded) forward
+                sides.append(("padded", "on", trainer_side(trainer_model, ids, mask, prompt,
+                                                           "padded", replay=engine[2])))
+            for layout, replay, trainer in sides:
+                first, rel, growth, factor, delta = compare(trainer, engine, tolerance)
                 ratio = delta.exp()
                 table.append(Diagnosis(
                     dtype, batch_size, layout, first, rel, growth, factor,
                     float(delta.abs().max()),
                     float(delta.abs().mean()),
-                    float(((ratio < 0.9) | (ratio > 1.1)).float().mean())))
+                    float(((ratio < 0.9) | (ratio > 1.1)).float().mean()),
+                    replay, routing_mismatch(trainer, engine, mask, prompt)))
     return table
 
 

@@ -127,6 +127,16 @@ def tiny_model(session_cache) -> str:
 
 
 @pytest.fixture(scope="session")
+def tiny_moe(session_cache) -> str:
+    """`reroll make-model` of the tiny preset as a Qwen3-MoE, in a folder with its tokenizer:
+    for what takes a model directory (`check-model --diagnose`)."""
+    from reroll.models.factory import make_model
+
+    return str(session_cache("tiny-moe", lambda out: make_model(out, "tiny", seed=0,
+                                                                 architecture="qwen3_moe")))
+
+
+@pytest.fixture(scope="session")
 def tiny_vlm(session_cache) -> str:
     """`reroll make-model --vlm`: a tiny random-init Idefics3 and its processor."""
     from reroll.models.vlm import make_vlm

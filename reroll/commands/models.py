@@ -10,7 +10,7 @@ from rich.table import Table
 
 from reroll.check_model import run_checks
 from reroll.commands.common import console, refuse_to_overwrite
-from reroll.mismatch import as_dicts, diagnose
+from reroll.mismatch import ROUTING_SKIPPED, as_dicts, diagnose
 from reroll.models.factory import PRESETS, make_model
 from reroll.models.gguf import import_gguf
 from reroll.models.vlm import make_vlm
@@ -68,22 +68,31 @@ def cmd_diagnose(args: argparse.Namespace) -> None:
     """`check-model --diagnose`: the engine-vs-trainer mismatch table (reroll/mismatch.py)."""
     with console.status("running the engine's and the trainer's forwards"):
         table_rows = diagnose(args.model, attn_implementation=args.attn_implementation)
+    moe = any(r.routing_mismatch is not None for r in table_rows)
     table = Table(title=f"reroll check-model --diagnose {args.model}: the engine (dtype, batch "
-                        f"size) against the trainer (float32, padded or packed); the first "
+                        f"size) against the trainer (float32, padded or packed"
+                        f"{', routing replay off or on' if moe else ''}); the first "
                         f"module whose outputs differ by > 1e-3 of their scale, and the one "
-                        f"whose difference is the largest multiple (x) of any before it; ratio out: tokens whose "
-                        f"ratio leaves [0.9, 1.1]")
-    columns = ("engine", "batch", "trainer", "first parting module", "rel. diff",
-               "jumps most at", "x", "max |dlogp|", "mean |dlogp|", "ratio out")
+                        f"whose difference is the largest multiple (x) of any before it; ratio "
+                        f"out: tokens whose ratio leaves [0.9, 1.1]"
+                        f"{'; routed apart: tokens whose experts differ from the engine' if moe else ''}")
+    columns = ("engine", "batch", "trainer", *(("replay",) if moe else ()),
+               "first parting module", "rel. diff", "jumps most at", "x", "max |dlogp|",
+               "mean |dlogp|", "ratio out", *(("routed apart",) if moe else ()))
     for column in columns:
         table.add_column(column)
     for r in table_rows:
-        table.add_row(r.engine_dtype, str(r.batch_size), r.layout, r.first_parting,
+        replay = (r.routing_replay,) if moe else ()
+        apart = (f"{r.routing_mismatch:.1%}",) if moe else ()
+        table.add_row(r.engine_dtype, str(r.batch_size), r.layout, *replay, r.first_parting,
                       f"{r.parting_rel_diff:.2e}", r.largest_growth, f"{r.growth_factor:.1f}",
                       f"{r.logprob_max_abs_diff:.2e}",
-                      f"{r.logprob_mean_abs_diff:.2e}", f"{r.ratio_outside:.1%}")
+                      f"{r.logprob_mean_abs_diff:.2e}", f"{r.ratio_outside:.1%}", *apart)
     Console(width=max(Console().width, 150)).print(table)
-    print(json.dumps({"model": args.model, "diagnosis": as_dicts(table_rows)}))
+    if not moe:
+        console.print(f"routing replay on/off: skipped ({ROUTING_SKIPPED})", highlight=False)
+    print(json.dumps({"model": args.model, "diagnosis": as_dicts(table_rows),
+                      "routing_replay": "swept" if moe else f"skipped: {ROUTING_SKIPPED}"}))
 
 
 def configure_make_model(p: argparse.ArgumentParser) -> None:
@@ -116,5 +125,6 @@ def configure_check_model(p: argparse.ArgumentParser) -> None:
     p.add_argument("--diagnose", action="store_true",
                    help="instead of the checks: run the same rows through the engine's and the "
                         "trainer's forward module by module, name the first module where they "
-                        "part, swept over engine dtype, batch size and padded/packed")
+                        "part, swept over engine dtype, batch size and padded/packed (and routing "
+                        "replay off/on on a mixture-of-experts model)")
     p.set_defaults(fn=cmd_check_model)

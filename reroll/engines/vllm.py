@@ -124,9 +124,11 @@ class VLLMEngine:
     # -- Engine protocol -------------------------------------------------------------------------
 
     async def generate(self, request: Request) -> Completion:
-        if request.model_inputs:  # dropping them would sample from the text alone, silently
+        # A run refuses image data with this engine at start (pipelines.validation); this
+        # guards direct callers: dropping them would sample from the text alone, silently.
+        if request.model_inputs:
             raise NotImplementedError("the vLLM engine does not take image prompts yet (model "
-                                      "inputs beyond tokens); use engine.backend: hf")
+                                      "inputs beyond tokens); use rollout.engine: hf")
         try:
             return await self._loop.wait(self._generate(request))
         except asyncio.CancelledError:

@@ -44,6 +44,7 @@ from reroll.pipelines.judge import reward_factory
 from reroll.pipelines.task import EvalSet, grouped, held_out, reward_failures, rollout_row
 from reroll.pipelines.validation import (
     check_answers,
+    check_image_support,
     check_lengths,
     check_rules,
     check_teacher_tags,
@@ -123,6 +124,7 @@ def check_domain(config: RLConfig, tokenizer, spec: DomainConfig, where: str,
             if reward is not None:
                 check_answers(reward.type, field_name, rows)
                 check_rules(reward, rows, f"{where}.reward")
+            check_image_support(config, field_name, rows, train=split == "train")
             if split == "train":
                 check_teacher_tags(config.algorithm.distill, field_name, rows)
             limit_images(field_name, rows, config.data.max_image_pixels,

@@ -4,6 +4,10 @@ to sample (one long row used to end a run at step 4).
 Policy for long prompts: refuse, never truncate. A prompt over `data.max_prompt_tokens`, or one
 that with `rollout.max_new_tokens` does not fit the model's context, is a ConfigError naming the
 longest such row's file and line, and how many rows are over.
+
+Image prompts are refused at start, not mid-run, by what does not take them yet
+(`check_image_support`): the rows are read and their images opened before any model loads, so
+whether the data holds images is known exactly, for the cost of a scan of the parsed rows.
 """
 
 from __future__ import annotations
@@ -31,11 +35,39 @@ def check_prompts(config, tokenizer, splits: dict[str, list[PromptRow]]) -> None
     for field, rows in splits.items():
         # The held-out split is scored by `eval.reward` when the run sets one.
         reward = eval_reward if field == "data.eval" and eval_reward is not None else config.reward
+        check_image_support(config, field, rows, train=field == "data.train")
         check_answers(reward.type, field, rows)
         check_rules(reward, rows)
         limit_images(field, rows, config.data.max_image_pixels, config.data.oversize_images)
         lengths = prompt_lengths(tokenizer, rows)
         check_lengths(field, rows, lengths, config.data.max_prompt_tokens, max_new, context)
+
+
+def check_image_support(config, field: str, rows: list[PromptRow], train: bool) -> None:
+    """What does not take image prompts yet refuses rows with images here, at start, rather than
+    drop the images or fail mid-run (docs/vlm.md): the vLLM engine and a serving endpoint (every
+    split they sample), the critic and dense on-policy distillation (the training split). The data decides, not the
+    model: a VLM's text-only prompts pass."""
+    first = next((row for row in rows if row.has_images), None)
+    if first is None:
+        return
+    held = f"{field} holds images, e.g. {first.source}"
+    if config.rollout.engine.type == "vllm":
+        raise ConfigError(f"rollout.engine: vllm does not take image prompts yet ({held}); use "
+                          f"rollout.engine: hf")
+    if config.rollout.serving_endpoint is not None:  # lent requests go as token ids alone
+        raise ConfigError(f"rollout.serving_endpoint: a serving endpoint does not take image "
+                          f"prompts yet ({held}); drop it to generate on the rollout engine")
+    if not train:
+        return
+    if config.algorithm.critic is not None:
+        raise ConfigError(f"algorithm.critic: the critic (a value model) does not take image "
+                          f"prompts yet ({held}); drop it and use an advantage estimator "
+                          f"without one (e.g. algorithm.advantage: {{name: grpo}})")
+    distill = config.algorithm.distill
+    if distill is not None and distill.mode == "dense":
+        raise ConfigError(f"algorithm.distill.mode: dense does not take image prompts yet "
+                          f"({held}); use mode: pure or mixed")
 
 
 def check_max_tokens(config) -> None:

@@ -26,7 +26,7 @@ from reroll import algorithms
 from reroll.config.algorithm import CriticConfig
 from reroll.config.errors import ConfigError
 from reroll.config.schema import OptimizerConfig, TrainConfig
-from reroll.models.loading import DTYPES
+from reroll.models.loading import DTYPES, is_vision_language
 from reroll.training.local import LocalStrategy
 
 WEIGHTS = "model.safetensors"
@@ -78,6 +78,10 @@ def load_value_model(path: str, dtype: str = "float32") -> ValueModel:
     if not (Path(path).expanduser() / "config.json").is_file():
         raise ConfigError(f"algorithm.critic.model_path {path}: no Hugging Face model there "
                           f"(config.json missing)")
+    if is_vision_language(AutoConfig.from_pretrained(path)):  # AutoModel has no text backbone
+        raise ConfigError(f"algorithm.critic: the critic's model {path} is a vision-language "
+                          f"model, and the value model takes a text-only causal LM yet (set "
+                          f"algorithm.critic.model_path to one, or drop the critic)")
     if is_saved_critic(path):
         backbone = AutoModel.from_config(AutoConfig.from_pretrained(path)).to(DTYPES[dtype])
         model = ValueModel(backbone)
@@ -110,7 +114,9 @@ class LocalCritic:
     @torch.no_grad()
     def values(self, batch: TensorDict) -> torch.Tensor:
         """Every critic's values of the batch's tokens: [M, B, L] (0 on padding)."""
-        if "model_inputs" in batch.keys():  # the value head would see the text alone, silently
+        # A run refuses image data with a critic at start (pipelines.validation); this guards
+        # direct callers: the value head would see the text alone, silently.
+        if "model_inputs" in batch.keys():
             raise NotImplementedError("the critic does not take image prompts yet")
         ids, mask = batch["input_ids"], batch["attention_mask"]
         out = torch.zeros((self.num_critics, *ids.shape), dtype=torch.float32)

@@ -178,3 +178,114 @@ def test_train_refuses_an_oversize_image_with_exit_2(tiny_vlm, tmp_path, capsys)
     assert main(["train", str(config)]) == 2
     err = capsys.readouterr().err
     assert "train.jsonl:1: image" in err and "max_image_pixels=4096" in err
+
+
+def test_what_does_not_take_images_is_checked_on_the_splits_it_reads(tmp_path):
+    """The vLLM engine samples every split; the critic and dense distillation train on the
+    training split only; text rows pass whatever the settings (a VLM's text prompts too)."""
+    from reroll.config.schema import RLConfig
+    from reroll.pipelines.validation import check_image_support
+
+    images = load_prompts(write_count_task(tmp_path, 2, 1, seed=0)["train"])
+    (tmp_path / "text.jsonl").write_text(json.dumps({"prompt": "1+1", "answer": "2"}) + "\n")
+    text = load_prompts(tmp_path / "text.jsonl")
+
+    def config(**values):
+        return RLConfig(model={"path": "m"}, data={"train": "t.jsonl"}, steps=1, **values)
+
+    vllm = config(rollout={"engine": "vllm"})
+    lend = config(rollout={"serving_endpoint": {"url": "http://127.0.0.1:9/v1",
+                                                "ttft_p99_s": 1, "tpot_p99_s": 1}})
+    critic = config(algorithm={"advantage": {"name": "gae"}, "critic": {}})
+    dense = config(algorithm={"distill": {"mode": "dense", "teacher": {"path": "t"}}})
+    for c in (vllm, lend, critic, dense):
+        check_image_support(c, "data.train", text, train=True)
+    with pytest.raises(ConfigError, match=r"rollout.engine: vllm .* \(data.eval holds images, "
+                                          r"e.g. .*train.jsonl:1\); use rollout.engine: hf"):
+        check_image_support(vllm, "data.eval", images, train=False)
+    with pytest.raises(ConfigError, match=r"^rollout.serving_endpoint: a serving endpoint does "
+                                          r"not take image prompts yet \(data.eval holds"):
+        check_image_support(lend, "data.eval", images, train=False)
+    for c in (critic, dense):
+        check_image_support(c, "data.eval", images, train=False)
+        with pytest.raises(ConfigError, match=r"^algorithm.(critic|distill.mode): "):
+            check_image_support(c, "data.train", images, train=True)
+
+
+def test_a_domain_with_images_is_refused_by_its_name(tmp_path, tiny_model, tokenizer):
+    from reroll.config.schema import RLConfig
+    from reroll.pipelines.domains import build_domain
+
+    path = str(write_count_task(tmp_path, 2, 1, seed=0)["train"])
+    c = RLConfig(steps=1, model={"path": tiny_model}, rollout={"engine": "vllm"},
+                 data={"domains": [{"name": "count", "train": path}]})
+    with pytest.raises(ConfigError, match=r"rollout.engine: vllm does not take image prompts "
+                                          r"yet \(data.domains\[0\] \(count\).train holds"):
+        build_domain(c, tokenizer, 0, c.data.domains[0])
+
+
+def test_the_remote_engine_refuses_model_inputs_rather_than_drop_them():
+    """The completions API takes token ids alone: sending the prompt without its pixels would
+    sample from the text alone, silently."""
+    import asyncio
+
+    from reroll.engines.base import Request, SamplingParams
+    from reroll.engines.remote import RemoteEngine
+
+    engine = RemoteEngine(["http://127.0.0.1:9/v1"])  # never reached: refused before a request
+    try:
+        request = Request([1, 2, 3], SamplingParams(4),
+                          model_inputs={"pixel_values": torch.zeros(1, 1, 3, 8, 8)})
+        with pytest.raises(NotImplementedError, match="remote engine does not take image"):
+            asyncio.run(engine.generate(request))
+    finally:
+        engine.close()
+
+
+@pytest.mark.e2e
+def test_eval_with_vllm_refuses_image_prompts_before_the_engine_starts(tiny_vlm, tmp_path,
+                                                                        capsys):
+    from reroll.cli import main
+
+    task = write_count_task(tmp_path / "task", train_size=1, eval_size=2, seed=0)["eval"]
+    out = tmp_path / "r.json"
+    assert main(["eval", "--model", tiny_vlm, "--task", str(task), "--engine", "vllm",
+                 "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert (f"--engine vllm: vLLM does not take image prompts yet (the held-out prompts hold "
+            f"images, e.g. {task}:1); use --engine hf") in err, err
+    assert "Traceback" not in err and not out.exists()
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize("setting, said", [
+    ({"rollout": {"engine": "vllm"}},
+     "rollout.engine: vllm does not take image prompts yet (data.train holds images, e.g. "),
+    ({"algorithm": {"advantage": {"name": "gae"}, "critic": {}}},
+     "algorithm.critic: the critic (a value model) does not take image prompts yet (data.train "
+     "holds images, e.g. "),
+    ({"algorithm": {"distill": {"mode": "dense", "teacher": {"path": "TINY_VLM"}}}},
+     "algorithm.distill.mode: dense does not take image prompts yet (data.train holds images, "
+     "e.g. "),
+], ids=["vllm", "critic", "dense_distill"])
+def test_train_refuses_what_does_not_take_images_at_start(tiny_vlm, tmp_path, capsys, setting,
+                                                          said):
+    """What does not take image prompts yet is refused before any model loads, with one message
+    naming the field and the data, and exit 2: not a NotImplementedError mid-run."""
+    import yaml
+
+    from reroll.cli import main
+
+    paths = write_count_task(tmp_path / "task", train_size=2, eval_size=1, seed=0)
+    config = tmp_path / "config.yaml"
+    run = tmp_path / "run"
+    config.write_text(yaml.safe_dump({
+        "output_dir": str(run), "model": {"path": tiny_vlm}, "steps": 1,
+        "data": {"train": str(paths["train"])},
+        "rollout": {"prompts_per_step": 2, "group_size": 2, "max_new_tokens": 4},
+        **setting}).replace("TINY_VLM", tiny_vlm))
+    assert main(["train", str(config)]) == 2
+    err = capsys.readouterr().err
+    assert said + f"{paths['train']}:1)" in err, err
+    assert "Traceback" not in err and "NotImplementedError" not in err
+    assert not (run / "metrics.jsonl").exists() and not (run / "checkpoints").exists()

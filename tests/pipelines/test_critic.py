@@ -37,6 +37,16 @@ def test_a_fresh_critic_shares_the_policy_backbone_and_predicts_zero(tiny_model)
     assert torch.all(model(batch["input_ids"], batch["attention_mask"]) == 0)
 
 
+def test_a_vision_language_model_is_refused_as_the_critic_s_model(tiny_vlm):
+    """Its config has no text backbone that AutoModel would give a value head (it used to end
+    in an AttributeError on `hidden_size` while the roles were built)."""
+    from reroll.config.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"algorithm.critic: the critic's model .*tiny-vlm is a "
+                                          r"vision-language model"):
+        load_value_model(tiny_vlm)
+
+
 def test_value_at_t_sees_only_the_tokens_before_t(tiny_model):
     model = load_value_model(tiny_model)
     torch.nn.init.normal_(model.value_head.weight)
