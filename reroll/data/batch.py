@@ -177,12 +177,16 @@ def model_kwargs(batch: TensorDict, device: torch.device | str | None = None
     order, padding dropped. It is the layout processors give a batch of prompts and models expect:
     Qwen2-VL's `pixel_values` [all patches of all images, D] with `image_grid_thw` [all images, 3],
     or one image tensor per row [rows, C, H, W]; the model places image i's features at the i-th
-    run of image tokens in the batch, which row order keeps."""
+    run of image tokens in the batch, which row order keeps. An input none of the rows holds is
+    left out, as for a text-only batch (a model given an empty `pixel_values` fails: a
+    micro-batch or a rank's shard of text-only rows from a mixed batch)."""
     if "model_inputs" not in batch.keys():
         return {}
     out = {}
     for name, field_ in batch["model_inputs"].items():
         values, sizes = field_["values"], field_["sizes"].tolist()
+        if not any(sizes):
+            continue
         out[name] = torch.cat([values[i, :n] for i, n in enumerate(sizes)])
         if device is not None:
             out[name] = out[name].to(device)

@@ -62,14 +62,27 @@ def init_process_group() -> str:
     return device
 
 
+def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
+    """The language model's decoder layers: `model.model.layers` for a causal LM, the text
+    model's (`get_decoder()`: Idefics3's `model.text_model`, Qwen2-VL's `language_model`) for a
+    VLM; [] when the model has none we know of."""
+    decoder = None
+    with contextlib.suppress(AttributeError, NotImplementedError):
+        decoder = model.get_decoder()
+    decoder = decoder if decoder is not None else getattr(model, "model", None)
+    return list(getattr(decoder, "layers", None) or [])
+
+
 def shard_model(model: torch.nn.Module, param_dtype: str = "float32") -> torch.nn.Module:
-    """fully_shard each decoder layer, then the root (embeddings, norm, tied lm_head)."""
+    """fully_shard each decoder layer, then the root (embeddings, norm, tied lm_head and a VLM's
+    vision tower). The vision tower stays in the root's unit on purpose: its forward runs only on
+    micro-batches with images, and a rank whose rows are text-only would skip the all-gathers of
+    its own units that the other ranks wait on (a hang); the root is gathered on every forward."""
     # deferred: importing FSDP takes ~0.5 s, which single-rank policy workers never need
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
     mp = MixedPrecisionPolicy(param_dtype=DTYPES[param_dtype], reduce_dtype=torch.float32)
-    layers = getattr(getattr(model, "model", None), "layers", None) or []
-    for layer in layers:
+    for layer in decoder_layers(model):
         fully_shard(layer, mp_policy=mp)
     fully_shard(model, mp_policy=mp)
     return model

@@ -81,6 +81,14 @@ def test_collate_keeps_each_sample_s_inputs_and_the_forward_gets_them_concatenat
     assert model_kwargs(collate(trajectories([None]), 0)[0]) == {}
 
 
+def test_a_micro_batch_of_text_only_rows_from_a_mixed_batch_passes_no_inputs():
+    """Not an empty `pixel_values`, which the model's vision tower fails on."""
+    pixels = [None, None, patches(2, 0), patches(1, 1)]
+    text_only, images = split_micro_batches(collate(trajectories(pixels), 0)[0], 2)
+    assert model_kwargs(text_only) == {}
+    assert torch.equal(model_kwargs(images)["pixel_values"], torch.cat(pixels[2:]))
+
+
 def test_inputs_of_mismatched_trailing_shape_are_refused_by_name():
     bad = trajectories([patches(2, 0), None])
     bad[1].model_inputs = {"pixel_values": torch.zeros(2, PATCH + 1)}
