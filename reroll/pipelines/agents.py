@@ -11,6 +11,7 @@ to every call (the client's `temperature` is not used), so the trainer's ratios 
 
 from __future__ import annotations
 
+import logging
 import random
 from pathlib import Path
 from typing import Any
@@ -19,7 +20,7 @@ import torch
 
 from reroll.config.agentic import AgenticConfig
 from reroll.config.errors import ConfigError
-from reroll.data.batch import Trajectory
+from reroll.data.batch import Trajectory, infra_failed
 from reroll.data.datasets import PromptSampler, _read_records
 from reroll.engines.base import Engine, SamplingParams
 from reroll.pipelines.task import EvalSet, grouped, held_out, rollout_row
@@ -28,6 +29,7 @@ from reroll.rewards.custom import resolve
 from reroll.rollout.gateway import AgentSpec, Gateway, run_episodes
 
 EVAL_SEED_BASE = 10**9
+log = logging.getLogger(__name__)
 
 
 def read_tasks(path: str, field: str) -> list[Any]:
@@ -46,6 +48,18 @@ def agent_spec(config: AgenticConfig) -> AgentSpec:
         entrypoint=resolve(a.entrypoint, "agent.entrypoint") if a.entrypoint else None,
         command=list(a.command) if a.command else None, time_limit_s=a.time_limit_s,
         verifier=resolve(a.verifier, "agent.verifier") if a.verifier else None, env=dict(a.env))
+
+
+def held_out_metrics(trajectories: list[Trajectory]) -> dict[str, float]:
+    """Mean return and success rate over the episodes that did not end in an infrastructure
+    failure (a harness that crashed, timed out, never called or gave no reward), and the share
+    that did."""
+    valid = [t for t in trajectories if not infra_failed(t)]
+    returns = torch.tensor([t.reward for t in valid] or [0.0])
+    success = torch.tensor([float(t.reward_info.get("success", False)) for t in valid] or [0.0])
+    return {"eval/reward_mean": float(returns.mean()),
+            "eval/success_rate": float(success.mean()),
+            "eval/infra_failure_frac": 1.0 - len(valid) / max(len(trajectories), 1)}
 
 
 class AgentTask:
@@ -101,15 +115,19 @@ class AgentTask:
         return trajectories
 
     def evaluate(self, params: SamplingParams) -> dict[str, float]:
+        """Mean return and success rate on the held-out tasks, over the episodes whose harness
+        did not fail (`eval/infra_failure_frac`: the share that did; a timed-out or crashed
+        harness is not the policy's failure)."""
         n = self.config.eval.samples_per_prompt
         trajectories, stats = self.run(self.eval_tasks, n, params, EVAL_SEED_BASE)
         self.eval_sets = [EvalSet(self.label, grouped(trajectories, n), stats.metrics())]
-        returns = torch.tensor([t.reward for t in trajectories])
-        success = torch.tensor([float(t.reward_info.get("success", False))
-                                for t in trajectories])
-        return {"eval/reward_mean": float(returns.mean()),
-                "eval/success_rate": float(success.mean()),
-                "eval/gateway_calls_mean": stats.metrics()["gateway/calls_mean"]}
+        failed = sum(infra_failed(t) for t in trajectories)
+        if failed:
+            log.warning("evaluation: the harness failed in %d of %d episodes (%s; the last: "
+                        "%s); the eval metrics are over the others", failed, len(trajectories),
+                        dict(stats.failures), stats.errors[-1][:200] if stats.errors else "")
+        return held_out_metrics(trajectories) | {
+            "eval/gateway_calls_mean": stats.metrics()["gateway/calls_mean"]}
 
     def metrics(self) -> dict[str, float]:
         return dict(self._metrics)

@@ -253,3 +253,27 @@ def test_text_completions_are_recorded_and_chained(gateway):
     trajectories, stats = episodes(gateway, agent)
     assert stats.calls == 2 and stats.chains == 1 and stats.faithful_calls == 2
     assert trajectories[0].reward_info["lineage"]["calls"] == [0, 1]
+
+
+def test_held_out_success_is_over_the_episodes_whose_harness_did_not_fail(gateway):
+    """Two good episodes (one solved) and two whose harness hung past its limit: the held-out
+    success is 1 of 2, not 1 of 4, and the failed share is reported (it was 0.25 and silent)."""
+    from reroll.pipelines.agents import held_out_metrics
+
+    calls, lock = [], threading.Lock()
+
+    def agent(task, base_url, api_key):
+        with lock:
+            calls.append(api_key)
+            n = len(calls)
+        if n > 2:
+            time.sleep(30)
+        openai.OpenAI(base_url=base_url, api_key=api_key).chat.completions.create(
+            model="tiny", messages=[{"role": "user", "content": "x"}])
+        return 1.0 if n == 1 else 0.0
+
+    trajectories, stats = episodes(gateway, agent, n=4, limit=3.0)
+    assert stats.failures["timeout"] == 2
+    assert held_out_metrics(trajectories) == {"eval/reward_mean": 0.5,
+                                              "eval/success_rate": 0.5,
+                                              "eval/infra_failure_frac": 0.5}
