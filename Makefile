@@ -124,7 +124,7 @@ demo-real: $(REAL) models/smollm2/config.json data/real/train.jsonl
 # SmolLM2-135M-Instruct answers `a * b + c` on 4-digit operands with a calculator tool, driven by
 # an unmodified `openai` SDK harness (examples/tools/harness.py). Held-out success (64 questions,
 # greedy, through the gateway) before SFT, after a short SFT on a careless expert's scripted
-# tool-use episodes (half of them answered from its head, without the tool), and
+# tool-use episodes (26 of the 64 answered from its head, without the tool), and
 # after GRPO through the gateway; the figures go to runs/demo-tools-figures.json.
 TOOLS_DATA := data/tools/sft.jsonl
 OPENAI := $(VENV)/.openai
