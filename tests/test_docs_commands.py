@@ -126,9 +126,9 @@ ALLOWLIST = {
     # docs/agentic.md, the tool demo: run on the tiny model, shrunk by overrides, in order, by
     # tests/rollout/test_tools_demo_e2e.py.
     **{command: "run shrunk by tests/rollout/test_tools_demo_e2e.py" for command in (
-        "python examples/tools/make_tasks.py --out data/tools --train 512 --eval 32 --digits 4",
-        "reroll make-episodes --env calculator --kwargs '{\"digits\": 4}' --episodes 64 "
-        "--out data/tools/sft.jsonl",
+        "python examples/tools/make_tasks.py --out data/tools --train 512 --eval 64 --digits 4",
+        "reroll make-episodes --env calculator --kwargs '{\"digits\": 4, \"careless\": 0.5}' "
+        "--episodes 64 --out data/tools/sft.jsonl",
         "python examples/tools/evaluate.py examples/tools/grpo.yaml model.path=models/smollm2 "
         "--out runs/tools-eval/base.json",
         "reroll sft examples/tools/sft.yaml",

@@ -47,7 +47,8 @@ def run_call(call) -> str:
 
 def solve(task: dict, base_url: str, api_key: str, max_calls: int = 3) -> float:
     """One episode: the tool-calling loop on `task` ({"prompt", "answer"}); its reward."""
-    client = openai.OpenAI(base_url=base_url, api_key=api_key, max_retries=0)
+    # a slow local server (a loaded CPU serving many episodes at once) may take minutes a call
+    client = openai.OpenAI(base_url=base_url, api_key=api_key, max_retries=0, timeout=1800.0)
     messages = [{"role": "user", "content": task["prompt"]}]
     for _ in range(max_calls):
         reply = client.chat.completions.create(model="policy", messages=messages, tools=TOOLS)

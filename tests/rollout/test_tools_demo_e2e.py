@@ -37,8 +37,8 @@ def test_the_tool_demo_path_trains_through_the_gateway(tiny_model, tmp_path, mon
     started = time.time()
     assert _script(REPO / "examples/tools/make_tasks.py").main(
         ["--out", "data/tools", "--train", "4", "--eval", "2", "--digits", "4"]) == 0
-    assert main(["make-episodes", "--env", "calculator", "--kwargs", '{"digits": 4}',
-                 "--episodes", "4", "--out", "data/tools/sft.jsonl"]) == 0
+    assert main(["make-episodes", "--env", "calculator",
+                 "--kwargs", '{"digits": 4, "careless": 0.5}', "--episodes", "4", "--out", "data/tools/sft.jsonl"]) == 0
     grpo = str(REPO / "examples/tools/grpo.yaml")
     shrunk = ["rollout.max_new_tokens=24", "agent.max_context_tokens=null"]
     assert _script(REPO / "examples/tools/evaluate.py").main(

@@ -12,6 +12,7 @@ from types import SimpleNamespace
 import pytest
 
 from reroll.envs.calculator import CalculatorEnv
+from reroll.envs.episodes import expert_rows
 from reroll.tools.schema import tool_schema
 
 pytestmark = pytest.mark.unit
@@ -55,3 +56,25 @@ def test_task_rows_are_the_envs_questions_and_held_out_apart(tmp_path):
     for row in train + held:
         prompt, _ = env.reset(row["seed"])
         assert row["prompt"] == prompt and row["answer"] == env.answer
+
+
+def test_the_careless_expert_answers_some_episodes_from_its_head_and_they_fail():
+    # the demo's SFT data: a share of episodes without the tool, so RL has something to lift
+    rows = expert_rows("calculator", 40, kwargs={"digits": 4, "careless": 0.5})
+    careless = [r for r in rows if not any(m.get("tool_calls") for m in r["messages"])]
+    assert 10 <= len(careless) <= 30
+    for row in careless:
+        env = CalculatorEnv(digits=4)
+        env.reset(row["env_seed"])
+        assert [m["role"] for m in row["messages"]] == ["user", "assistant"]
+        assert env.step(row["messages"][-1]["content"])[1] == 0.0  # a wrong estimate
+    for row in (r for r in rows if r not in careless):  # the tool call, its result, the answer
+        env = CalculatorEnv(digits=4)
+        env.reset(row["env_seed"])
+        assert [m["role"] for m in row["messages"]] == ["user", "assistant", "tool", "assistant"]
+        assert env.step(row["messages"][-1]["content"])[1] == 1.0
+    # the questions are the same whatever the share
+    plain = expert_rows("calculator", 40, kwargs={"digits": 4})
+    assert [r["messages"][0] for r in plain] == [r["messages"][0] for r in rows]
+    with pytest.raises(ValueError, match="careless"):
+        CalculatorEnv(careless=1.5)
