@@ -4,7 +4,7 @@ from one shared SFT warm start, over several seeds (tiny model, CPU).
 Sokoban on a 5x5 grid (3x3 floor, shortest solution at most 6 moves, 8 moves allowed), reward 1
 when the box reaches the target. The warm start is one short SFT on the BFS expert's episodes
 (a tokenizer trained on their text, 2 epochs): on the tiny model it solves no held-out level
-greedily, but ~10% of sampled episodes succeed, so RL has room and a signal. Then each method
+greedily, but ~8% of sampled episodes succeed, so RL has room and a signal. Then each method
 trains from that same model with the same seeds, steps, batch (env seeds x episodes), learning
 rate, `loss_agg: token_mean` and held-out set: equal work across arms; only
 `algorithm.advantage` (and `ipa_chunk`'s own policy loss, which it needs) differ. Held-out success is greedy, over
