@@ -1,0 +1,161 @@
+"""Multi-turn credit assignment (issue 46 item 6): `grpo`, `gigpo` and `ipa_chunk` on sokoban
+from one shared SFT warm start, over several seeds (tiny model, CPU).
+
+Sokoban on a 5x5 grid (3x3 floor, shortest solution at most 6 moves, 8 moves allowed), reward 1
+when the box reaches the target. The warm start is one short SFT on the BFS expert's episodes
+(a tokenizer trained on their text, 2 epochs): on the tiny model it solves no held-out level
+greedily, but ~8% of sampled episodes succeed, so RL has room and a signal. Then each method
+trains from that same model with the same seeds, steps, batch (env seeds x episodes), learning
+rate, `loss_agg: token_mean` and held-out set: equal work across arms; only
+`algorithm.advantage` (and `ipa_chunk`'s own policy loss, which it needs) differ. Held-out success is greedy, over
+`--eval-episodes` levels the training never draws, evaluated every `--eval-every` steps.
+
+    .venv/bin/python benchmarks/credit.py [--steps N] [--seeds S] [--groups G] [--group-size K]
+        [--sft-episodes E] [--sft-epochs X] [--out DIR]
+
+Writes DIR/credit.json (curves: held-out success by step, per method and seed, and the mean)
+and DIR/credit.png (mean curves, seeds faint). Last line: JSON with each method's per-seed
+held-out success before and after, its mean, and the mean curves.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+from pathlib import Path
+
+METHODS = {
+    "grpo": {"advantage": {"name": "grpo"}, "policy_loss": {"name": "ppo"}},
+    "gigpo": {"advantage": {"name": "gigpo", "gamma": 0.95}, "policy_loss": {"name": "ppo"}},
+    "ipa_chunk": {"advantage": {"name": "ipa_chunk", "gamma": 0.95},
+                  "policy_loss": {"name": "ipa_chunk"}},
+}
+ENV_KWARGS = {"size": 5, "max_solution": 6}
+MAX_TURNS = 8
+TRACKING = {"tensorboard": False, "progress": False, "record_rollouts": 0}
+
+
+def warm_start(args: argparse.Namespace, out: Path) -> str:
+    """The shared SFT model: expert episodes, a tokenizer trained on them, a short SFT."""
+    from reroll.api import sft
+    from reroll.envs.episodes import expert_rows, write_expert_rows
+    from reroll.models.factory import make_model
+
+    final = out / "sft" / "final"
+    if (final / "config.json").is_file():  # a rerun into the same --out reuses its warm start
+        return str(final)
+    data = write_expert_rows(out / "sft.jsonl", expert_rows(
+        "sokoban", args.sft_episodes, seed=10_000, kwargs={**ENV_KWARGS, "max_turns": MAX_TURNS},
+        max_turns=MAX_TURNS))
+    model = make_model(out / "model", "tiny", corpus=data.read_text().splitlines())
+    summary = sft({
+        "pipeline": "sft", "name": "credit-sft", "output_dir": str(out / "sft"),
+        "overwrite": True, "seed": 0, "model": {"path": str(model)},
+        "data": {"train": str(data)}, "epochs": args.sft_epochs, "batch_size": 32,
+        "optimizer": {"lr": 3e-3, "warmup_steps": 5, "schedule": "cosine"},
+        "train": {"micro_batch_size": 32, "num_threads": 1},
+        "checkpoint": {"every_steps": 0}, "tracking": TRACKING})
+    return str(summary.final_checkpoint)
+
+
+def train(model: str, method: str, seed: int, args: argparse.Namespace, out: Path) -> dict:
+    """One RL run; its held-out success by step (step 0: the warm start)."""
+    from reroll.api import train as run
+    from reroll.tracking import read_metrics
+
+    summary = run({
+        "pipeline": "agentic", "name": f"credit-{method}-{seed}",
+        "output_dir": str(out / f"{method}-{seed}"), "overwrite": True, "seed": seed,
+        "steps": args.steps, "model": {"path": model},
+        "env": {"id": "sokoban", "kwargs": ENV_KWARGS, "max_turns": MAX_TURNS,
+                "max_context_tokens": 512, "eval_episodes": args.eval_episodes},
+        "rollout": {"prompts_per_step": args.groups, "group_size": args.group_size,
+                    "max_new_tokens": 4, "temperature": 1.0},
+        # token_mean in every arm: ipa_chunk's loss normalises per chunk and requires it
+        "algorithm": {**METHODS[method], "loss_agg": "token_mean"},
+        "optimizer": {"lr": args.lr},
+        "train": {"micro_batch_size": args.groups * args.group_size, "num_threads": 1},
+        "eval": {"every_steps": args.eval_every}, "checkpoint": {"every_steps": 0},
+        "tracking": TRACKING})
+    # reward 1 exactly when solved: the start's reward mean is its success rate
+    curve = {0: summary.summary["eval_reward_start"]}
+    for row in read_metrics(summary.run_dir):
+        if "eval/success_rate" in row:
+            curve[int(row["step"])] = row["eval/success_rate"]
+    return curve
+
+
+def summarize(curves: dict[str, dict[int, dict[int, float]]]) -> dict:
+    """Per method: each seed's held-out success before (step 0) and after (last step), their
+    means, and the mean curve over seeds (steps every seed evaluated)."""
+    result = {}
+    for method, by_seed in curves.items():
+        steps = sorted(set.intersection(*(set(c) for c in by_seed.values())))
+        mean_curve = {s: round(sum(c[s] for c in by_seed.values()) / len(by_seed), 4)
+                      for s in steps}
+        before = {seed: c[min(c)] for seed, c in by_seed.items()}
+        after = {seed: c[max(c)] for seed, c in by_seed.items()}
+        result[method] = {"before": before, "after": after,
+                          "mean_before": round(sum(before.values()) / len(before), 4),
+                          "mean_after": round(sum(after.values()) / len(after), 4),
+                          "mean_curve": mean_curve}
+    return result
+
+
+def plot(curves: dict, summary: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for k, (method, by_seed) in enumerate(curves.items()):
+        color = f"C{k}"
+        for c in by_seed.values():
+            ax.plot(sorted(c), [c[s] for s in sorted(c)], color=color, alpha=0.25, lw=1)
+        mean = summary[method]["mean_curve"]
+        ax.plot(list(mean), list(mean.values()), color=color, lw=2.2, marker="o", label=method)
+    ax.set_xlabel("RL step")
+    ax.set_ylabel("held-out success (greedy)")
+    ax.set_title(f"sokoban 5x5, {len(next(iter(curves.values())))} seeds (faint: each seed)")
+    ax.set_ylim(0, 1)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--steps", type=int, default=12)
+    parser.add_argument("--seeds", type=int, default=3)
+    parser.add_argument("--groups", type=int, default=4, help="env seeds (levels) a step")
+    parser.add_argument("--group-size", type=int, default=8, help="episodes per level")
+    parser.add_argument("--lr", type=float, default=1e-3)
+    parser.add_argument("--eval-episodes", type=int, default=32)
+    parser.add_argument("--eval-every", type=int, default=4)
+    parser.add_argument("--sft-episodes", type=int, default=300)
+    parser.add_argument("--sft-epochs", type=float, default=2.0)
+    parser.add_argument("--methods", default=",".join(METHODS))
+    parser.add_argument("--out", type=Path, default=None)
+    args = parser.parse_args()
+    out = args.out or Path(tempfile.mkdtemp(prefix="bench_credit_"))
+    out.mkdir(parents=True, exist_ok=True)
+    model = warm_start(args, out)
+    curves: dict[str, dict[int, dict[int, float]]] = {}
+    for method in args.methods.split(","):
+        for seed in range(args.seeds):
+            curves.setdefault(method, {})[seed] = train(model, method, seed, args, out)
+            print(f"{method} seed {seed}: {curves[method][seed]}", file=sys.stderr)
+    summary = summarize(curves)
+    (out / "credit.json").write_text(json.dumps({"args": {k: str(v) for k, v in vars(args).items()},
+                                                 "curves": curves, "summary": summary}, indent=1))
+    plot(curves, summary, out / "credit.png")
+    print(f"wrote {out / 'credit.json'} and {out / 'credit.png'}", file=sys.stderr)
+    print(json.dumps({m: {k: s[k] for k in ("before", "after", "mean_before", "mean_after",
+                                             "mean_curve")} for m, s in summary.items()}))
+
+
+if __name__ == "__main__":
+    main()
