@@ -42,7 +42,10 @@ def few_pairs(tmp_path_factory) -> dict:
 @pytest.fixture(scope="module")
 def sft_model(tmp_path_factory, tiny_model) -> str:
     """The tiny model after SFT on worked solutions (the demo's warm start): it can do the sums,
-    so a preference for the right answer is learnable from a few hundred pairs."""
+    so a preference for the right answer is learnable from a few hundred pairs. One torch
+    thread here and below: `make test` runs two xdist workers on 2 cores, and 2 threads each
+    oversubscribed them (an SFT step took ~6 s with 2 threads, ~1.5 s with 1, on one loaded
+    machine)."""
     out = tmp_path_factory.mktemp("sft")
     arithmetic = write_arithmetic(out / "data", train_size=4000, eval_size=20, seed=0)
     path = out / "sft.yaml"
@@ -51,7 +54,7 @@ def sft_model(tmp_path_factory, tiny_model) -> str:
         "data": {"train": str(arithmetic["train"]), "response_key": "solution"},
         "steps": 150, "batch_size": 32, "optimizer": {"lr": 3e-3, "warmup_steps": 10,
                                                       "schedule": "cosine"},
-        "train": {"micro_batch_size": 32, "num_threads": 2},
+        "train": {"micro_batch_size": 32, "num_threads": 1},
         "tracking": {"progress": False, "tensorboard": False}}))
     return train_sft(load_config(path, expect="sft"))["final_model"]
 
@@ -63,7 +66,7 @@ def config(tmp_path: Path, model: str, pairs: dict, pipeline: str = "dpo", **ext
         "model": {"path": model}, "data": {"train": pairs["train"], "eval": pairs["eval"]},
         "steps": 60, "batch_size": 16, "eval_every_steps": 20,
         "optimizer": {"lr": 1e-3, "warmup_steps": 2},
-        "train": {"micro_batch_size": 16, "num_threads": 2},
+        "train": {"micro_batch_size": 16, "num_threads": 1},
         "tracking": {"progress": False, "tensorboard": False}, **extra}))
     return path
 
