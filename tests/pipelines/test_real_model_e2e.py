@@ -23,7 +23,9 @@ def grpo_config(tmp_path: Path, model: str, data: str, engine: str) -> Path:
                                                    else {}),
                     "prompts_per_step": 4, "group_size": 4, "max_new_tokens": 24},
         "reward": {"type": "custom", "function": "rewards_for_tests:states_the_answer"},
-        "optimizer": {"lr": 1e-5}, "train": {"micro_batch_size": 8, "num_threads": 2},
+        # threads: reroll's default (the idle cores when the run starts): under `make test` the
+        # other e2e worker's run holds a core, and 2 threads each would wait on each other
+        "optimizer": {"lr": 1e-5}, "train": {"micro_batch_size": 8},
         "checkpoint": {"every_steps": 0}, "tracking": {"progress": False, "tensorboard": False},
     }
     path = tmp_path / "grpo.yaml"
@@ -67,8 +69,7 @@ def test_sft_on_smollm2_lowers_the_loss(tmp_path, smollm2, arithmetic):
         # bar (2026-11-28: nll 0.913 at step 1, 0.387 at step 2; 0.153, 0.094 at steps 3-4 of
         # the 2 epochs this ran before)
         "data": {"train": arithmetic["eval"], "response_key": "solution"}, "epochs": 1.0,
-        "batch_size": 16, "optimizer": {"lr": 5e-5}, "train": {"micro_batch_size": 16,
-                                                              "num_threads": 2},
+        "batch_size": 16, "optimizer": {"lr": 5e-5}, "train": {"micro_batch_size": 16},
         # only the final checkpoint: by default a short run writes one every step (the 135M
         # model's weights and its optimizer's state, ~1.6 GB each), and nothing here resumes
         "checkpoint": {"every_steps": 0},
