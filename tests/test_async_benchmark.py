@@ -1,23 +1,14 @@
 """The async benchmark's headline is taken at equal work: hand-made runs through `headline`."""
 
-import importlib.util
-import sys
-from pathlib import Path
-
 import pytest
+from scripts import load_script
 
 pytestmark = pytest.mark.unit
-
-BENCH = Path(__file__).parents[1] / "benchmarks"
 
 
 @pytest.fixture(scope="module")
 def bench():
-    sys.path.insert(0, str(BENCH))
-    spec = importlib.util.spec_from_file_location("async_vs_sync", BENCH / "async_vs_sync.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("benchmarks/async_vs_sync.py", importable_dir=True)
 
 
 def run(loop_s, tokens, reward, rollout_s=1.0, train_s=0.5, prompts=(("a", "b"), ("c", "d"))):

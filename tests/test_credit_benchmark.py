@@ -1,22 +1,16 @@
 """The credit benchmark's summary: before/after per seed, and a mean curve over the steps every
 seed evaluated (hand-made curves through `summarize`)."""
 
-import importlib.util
-from pathlib import Path
 
 import pytest
+from scripts import load_script
 
 pytestmark = pytest.mark.unit
-
-BENCH = Path(__file__).parents[1] / "benchmarks" / "credit.py"
 
 
 @pytest.fixture(scope="module")
 def bench():
-    spec = importlib.util.spec_from_file_location("credit", BENCH)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("benchmarks/credit.py")
 
 
 def test_the_summary_takes_the_first_and_last_evaluation_and_averages_common_steps(bench):

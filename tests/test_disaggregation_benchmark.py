@@ -3,24 +3,18 @@ finishes every sequence when a loop that woke at every decoding step would (an a
 the step after it arrives). Driven by hand: `_replay(now)` at chosen times, no sleeping."""
 
 import asyncio
-import importlib.util
 import random
 import time
-from pathlib import Path
 
 import pytest
+from scripts import load_script
 
 pytestmark = pytest.mark.unit
-
-BENCH = Path(__file__).parents[1] / "benchmarks" / "disaggregation.py"
 
 
 @pytest.fixture(scope="module")
 def bench():
-    spec = importlib.util.spec_from_file_location("disaggregation", BENCH)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("benchmarks/disaggregation.py")
 
 
 def step_by_step(bench, arrivals: list[float], lengths: list[int] | None = None) -> list[float]:

@@ -9,7 +9,7 @@ from tensordict import TensorDict
 from reroll.config.algorithm import AlgorithmConfig
 from reroll.config.schema import OptimizerConfig, TrainConfig
 from reroll.data.batch import RLBatch
-from reroll.distributed.cluster import Cluster, Dispatch, RayExecutor
+from reroll.distributed.cluster import Cluster, Dispatch, RayExecutor, WorkerSpec
 from reroll.distributed.groups import PolicyGroup, combine_rank_metrics
 from reroll.models.loading import load_model
 from reroll.pipelines.objective import build, make_rl_loss
@@ -46,12 +46,7 @@ def test_two_rank_fsdp2_step_equals_the_single_process_step(ray_session, tiny_mo
     local = LocalStrategy(load_model(tiny_model), optimizer, train, total_steps=1)
     local_metrics = local.train_step(batch, loss_fn)
 
-    spec_kwargs = dict(model_path=tiny_model, dtype="float32", optimizer=optimizer, train=train,
-                       total_steps=1)
-    from reroll.distributed.cluster import WorkerSpec
-
-    cluster = Cluster(WorkerSpec(PolicyWorker, spec_kwargs, role="policy"), 2,
-                      RayExecutor([{"num_cpus": 1}] * 2))
+    cluster = two_ranks(tiny_model, optimizer, train)
     try:
         group = PolicyGroup(cluster)
         mask = batch["response_mask"]  # padding positions are not defined
@@ -63,9 +58,24 @@ def test_two_rank_fsdp2_step_equals_the_single_process_step(ray_session, tiny_mo
     finally:
         cluster.shutdown()
     assert fingerprints[1] is None and fingerprints[0] is not None  # rank 0 holds the full weights
-    # Compare the updates as a whole: Adam's first step is about lr * sign(grad), so an element
-    # whose gradient is ~0 may flip sign on float noise without meaning anything.
-    initial = load_model(tiny_model).state_dict()
+    assert_same_step(tiny_model, local, local_metrics, sharded, sharded_metrics)
+
+
+def two_ranks(model_path: str, optimizer: OptimizerConfig, train: TrainConfig) -> Cluster:
+    """The policy on 2 Ray actors of one CPU each (FSDP2 over gloo), for one step."""
+    spec_kwargs = dict(model_path=model_path, dtype="float32", optimizer=optimizer, train=train,
+                       total_steps=1)
+    return Cluster(WorkerSpec(PolicyWorker, spec_kwargs, role="policy"), 2,
+                   RayExecutor([{"num_cpus": 1}] * 2))
+
+
+def assert_same_step(model_path: str, local: LocalStrategy, local_metrics: dict,
+                     sharded: dict, sharded_metrics: dict) -> list[str]:
+    """The sharded step's update (`sharded`: its synced weights) equals the one-process one, and
+    so do the loss, gradient norm and clip fraction; the names compared. The updates are
+    compared as a whole: Adam's first step is about lr * sign(grad), so an element whose
+    gradient is ~0 may flip sign on float noise without meaning anything."""
+    initial = load_model(model_path).state_dict()
     names = [n for n in sharded if n in initial]
     local_update = torch.cat([(local.model.state_dict()[n] - initial[n]).flatten() for n in names])
     sharded_update = torch.cat([(sharded[n] - initial[n]).flatten() for n in names])
@@ -75,6 +85,7 @@ def test_two_rank_fsdp2_step_equals_the_single_process_step(ray_session, tiny_mo
     for key in ("train/loss", "train/grad_norm", "actor/clip_frac"):
         if key in local_metrics:
             assert sharded_metrics[key] == pytest.approx(local_metrics[key], rel=1e-4, abs=1e-6), key
+    return names
 
 
 def test_rank_metrics_sum_the_loss_and_average_the_rest():
@@ -95,12 +106,7 @@ def test_a_non_finite_loss_on_one_rank_skips_the_update_on_every_rank(ray_sessio
         loss, metrics = rl_loss(model, micro)
         return loss + (float("nan") if float(micro["poison"].sum()) else 0.0), metrics
 
-    from reroll.distributed.cluster import WorkerSpec
-
-    spec_kwargs = dict(model_path=tiny_model, dtype="float32", optimizer=optimizer, train=train,
-                       total_steps=1)
-    cluster = Cluster(WorkerSpec(PolicyWorker, spec_kwargs, role="policy"), 2,
-                      RayExecutor([{"num_cpus": 1}] * 2))
+    cluster = two_ranks(tiny_model, optimizer, train)
     try:
         group = PolicyGroup(cluster)
         metrics = group.train_step(batch, loss_fn)
