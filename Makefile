@@ -124,7 +124,7 @@ demo-real: $(REAL) models/smollm2/config.json data/real/train.jsonl
 # SmolLM2-135M-Instruct answers `a * b + c` on 4-digit operands with a calculator tool, driven by
 # an unmodified `openai` SDK harness (examples/tools/harness.py). Held-out success (64 questions,
 # greedy, through the gateway) before SFT, after a short SFT on a careless expert's scripted
-# tool-use episodes (26 of the 64 answered from its head, without the tool), and
+# tool-use episodes (45 of the 64 answered from its head, without the tool), and
 # after GRPO through the gateway; the figures go to runs/demo-tools-figures.json.
 TOOLS_DATA := data/tools/sft.jsonl
 OPENAI := $(VENV)/.openai
@@ -134,7 +134,7 @@ $(OPENAI): $(CORE)
 
 $(TOOLS_DATA): | $(CORE)
 	$(PY) examples/tools/make_tasks.py --out data/tools --train 512 --eval 64 --digits 4
-	$(REROLL) make-episodes --env calculator --kwargs '{"digits": 4, "careless": 0.5}' --episodes 64 --out $@
+	$(REROLL) make-episodes --env calculator --kwargs '{"digits": 4, "careless": 0.65}' --episodes 64 --out $@
 
 demo-tools: $(REAL) $(OPENAI) models/smollm2/config.json $(TOOLS_DATA)
 	start=$$(date +%s) \

@@ -127,7 +127,7 @@ ALLOWLIST = {
     # tests/rollout/test_tools_demo_e2e.py.
     **{command: "run shrunk by tests/rollout/test_tools_demo_e2e.py" for command in (
         "python examples/tools/make_tasks.py --out data/tools --train 512 --eval 64 --digits 4",
-        "reroll make-episodes --env calculator --kwargs '{\"digits\": 4, \"careless\": 0.5}' "
+        "reroll make-episodes --env calculator --kwargs '{\"digits\": 4, \"careless\": 0.65}' "
         "--episodes 64 --out data/tools/sft.jsonl",
         "python examples/tools/evaluate.py examples/tools/grpo.yaml model.path=models/smollm2 "
         "--out runs/tools-eval/base.json",
