@@ -16,13 +16,12 @@ import random
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from reroll.config.agentic import AgenticConfig
 from reroll.config.errors import ConfigError
 from reroll.data.batch import Trajectory, infra_failed
 from reroll.data.datasets import PromptSampler, _read_records
 from reroll.engines.base import Engine, SamplingParams
+from reroll.pipelines.envmix import outcome
 from reroll.pipelines.task import EvalSet, grouped, held_out, rollout_row
 from reroll.pipelines.validation import context_tokens
 from reroll.rewards.custom import resolve
@@ -52,14 +51,11 @@ def agent_spec(config: AgenticConfig) -> AgentSpec:
 
 def held_out_metrics(trajectories: list[Trajectory]) -> dict[str, float]:
     """Mean return and success rate over the episodes that did not end in an infrastructure
-    failure (a harness that crashed, timed out, never called or gave no reward), and the share
-    that did."""
-    valid = [t for t in trajectories if not infra_failed(t)]
-    returns = torch.tensor([t.reward for t in valid] or [0.0])
-    success = torch.tensor([float(t.reward_info.get("success", False)) for t in valid] or [0.0])
-    return {"eval/reward_mean": float(returns.mean()),
-            "eval/success_rate": float(success.mean()),
-            "eval/infra_failure_frac": 1.0 - len(valid) / max(len(trajectories), 1)}
+    failure (a harness that crashed, timed out, never called or gave no reward; `envmix.outcome`,
+    as environments' episodes), and the share that did."""
+    valid = sum(not infra_failed(t) for t in trajectories)
+    return {"eval/" + key: value for key, value in outcome(trajectories).items()} | {
+        "eval/infra_failure_frac": 1.0 - valid / max(len(trajectories), 1)}
 
 
 class AgentTask:
