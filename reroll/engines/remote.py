@@ -103,7 +103,7 @@ class RemoteEngine:
         # The completions API takes token ids alone: the images would be dropped, silently. A
         # run refuses image data with a serving endpoint at start (pipelines.validation).
         if request.model_inputs:
-            raise NotImplementedError("the remote engine does not take image prompts yet (model "
+            raise ValueError("the remote engine does not take image prompts yet (model "
                                       "inputs beyond tokens)")
         return await self._loop.wait(self._generate(request))
 

@@ -127,7 +127,7 @@ class VLLMEngine:
         # A run refuses image data with this engine at start (pipelines.validation); this
         # guards direct callers: dropping them would sample from the text alone, silently.
         if request.model_inputs:
-            raise NotImplementedError("the vLLM engine does not take image prompts yet (model "
+            raise ValueError("the vLLM engine does not take image prompts yet (model "
                                       "inputs beyond tokens); use rollout.engine: hf")
         try:
             return await self._loop.wait(self._generate(request))

@@ -301,7 +301,7 @@ def make_rl_loss(obj: Objective, batch: TensorDict, *, kl_coef: float | None = N
         mask, response = micro["loss_mask"], micro["response_mask"]
         extra = model_kwargs(micro, micro["input_ids"].device)  # images' pixel values...
         if dense is not None and extra:  # refused at start (validation); never drop them
-            raise NotImplementedError("dense distillation does not take image prompts yet")
+            raise ValueError("dense distillation does not take image prompts yet")
         # routing replay (algorithm.routing_replay): the batch carries the routing to force
         record = micro.get("routed_experts", micro.get("old_routed_experts"))
         with routed_forward(model, record) as router_logits:

@@ -117,7 +117,7 @@ class LocalCritic:
         # A run refuses image data with a critic at start (pipelines.validation); this guards
         # direct callers: the value head would see the text alone, silently.
         if "model_inputs" in batch.keys():
-            raise NotImplementedError("the critic does not take image prompts yet")
+            raise ValueError("the critic does not take image prompts yet")
         ids, mask = batch["input_ids"], batch["attention_mask"]
         out = torch.zeros((self.num_critics, *ids.shape), dtype=torch.float32)
         for m, member in enumerate(self.members):

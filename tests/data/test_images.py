@@ -236,7 +236,7 @@ def test_the_remote_engine_refuses_model_inputs_rather_than_drop_them():
     try:
         request = Request([1, 2, 3], SamplingParams(4),
                           model_inputs={"pixel_values": torch.zeros(1, 1, 3, 8, 8)})
-        with pytest.raises(NotImplementedError, match="remote engine does not take image"):
+        with pytest.raises(ValueError, match="remote engine does not take image"):
             asyncio.run(engine.generate(request))
     finally:
         engine.close()
