@@ -188,7 +188,7 @@ def _sample(spec: EvalSpec, tasks: list, tokenizer, scratch: Path) -> tuple[list
 
 def _refuse_images(spec: EvalSpec, tasks: list) -> None:
     """`--engine vllm` on held-out prompts with images: refused before the engine starts (it
-    does not take them yet, docs/vlm.md), not a NotImplementedError mid-evaluation."""
+    does not take them yet, docs/vlm.md), not an error mid-evaluation."""
     if spec.engine != "vllm":
         return
     parts = [part for task in tasks for part in [task, *getattr(task, "domains", [])]]
