@@ -31,7 +31,14 @@ from reroll.envs.base import EnvError
 from reroll.envs.parsing import code_block
 from reroll.envs.task_folder import TerminalTask, load_suite, setup
 from reroll.envs.terminal_gen import write_suite
-from reroll.sandbox import Limits, Sandbox, SandboxError, SessionsConfig, shared_sessions
+from reroll.sandbox import (
+    Limits,
+    Sandbox,
+    SandboxError,
+    SessionsConfig,
+    run_off_loop,
+    shared_sessions,
+)
 from reroll.sandbox.shared import SharedSession
 
 HELD_OUT_SEED = 1_000_000
@@ -235,7 +242,8 @@ class TerminalTasksEnv:
         limits = Limits(wall_time_s=timeout_s + 10, cpu_time_s=timeout_s + 10,
                         memory_bytes=_memory(self.task), output_bytes=8 << 20)
         files = files | (extra or {}) | {COMMAND: command}
-        result = await self.sandbox.run(argv=["bash", "-c", script], files=files, limits=limits)
+        result = await run_off_loop(self.sandbox, argv=["bash", "-c", script], files=files,
+                                    limits=limits)
         self.spent_s += result.wall_s
         output, found, tail = result.stdout.rpartition(MARK)
         if not found:
@@ -248,8 +256,8 @@ class TerminalTasksEnv:
     async def _verify(self) -> float:
         restore, files = self._restore()
         timeout = self.task.config.verifier.timeout_sec
-        result = await self.sandbox.run(
-            argv=["bash", "-c", restore + verify_script(self.task)],
+        result = await run_off_loop(
+            self.sandbox, argv=["bash", "-c", restore + verify_script(self.task)],
             files=files | _files(TESTS, self.task.tests),
             limits=Limits(wall_time_s=timeout, cpu_time_s=timeout, memory_bytes=_memory(self.task)))
         return parse_reward(result.stdout)

@@ -10,7 +10,7 @@ import tarfile
 from typing import Any
 
 from reroll.envs.parsing import boxed, code_block, integer
-from reroll.sandbox import Limits, Sandbox
+from reroll.sandbox import Limits, Sandbox, run_off_loop
 
 TOOL_LIMITS = Limits(wall_time_s=5.0, cpu_time_s=5.0, output_bytes=64 << 10)
 
@@ -43,7 +43,7 @@ class PythonTool:
             return self.env.step(action)
         self.tool_calls += 1
         self.sandbox = self.sandbox or Sandbox()
-        result = await self.sandbox.run(code, limits=self.limits)
+        result = await run_off_loop(self.sandbox, code, limits=self.limits)
         output = (result.stdout + result.stderr[-200:])[: self.max_output_chars].strip()
         if result.timed_out:
             output += " (timed out)"
@@ -160,8 +160,8 @@ class TerminalEnv:
     async def _shell(self, command: str, keep_state: bool) -> tuple[str, int]:
         self.sandbox = self.sandbox or Sandbox()
         script = f"{command}\necho {MARK}$?\n" + ("tar -czf - . | base64 -w0\n" if keep_state else "")
-        result = await self.sandbox.run(argv=["bash", "-c", script], files=self.files,
-                                        limits=self.limits)
+        result = await run_off_loop(self.sandbox, argv=["bash", "-c", script], files=self.files,
+                                    limits=self.limits)
         output, _, tail = result.stdout.rpartition(MARK)
         if not _:
             return (result.stdout + result.stderr)[: self.max_output_chars], result.exit_code or 1

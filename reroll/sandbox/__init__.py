@@ -26,7 +26,7 @@ from reroll.sandbox.sandbox import Job, Sandbox
 from reroll.sandbox.session import Session, SessionGone
 from reroll.sandbox.session_config import SessionsConfig, SessionSpec
 from reroll.sandbox.sessions import SessionLimitReached, SessionManager, SessionNotFound
-from reroll.sandbox.shared import SharedSessions, shared_sessions
+from reroll.sandbox.shared import SharedSessions, run_off_loop, shared_sessions
 
 __all__ = [
     "ExecResult",
@@ -52,5 +52,6 @@ __all__ = [
     "SharedSessions",
     "open_sessions",
     "parse_size",
+    "run_off_loop",
     "shared_sessions",
 ]

@@ -5,7 +5,8 @@ environments are called from the agent loop's loop, from sync code (`reset`/`ste
 `asyncio.run`) and from env host processes. So one process-wide event loop, in a daemon thread
 of its own, owns every `LocalSessions` / `SessionClient` made here (one per distinct
 `SessionsConfig`) and every session they hand out; callers submit coroutines to it and await
-the result on their own loop (or block on it from sync code).
+the result on their own loop (or block on it from sync code). Environments' one-shot sandbox
+runs go there too (`run_off_loop`), away from the loop that decodes.
 
     sessions = shared_sessions(SessionsConfig(mode="remote", url="http://host:8377"))
     s = await sessions.create(spec)          # from any loop
@@ -33,6 +34,7 @@ from typing import Any
 
 from reroll.sandbox.client import LocalSessions, SessionClient, SessionHandle, open_sessions
 from reroll.sandbox.result import ExecResult
+from reroll.sandbox.sandbox import Sandbox
 from reroll.sandbox.session_config import SessionsConfig, SessionSpec
 
 logger = logging.getLogger(__name__)
@@ -69,6 +71,14 @@ async def call(coro: Coroutine) -> Any:
         if asyncio.get_running_loop() is loop:
             return await coro
     return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(coro, loop))
+
+
+async def run_off_loop(sandbox: Sandbox, *args: Any, **kwargs: Any) -> ExecResult:
+    """`sandbox.run(...)` on the sessions' loop, awaited from the caller's. Environments call
+    the sandbox from the rollout's loop, where the HF engine runs one decoding step per loop
+    turn; a one-shot run needs a dozen turns (start, job, pipes, exit), so there one `ls`
+    waited 21 decoding steps and episodes failed their env step time limit. Here it waits one."""
+    return await call(sandbox.run(*args, **kwargs))
 
 
 def shutdown(timeout_s: float = _EXIT_TIMEOUT_S) -> None:

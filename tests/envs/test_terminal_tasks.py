@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -110,6 +111,36 @@ def test_a_broken_or_slow_command_is_the_commands_failure_not_the_episodes(tmp_p
     assert "[exit 124]" in out
     out, *_ = env.step("cat n.txt; ls")
     assert out.startswith("3\n") and "tool.sh" in out
+
+
+def test_a_step_waits_one_turn_of_a_busy_rollout_loop_not_a_dozen(tmp_path):
+    """The rollout's loop also decodes: the HF engine blocks it for a decoding step per turn.
+    A step's sandbox run needs a dozen loop turns; on that loop an `ls` waited 21 decoding
+    steps of 0.2 s, and a slow model's episodes failed their env step time limit (21 of 24
+    held-out episodes of SmolLM2). The runs go to the sandboxes' own loop instead."""
+    env = make_env("terminal_tasks", tasks=str(hand_written(tmp_path)), max_turns=4)
+
+    async def main() -> int:
+        await env.areset(0)
+        turns, busy = [0], True
+
+        async def decode():  # a decoding step blocks the loop, then hands it back
+            while busy:
+                time.sleep(0.2)
+                turns[0] += 1
+                await asyncio.sleep(0)
+
+        decoding = asyncio.create_task(decode())
+        await asyncio.sleep(0)
+        before = turns[0]
+        out, *_ = await env.astep("ls")
+        assert "tool.sh" in out
+        waited = turns[0] - before
+        busy = False
+        await decoding
+        return waited
+
+    assert asyncio.run(main()) <= 4
 
 
 def test_the_last_turn_runs_the_tests_without_submit(tmp_path):
