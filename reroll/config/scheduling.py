@@ -133,10 +133,6 @@ def agentic_scheduling_errors(config) -> list[str]:
                       "whose single response runs past a token budget to rounds of their own; "
                       "an episode's length is its turns, decided by the environment); turn it "
                       "off")
-    if config.async_training.enabled and config.agent is not None:
-        errors.append("async_training.enabled with `agent:` (an agent program driving the "
-                      "gateway) is not supported yet: its sessions are not versioned across "
-                      "weight updates; use `env:` or turn async_training off")
     s = config.scheduler
     if s.oversample != 1.0:
         errors.append(f"scheduler.oversample ({s.oversample}): an agentic group's episodes all "
