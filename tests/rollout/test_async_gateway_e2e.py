@@ -30,7 +30,7 @@ def agent_config(tiny_model, tmp_path, **sections) -> Path:
         "pipeline": "agentic", "name": "a", "output_dir": str(tmp_path / "run"), "steps": 3,
         "model": {"path": tiny_model},
         "agent": {"entrypoint": "chat_harness:chat", "tasks": str(tasks), "time_limit_s": 60,
-                  "max_context_tokens": 256},
+                  "max_context_tokens": 256, "eval_tasks": str(tasks)},
         "rollout": {"prompts_per_step": 2, "group_size": 2, "max_new_tokens": 6},
         "async_training": {"enabled": True, "max_staleness": 1, "max_ahead": 1},
         "optimizer": {"lr": 1e-3}, "train": {"micro_batch_size": 4, "num_threads": 1},
@@ -50,7 +50,8 @@ def rollouts(run: Path, steps) -> list[list[dict]]:
 def test_an_async_agent_run_trains_on_versioned_tokens_within_the_bound(tiny_model, tmp_path,
                                                                          monkeypatch):
     monkeypatch.syspath_prepend(str(HERE))  # the harness module, as a user's would be
-    path = agent_config(tiny_model, tmp_path, steps=4)  # 8 groups: every task is drawn
+    path = agent_config(tiny_model, tmp_path, steps=4,  # 8 groups: every task is drawn
+                        eval={"every_steps": 4, "samples_per_prompt": 1})
     assert main(["train", str(path)]) == 0
     run = tmp_path / "run"
     rows = read_metrics(run)
@@ -58,6 +59,9 @@ def test_an_async_agent_run_trains_on_versioned_tokens_within_the_bound(tiny_mod
     assert [r["step"] for r in rows] == list(steps)
     assert all(r["staleness/max"] <= 1 and r["gateway/episodes"] == 4 for r in rows)
     assert "correction/tis_weight_mean" in rows[-1]  # the off-policy correction is on
+    # Held-out episodes sample through the producer's engine too; the breaking task is not
+    # counted as the policy's failure (1 of 7 episodes).
+    assert rows[-1]["eval/infra_failure_frac"] == pytest.approx(1 / 7)
     versions = set()
     for step, episodes in zip(steps, rollouts(run, steps), strict=True):
         for e in episodes:
