@@ -114,13 +114,8 @@ class _SessionEngine:
 
     async def _turn(self, request: Request) -> Completion:
         self._check()
-        completion = await self.work.source.scheduler.generate_turn(
-            self.group, self.sample, request, self._check)
-        self._check()
-        s = self.sample
-        s.tokens += completion.token_ids
-        s.logprobs += completion.logprobs
-        s.token_versions += completion.token_versions or []
+        completion = await self.work.turn(self.group, self.sample, request, self._check)
+        self._check()  # aborted while it ran: the harness must not go on
         return completion
 
     def _check(self) -> None:

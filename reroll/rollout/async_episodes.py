@@ -88,6 +88,16 @@ class EpisodeGroups:
         stats, self.taken = self.taken, self.stats()
         return stats
 
+    async def turn(self, group: Group, sample: Sample, request: Request,
+                   check: Callable[[], None]) -> Completion:
+        """One request of episode `sample` through the scheduler (preempted and resumed at a
+        weight update; `check` may raise to give it up), its tokens recorded on the sample."""
+        completion = await self.source.scheduler.generate_turn(group, sample, request, check)
+        sample.tokens += completion.token_ids
+        sample.logprobs += completion.logprobs
+        sample.token_versions += completion.token_versions or []
+        return completion
+
 
 class EpisodeWork(EpisodeGroups):
     """An env seed's `rollout.group_size` episodes (plus `redundancy` spares) as one group of
@@ -198,13 +208,7 @@ class _EpisodeEngine:
     async def generate(self, request: Request) -> Completion:
         self._check()
         self.group_engine.samples[request.request_id] = self.sample
-        completion = await self.work.source.scheduler.generate_turn(
-            self.group, self.sample, request, self._check)
-        s = self.sample
-        s.tokens += completion.token_ids
-        s.logprobs += completion.logprobs
-        s.token_versions += completion.token_versions or []
-        return completion
+        return await self.work.turn(self.group, self.sample, request, self._check)
 
     def _check(self) -> None:
         if self.work.restart and self.work.stale(self.sample):

@@ -13,6 +13,7 @@ import time
 
 import pytest
 from chat_harness import TASKS, chat
+from resume_check import stop_and_resume
 from scripted_engine import ScriptedEngine
 
 from reroll.config.agentic import AgenticConfig
@@ -55,27 +56,28 @@ class Run:
         self.source = AsyncSource(cfg, engine, None, tokenizer, stream, work=work)
         self.gateway.engine = self.source.engine
 
-    def steps(self, steps) -> list[list[str]]:
-        """Each step's task prompts (one per group); the trainer's update is a version bump."""
-        src, trained = self.source, []
-        for step in steps:
-            trajectories = src.next_batch(step, step - 1, PARAMS)
-            assert len(trajectories) == GROUPS * SIZE
-            for t in trajectories:
-                if t.reward_info["agent_status"] != "ok":
-                    continue
-                pairs = list(zip(t.token_versions, t.policy_mask, strict=True))
-                policy = [v for v, m in pairs if m]
-                assert policy and min(policy) >= 0 and all(v == -1 for v, m in pairs if not m)
-                assert step - 1 - min(policy) <= src.config.async_training.max_staleness
-                assert t.policy_version <= min(policy)  # the group's oldest token
-            trained.append([t.prompt_text for t in trajectories[::SIZE]])
-            src.engine.load_weights([], step)
-        return trained
-
     def close(self) -> None:
         self.source.close()
         self.gateway.close()
+
+
+def trained(src: AsyncSource, steps) -> list[list[str]]:
+    """Each step's task prompts (one per group); the trainer's update is a version bump."""
+    rows = []
+    for step in steps:
+        trajectories = src.next_batch(step, step - 1, PARAMS)
+        assert len(trajectories) == GROUPS * SIZE
+        for t in trajectories:
+            if t.reward_info["agent_status"] != "ok":
+                continue
+            pairs = list(zip(t.token_versions, t.policy_mask, strict=True))
+            policy = [v for v, m in pairs if m]
+            assert policy and min(policy) >= 0 and all(v == -1 for v, m in pairs if not m)
+            assert step - 1 - min(policy) <= src.config.async_training.max_staleness
+            assert t.policy_version <= min(policy)  # the group's oldest token
+        rows.append([t.prompt_text for t in trajectories[::SIZE]])
+        src.engine.load_weights([], step)
+    return rows
 
 
 def play_across_syncs(run: Run, versions: list[int]) -> tuple[bool, list]:
@@ -157,26 +159,14 @@ def test_a_resumed_source_trains_every_task_once(tokenizer, order):
     (in start order, step by step)."""
     cfg = config(max_staleness=2, order=order)
     tasks = [{"prompt": f"Task {k}: say something."} for k in range(20)]
-    whole = Run(tokenizer, cfg, tasks, length=lambda p, s: 3)
-    try:
-        expected = whole.steps(range(1, 5))
-    finally:
-        whole.close()
-    first = Run(tokenizer, cfg, tasks, length=lambda p, s: 3)
-    try:
-        before = first.steps(range(1, 3))
-        state = first.source.state_dict()
-    finally:
-        first.close()
-    assert state["async"]["owed"]  # the producer had run ahead of the checkpoint
-    resumed = Run(tokenizer, cfg, tasks, length=lambda p, s: 3)
-    resumed.source.load_state_dict(state)
-    resumed.source.engine.load_weights([], 2)
-    try:
-        after = resumed.steps(range(3, 5))
-    finally:
-        resumed.close()
-    trained = [p for step in before + after for p in step]
-    assert len(trained) == len(set(trained)) == 4 * GROUPS  # none lost, none twice
+
+    def make():
+        run = Run(tokenizer, cfg, tasks, length=lambda p, s: 3)
+        return run.source, run.close
+
+    r = stop_and_resume(make, trained, steps=4, stop=2)
+    assert r.state["async"]["owed"]  # the producer had run ahead of the checkpoint
+    rows = [p for step in r.before + r.after for p in step]
+    assert len(rows) == len(set(rows)) == 4 * GROUPS  # none lost, none twice
     if order == "start":
-        assert before + after == expected
+        assert r.before + r.after == r.whole
