@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import sys
 import time
 
 import pytest
@@ -47,12 +48,13 @@ def long_first_call(prompt, seed):
 class Run:
     """A gateway and an async source of harness episodes on a scripted engine."""
 
-    def __init__(self, tokenizer, cfg: AgenticConfig, tasks=TASKS, length=long_first_call):
+    def __init__(self, tokenizer, cfg: AgenticConfig, tasks=TASKS, length=long_first_call,
+                 spec: AgentSpec | None = None):
         engine = ScriptedEngine(length, TOKEN, tick=0.002)
         self.gateway = Gateway(engine, tokenizer, "tiny", PARAMS, 4096)
         stream = PromptStream(PromptSampler(list(tasks), cfg.seed))
         work = functools.partial(AgentWork, gateway=self.gateway,
-                                 spec=AgentSpec(entrypoint=chat, time_limit_s=60))
+                                 spec=spec or AgentSpec(entrypoint=chat, time_limit_s=60))
         self.source = AsyncSource(cfg, engine, None, tokenizer, stream, work=work)
         self.gateway.engine = self.source.engine
 
@@ -148,6 +150,28 @@ def test_a_crashing_harness_is_an_infrastructure_failure(tokenizer):
         assert broken and stats.failures["crashed"] == len(broken)
         assert all(t.reward_info["agent_status"] == "crashed" and not any(t.policy_mask)
                    for t in broken)
+    finally:
+        run.close()
+
+
+def test_a_command_harness_plays_async_episodes(tokenizer):
+    """`agent: {command: [...]}`: a subprocess per episode, started from the producer's
+    thread, its calls versioned like an entrypoint's."""
+    code = ("import json, os, urllib.request\n"  # plain HTTP: a cheap process to start
+            "task = json.loads(os.environ['REROLL_TASK'])\n"
+            "body = {'model': 'tiny', 'messages': [{'role': 'user', 'content': task['prompt']}]}\n"
+            "urllib.request.urlopen(urllib.request.Request("
+            "os.environ['OPENAI_BASE_URL'] + '/chat/completions', json.dumps(body).encode(), "
+            "{'Content-Type': 'application/json'})).read()\n"
+            "print(1.0)\n")
+    spec = AgentSpec(command=[sys.executable, "-c", code], time_limit_s=60)
+    run = Run(tokenizer, config(max_staleness=1, max_ahead=0), TASKS[:2],
+              length=lambda p, s: 3, spec=spec)
+    try:
+        trajectories = run.source.next_batch(1, 0, PARAMS)
+        assert all(t.reward_info["agent_status"] == "ok" and t.reward == 1.0
+                   for t in trajectories)
+        assert all(t.reward_info["policy_versions"] == [0, 0] for t in trajectories)
     finally:
         run.close()
 
