@@ -6,6 +6,7 @@ episodes' env seeds it launched and did not train."""
 from __future__ import annotations
 
 import pytest
+from resume_check import stop_and_resume
 from scripted_engine import ScriptedEngine
 
 from reroll.config.agentic import AgenticConfig
@@ -116,31 +117,19 @@ def test_a_resumed_source_trains_every_env_seed_once(tokenizer, order):
     launched ahead are owed, so the resumed run trains the uninterrupted run's seeds, each once
     (in start order, step by step)."""
     cfg = config(max_staleness=2, order=order, restart_stale_episodes=True)
-    whole = source(tokenizer, cfg)
-    try:
-        expected = run_steps(whole, range(1, 6))
-    finally:
-        whole.close()
-    first = source(tokenizer, cfg)
-    try:
-        before = run_steps(first, range(1, 3))
-        state = first.state_dict()
-    finally:
-        first.close()
+
+    def make():
+        src = source(tokenizer, cfg)
+        return src, src.close
+
+    r = stop_and_resume(make, run_steps, steps=5, stop=2)
     launched = PromptStream(PromptSampler(list(range(1000)), cfg.seed)).next_batch(
-        state["async"]["next_index"])
-    owed = [seed for seed in launched if seed not in sum(before, [])]
-    assert [seed for _, seed in state["async"]["owed"]] == owed
+        r.state["async"]["next_index"])
+    owed = [seed for seed in launched if seed not in sum(r.before, [])]
+    assert [seed for _, seed in r.state["async"]["owed"]] == owed
     assert owed  # the producer had run ahead of the checkpoint
-    resumed = source(tokenizer, cfg)
-    resumed.load_state_dict(state)
-    resumed.engine.load_weights([], 2)
-    try:
-        after = run_steps(resumed, range(3, 6))
-    finally:
-        resumed.close()
-    trained = [s for step in before + after for s in step]
+    trained = [s for step in r.before + r.after for s in step]
     assert len(trained) == len(set(trained)) == 5 * GROUPS  # none lost, none twice
     assert set(launched) <= set(trained)  # the owed seeds were trained after the resume
     if order == "start":
-        assert before + after == expected
+        assert r.before + r.after == r.whole
