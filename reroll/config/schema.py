@@ -449,11 +449,11 @@ class RLRunConfig(RunConfig):
             raise ValueError("model.lora trains in one policy process: set "
                              "distributed.policy.num_workers: 1 (FSDP2 sharding of a LoRA "
                              "policy is not supported yet)")
-        lora = self.model.lora
-        if lora is not None and lora.sync == "adapter" and self.distributed.executor == "ray":
-            raise ValueError("model.lora.sync: adapter, but with distributed.executor: ray the "
-                             "engine actors take merged weights (docs/lora.md): set "
-                             "model.lora.sync: auto or merged")
+        if self.distributed.weight_sync == "delta" and self.rollout.engine.type != "hf":
+            raise ValueError(f"distributed.weight_sync: delta patches the weights the engine "
+                             f"holds, which only the hf engine exposes (rollout.engine: "
+                             f"{self.rollout.engine.type} keeps them in its own process): use "
+                             f"rollout.engine: hf, or weight_sync: auto")
         return self
 
 
