@@ -14,9 +14,6 @@ import ray
 import torch
 from hf_engines import build_hf_engine, hf_engine_factory
 
-from reroll.config.lora import LoRAConfig
-from reroll.config.schema import OptimizerConfig, TrainConfig
-from reroll.data.batch import Trajectory, collate
 from reroll.distributed.engine_actor import ActorEngine, start_engine_actor
 from reroll.distributed.engine_pool import EnginePool
 from reroll.distributed.packing import pack
@@ -24,25 +21,9 @@ from reroll.distributed.weight_sync import InProcessSync
 from reroll.engines.base import Request, SamplingParams, fingerprint
 from reroll.engines.delta import DeltaPolicy, body_bytes, diff
 from reroll.models.loading import load_model
-from reroll.pipelines import objective
-from reroll.training.local import LocalStrategy
+from tests.engines.test_adapter_sync import trained_lora
 
 pytestmark = pytest.mark.ray
-
-
-def trained_lora(path: str) -> LocalStrategy:
-    """A rank-4 adapter after two SFT steps (B no longer zero: the adapter changes outputs)."""
-    strategy = LocalStrategy(load_model(path), OptimizerConfig(lr=5e-2),
-                             TrainConfig(micro_batch_size=4), total_steps=10,
-                             lora=LoRAConfig(rank=4))
-    for seed in range(2):
-        g = torch.Generator().manual_seed(seed)
-        rows = [Trajectory(torch.randint(3, 200, (5,), generator=g).tolist(),
-                           torch.randint(3, 200, (6,), generator=g).tolist(), [0.0] * 6, "stop",
-                           group_id=i) for i in range(4)]
-        batch = collate(rows, pad_token_id=0)[0]
-        strategy.train_step(batch, objective.sft_loss(batch))
-    return strategy
 
 
 def generate(engine, n: int = 4):
