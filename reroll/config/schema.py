@@ -441,10 +441,6 @@ class RLRunConfig(RunConfig):
                              f"routed, which only the hf engine records (rollout.engine: "
                              f"{self.rollout.engine.type} does not expose them, docs/moe.md): use "
                              f"rollout.engine: hf, or routing_replay: off")
-        if self.algorithm.routing_replay != "off" and self.distributed.policy.num_workers > 1:
-            raise ValueError("algorithm.routing_replay replays in one policy process: set "
-                             "distributed.policy.num_workers: 1 (FSDP2 policies do not replay "
-                             "routing yet)")
         if self.model.lora is not None and self.distributed.policy.num_workers > 1:
             raise ValueError("model.lora trains in one policy process: set "
                              "distributed.policy.num_workers: 1 (FSDP2 sharding of a LoRA "
