@@ -199,7 +199,6 @@ class DistributedConfig(Section):
                 ("ray_address", self.ray_address is not None),
                 ("num_cpus", self.num_cpus is not None),
                 ("weight_sync", self.weight_sync != "auto"),
-                ("full_sync_every", "full_sync_every" in self.model_fields_set),
                 ("reward", self.reward is not None),
                 ("env", self.env is not None)) if is_set]
             errors += [f"distributed.{name}.{key} is only used by the ray executor"

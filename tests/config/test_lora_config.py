@@ -72,5 +72,5 @@ def test_delta_sync_to_engine_actors_needs_the_hf_engine_and_the_ray_executor(tm
     assert load(tmp_path, ray, ["distributed.full_sync_every=3"]).distributed.full_sync_every == 3
     message = error_of(tmp_path, ray, ["rollout.engine.type=vllm"])
     assert "distributed.weight_sync: delta" in message and "rollout.engine: vllm" in message
-    local = error_of(tmp_path, MINIMAL, ["distributed.full_sync_every=3"])
-    assert "distributed.full_sync_every is only used by the ray executor" in local
+    local = error_of(tmp_path, MINIMAL, ["distributed.weight_sync=delta"])
+    assert "distributed.weight_sync is only used by the ray executor" in local
