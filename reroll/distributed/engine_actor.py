@@ -244,7 +244,9 @@ class ActorEngine:
             self.loaded(version, ray.get(self.actor.load_weights.remote(slots, flat.numpy(),
                                                                         version)))
             return
-        tensors = {name: t.detach().cpu() for name, t in named_tensors}
+        # copies: the sender keeps them as the actor's version, and a caller's tensors may be
+        # the live parameters that the next optimizer step changes in place
+        tensors = {name: t.detach().to("cpu", copy=True) for name, t in named_tensors}
         self._policy_fingerprint = fingerprint(tensors.items())
         held = self._held_dtype
         wire = in_dtype(tensors, None if held is None else getattr(torch, held))
