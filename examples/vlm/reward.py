@@ -2,8 +2,8 @@
 1.0 when the response is the count alone, as the task asks ("Answer with a number."), else 0.
 
 Why not `type: math`: it reads a `\\boxed{}` answer, and the tiny VLM learns to count far more
-slowly when its answer comes after `\\boxed{` (SFT with the right answers: held-out accuracy at
-chance after 300 steps, against near 1.0 with the bare number; measured 2026-11-28).
+slowly when its answer comes after `\\boxed{` (SFT on the right answers: held-out accuracy at
+chance after 300 steps, against 1.0 after 250 with the bare count; measured 2026-11-28).
 """
 
 

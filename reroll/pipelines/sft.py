@@ -54,13 +54,14 @@ def sft_example(tokenizer, row: PromptRow, response_key: str, max_tokens: int,
     if row.messages[-1]["role"] == "assistant":
         prompt_row = PromptRow(row.messages[:-1], None, source=row.source)
         target = row.messages[-1]["content"]
-        if isinstance(target, list) and not image_parts([row.messages[-1]]):
-            target = "".join(part["text"] for part in target)  # text parts only
+        if not isinstance(target, str):
+            raise ConfigError(f"{row.source}: the last assistant message's content (the SFT "
+                              f"target) must be a string")
     else:
         prompt_row, target = row, row.metadata.get(response_key, row.answer)
-    if not isinstance(target, str) or not target:
-        raise ConfigError(f"{row.source}: needs a string `{response_key}` (the SFT target) or "
-                          f"`messages` ending with an assistant message of text")
+        if not isinstance(target, str) or not target:
+            raise ConfigError(f"{row.source}: needs a string `{response_key}` (the SFT target) or "
+                              f"`messages` ending with an assistant message")
     prompt = EncodedPrompt.of(encode_prompt(tokenizer, prompt_row, max_tokens))
     response_ids = tokenizer.encode(target, add_special_tokens=False) + [tokenizer.eos_token_id]
     if len(prompt.ids) + len(response_ids) > max_tokens:
