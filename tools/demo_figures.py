@@ -88,24 +88,34 @@ def readme_with(readme: str, paragraph: str, begin: str = BEGIN, end: str = END)
     return f"{head}{begin}\n{paragraph}\n{end}{tail}"
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def figures_main(argv: list[str] | None, doc: str, demo: str, record: Path, kept: Path,
+                 collect, render, begin: str = BEGIN, end: str = END) -> int:
+    """A demo's figures script (`make demo`, `make demo-tools`, `make demo-vlm`):
+    `--started EPOCH` writes `record` from `collect(started, now)` and prints README's paragraph
+    (`render(figures)`); `--docs` copies `record` to `kept` and README's block between `begin`
+    and `end`."""
+    parser = argparse.ArgumentParser(description=doc.split("\n\n")[0])
     parser.add_argument("--started", type=float, help="the demo's start (seconds since the epoch)")
     parser.add_argument("--docs", action="store_true",
-                        help="copy runs/demo-figures.json into docs/ and README")
+                        help=f"copy {record} into docs/ and README")
     args = parser.parse_args(argv)
     if args.docs:
-        if not RECORD.is_file():
-            raise SystemExit(f"{RECORD} is missing: run `make demo` first")
-        figures = json.loads(RECORD.read_text())
-        KEPT.write_text(json.dumps(figures, indent=1) + "\n")
-        README.write_text(readme_with(README.read_text(), render(figures)))
-        print(f"README.md and {KEPT.relative_to(REPO)}: figures of {figures['date']}")
+        if not record.is_file():
+            raise SystemExit(f"{record} is missing: run `make {demo}` first")
+        figures = json.loads(record.read_text())
+        kept.write_text(json.dumps(figures, indent=1) + "\n")
+        README.write_text(readme_with(README.read_text(), render(figures), begin, end))
+        print(f"README.md and {kept.relative_to(REPO)}: figures of {figures['date']}")
         return 0
     figures = collect(args.started or time.time(), time.time())
-    RECORD.write_text(json.dumps(figures, indent=1) + "\n")
+    record.parent.mkdir(parents=True, exist_ok=True)
+    record.write_text(json.dumps(figures, indent=1) + "\n")
     print(render(figures))
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    return figures_main(argv, __doc__, "demo", RECORD, KEPT, collect, render)
 
 
 if __name__ == "__main__":

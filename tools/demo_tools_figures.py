@@ -12,15 +12,13 @@ hand (as tools/demo_figures.py does for `make demo`).
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
-import time
 from datetime import UTC, datetime
 from pathlib import Path
 
-from demo_figures import _commit, _duration, _reward, readme_with
+from demo_figures import _commit, _duration, _reward, figures_main
 
 REPO = Path(__file__).resolve().parents[1]
 RECORD = Path("runs/demo-tools-figures.json")
@@ -70,24 +68,7 @@ def render(f: dict) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--started", type=float, help="the demo's start (seconds since the epoch)")
-    parser.add_argument("--docs", action="store_true",
-                        help="copy runs/demo-tools-figures.json into docs/ and README")
-    args = parser.parse_args(argv)
-    if args.docs:
-        if not RECORD.is_file():
-            raise SystemExit(f"{RECORD} is missing: run `make demo-tools` first")
-        figures = json.loads(RECORD.read_text())
-        KEPT.write_text(json.dumps(figures, indent=1) + "\n")
-        README.write_text(readme_with(README.read_text(), render(figures), BEGIN, END))
-        print(f"README.md and {KEPT.relative_to(REPO)}: figures of {figures['date']}")
-        return 0
-    figures = collect(args.started or time.time(), time.time())
-    RECORD.parent.mkdir(parents=True, exist_ok=True)
-    RECORD.write_text(json.dumps(figures, indent=1) + "\n")
-    print(render(figures))
-    return 0
+    return figures_main(argv, __doc__, "demo-tools", RECORD, KEPT, collect, render, BEGIN, END)
 
 
 if __name__ == "__main__":

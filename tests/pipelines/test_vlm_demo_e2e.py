@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import json
 import re
+import time
 from pathlib import Path
 
 import pytest
+from scripts import load_script
 
 from reroll.cli import main
 from reroll.data.images import write_count_task
@@ -16,41 +18,52 @@ from reroll.data.images import write_count_task
 pytestmark = pytest.mark.e2e
 REPO = Path(__file__).resolve().parents[2]
 QUIET = ["tracking.progress=false", "train.num_threads=1"]
+SHRINK = {"sft": ["steps=2", "batch_size=4", "train.micro_batch_size=4"],
+          "train": ["steps=2", "rollout.prompts_per_step=2", "rollout.group_size=4",
+                    "train.micro_batch_size=8"]}
+BLANK = ["data.train=data/red-squares-blank/train.jsonl",
+         "data.eval=data/red-squares-blank/eval.jsonl"]
+DEMO = [  # the Makefile's `demo-vlm` recipe, in order
+    ["sft", "examples/vlm/sft.yaml"],
+    ["train", "examples/vlm/grpo.yaml"],
+    ["sft", "examples/vlm/sft.yaml", "name=vlm-blank-sft", *BLANK],
+    ["train", "examples/vlm/grpo.yaml", "name=vlm-blank-grpo",
+     "model.path=runs/vlm-blank-sft/final", *BLANK],
+]
 
 
-def sft(task: Path, out: Path, model: str, *more: str) -> list[dict]:
-    """`reroll sft examples/vlm/sft.yaml` on `task`, 2 steps; its metrics rows."""
-    assert main(["sft", "examples/vlm/sft.yaml", f"model.path={model}", f"output_dir={out}",
-                 f"data.train={task}/train.jsonl", f"data.eval={task}/eval.jsonl", "steps=2",
-                 "batch_size=4", "train.micro_batch_size=4", *QUIET, *more]) == 0
-    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-
-
-def test_the_vlm_demo_s_sft_then_grpo_runs_with_the_images_in_the_sft_loss(
+def test_the_vlm_demo_s_commands_run_in_order_with_the_images_in_the_sft_loss(
         tiny_vlm, tmp_path, monkeypatch):
-    monkeypatch.chdir(REPO)  # the demo's reward, examples.vlm.reward, imports from the root
-    task, blank = tmp_path / "task", tmp_path / "blank"
-    write_count_task(task, train_size=8, eval_size=4, seed=0)
-    write_count_task(blank, train_size=8, eval_size=4, seed=0, blank=True)
-    assert (blank / "train.jsonl").read_text() == (task / "train.jsonl").read_text()
+    """`make demo-vlm` shrunk: its model and data made alike, its four runs with fewer steps,
+    then its figures; the first SFT step's loss differs with blank images (the pixels reach
+    SFT's loss) and the GRPO runs start from the SFT models (their processors kept)."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(REPO / "tools"))  # demo_vlm_figures imports demo_figures
+    (tmp_path / "examples").symlink_to(REPO / "examples")  # the demo's reward imports from here
+    (tmp_path / "models").mkdir()
+    (tmp_path / "models" / "tiny-vlm").symlink_to(tiny_vlm)
+    write_count_task("data/red-squares", train_size=8, eval_size=4, seed=0)
+    write_count_task("data/red-squares-blank", train_size=8, eval_size=4, seed=0, blank=True)
+    started = time.time()
+    for command, *args in DEMO:
+        assert main([command, *args, *SHRINK[command], *QUIET]) == 0, args
 
-    seen = sft(task, tmp_path / "sft", tiny_vlm)
-    unseen = sft(blank, tmp_path / "sft-blank", tiny_vlm)
+    def first_loss(run: str) -> float:
+        return json.loads(Path(f"runs/{run}/metrics.jsonl").read_text().splitlines()[0])["sft/nll"]
+
     # The same weights, rows and order: the first step's loss differs by the pixels alone.
-    assert seen[0]["sft/nll"] != pytest.approx(unseen[0]["sft/nll"], abs=1e-6)
-    final = tmp_path / "sft" / "final"
-    assert (final / "processor_config.json").is_file()  # an RL run starts from it
-
-    assert main(["train", "examples/vlm/grpo.yaml", f"model.path={final}",
-                 f"output_dir={tmp_path / 'grpo'}", f"data.train={task}/train.jsonl",
-                 f"data.eval={task}/eval.jsonl", "steps=2", "rollout.prompts_per_step=2",
-                 "rollout.group_size=4", "train.micro_batch_size=8", *QUIET]) == 0
-    summary = json.loads((tmp_path / "grpo" / "summary.json").read_text())
-    assert summary["steps"] == 2
-    assert 0 <= summary["eval_reward_start"] <= 1 and 0 <= summary["eval_reward_end"] <= 1
+    assert first_loss("vlm-sft") != pytest.approx(first_loss("vlm-blank-sft"), abs=1e-6)
+    assert Path("runs/vlm-sft/final/processor_config.json").is_file()
     samples = [json.loads(line) for line in
-               (tmp_path / "grpo" / "rollouts" / "eval_step_2.jsonl").read_text().splitlines()]
+               Path("runs/vlm-grpo/rollouts/eval_step_2.jsonl").read_text().splitlines()]
     assert len(samples) == 4 and all(s["images"] for s in samples)
+
+    figures_tool = load_script("tools/demo_vlm_figures.py")
+    assert figures_tool.main(["--started", str(started)]) == 0
+    figures = json.loads(Path("runs/demo-vlm-figures.json").read_text())
+    assert figures["sft_steps"] == figures["grpo_steps"] == 2
+    for key in ("reward_after_sft", "reward_after_rl", "blank_after_sft", "blank_after_rl"):
+        assert 0.0 <= figures[key] <= 1.0, figures
 
 
 def missing_image(task: Path) -> None:
