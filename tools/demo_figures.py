@@ -24,11 +24,18 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-RECORD = Path("runs/demo-figures.json")
-KEPT = REPO / "docs" / "demo-figures.json"
 README = REPO / "README.md"
-BEGIN = "<!-- demo-figures: written by `make demo-figures` from docs/demo-figures.json -->"
-END = "<!-- /demo-figures -->"
+
+
+def files_of(demo: str) -> tuple[Path, Path, str, str]:
+    """A demo's figures: the file it writes (runs/<demo>-figures.json), the copy kept in docs/,
+    and README's markers around its paragraph."""
+    name = f"{demo}-figures"
+    return (Path(f"runs/{name}.json"), REPO / "docs" / f"{name}.json",
+            f"<!-- {name}: written by `make {name}` from docs/{name}.json -->", f"<!-- /{name} -->")
+
+
+RECORD, KEPT, BEGIN, END = files_of("demo")
 
 
 def _commit() -> str | None:
@@ -64,6 +71,21 @@ def _duration(seconds: int) -> str:
 
 def _reward(value: float | None) -> str:
     return "n/a" if value is None else f"{value:.3g}"
+
+
+def measured(f: dict) -> str:
+    """The opening of a shared-machine demo's paragraph: the command, date, machine, load and
+    the whole demo's time (the tool and VLM demos)."""
+    commit = f" at commit {f['commit']}" if f.get("commit") else ""
+    return (f"Measured by `{f['command']}` on {f['date']} ({f['cpus']} CPU cores shared with "
+            f"other work, load average {f['load_average']} at the end; set-up done{commit}): it "
+            f"took {_duration(f['demo_s'])}")
+
+
+def written_by(demo: str) -> str:
+    """The closing of a demo's paragraph: where its figures come from."""
+    return (f"The demo writes these figures to `runs/{demo}-figures.json`; "
+            f"`make {demo}-figures` copies them here.")
 
 
 def render(f: dict) -> str:

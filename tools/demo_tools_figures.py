@@ -18,15 +18,9 @@ import sys
 from datetime import UTC, datetime
 from pathlib import Path
 
-from demo_figures import _commit, _duration, _reward, figures_main
+from demo_figures import _commit, _reward, figures_main, files_of, measured, written_by
 
-REPO = Path(__file__).resolve().parents[1]
-RECORD = Path("runs/demo-tools-figures.json")
-KEPT = REPO / "docs" / "demo-tools-figures.json"
-README = REPO / "README.md"
-BEGIN = ("<!-- demo-tools-figures: written by `make demo-tools-figures` from "
-         "docs/demo-tools-figures.json -->")
-END = "<!-- /demo-tools-figures -->"
+RECORD, KEPT, BEGIN, END = files_of("demo-tools")
 
 
 def collect(started: float, now: float) -> dict:
@@ -54,16 +48,12 @@ def collect(started: float, now: float) -> dict:
 
 def render(f: dict) -> str:
     """README's paragraph for the figures `f`."""
-    commit = f" at commit {f['commit']}" if f.get("commit") else ""
     return (
-        f"Measured by `{f['command']}` on {f['date']} ({f['cpus']} CPU cores shared with other "
-        f"work, load average {f['load_average']} at the end; set-up done{commit}): it took "
-        f"{_duration(f['demo_s'])} (SFT {f['sft_steps']} steps in {f['sft_s']} s, GRPO "
+        f"{measured(f)} (SFT {f['sft_steps']} steps in {f['sft_s']} s, GRPO "
         f"{f['grpo_steps']} steps through the gateway in {f['grpo_s']} s). Held-out success on "
         f"{f['eval_episodes']} questions, greedy: **{_reward(f['success_before_sft'])} before SFT, "
         f"{_reward(f['success_after_sft'])} after SFT, {_reward(f['success_after_rl'])} after RL**. "
-        f"The demo writes these figures to `runs/demo-tools-figures.json`; "
-        f"`make demo-tools-figures` copies them here."
+        f"{written_by('demo-tools')}"
     )
 
 

@@ -19,15 +19,9 @@ import sys
 from datetime import UTC, datetime
 from pathlib import Path
 
-from demo_figures import _commit, _duration, _reward, figures_main
+from demo_figures import _commit, _reward, figures_main, files_of, measured, written_by
 
-REPO = Path(__file__).resolve().parents[1]
-RECORD = Path("runs/demo-vlm-figures.json")
-KEPT = REPO / "docs" / "demo-vlm-figures.json"
-README = REPO / "README.md"
-BEGIN = ("<!-- demo-vlm-figures: written by `make demo-vlm-figures` from "
-         "docs/demo-vlm-figures.json -->")
-END = "<!-- /demo-vlm-figures -->"
+RECORD, KEPT, BEGIN, END = files_of("demo-vlm")
 
 
 def _summary(run: str) -> dict:
@@ -59,17 +53,13 @@ def collect(started: float, now: float) -> dict:
 
 def render(f: dict) -> str:
     """README's paragraph for the figures `f`."""
-    commit = f" at commit {f['commit']}" if f.get("commit") else ""
     return (
-        f"Measured by `{f['command']}` on {f['date']} ({f['cpus']} CPU cores shared with other "
-        f"work, load average {f['load_average']} at the end; set-up done{commit}): it took "
-        f"{_duration(f['demo_s'])} (SFT {f['sft_steps']} steps in {f['sft_s']} s, GRPO "
-        f"{f['grpo_steps']} steps in {f['grpo_s']} s, the ablation's two runs in "
-        f"{f['ablation_s']} s). Held-out accuracy, greedy (chance 0.25): "
-        f"**{_reward(f['reward_after_sft'])} after SFT, {_reward(f['reward_after_rl'])} after "
-        f"GRPO**; with blank images, {_reward(f['blank_after_sft'])} after SFT and "
-        f"{_reward(f['blank_after_rl'])} after GRPO. The demo writes these figures to "
-        f"`runs/demo-vlm-figures.json`; `make demo-vlm-figures` copies them here."
+        f"{measured(f)} (SFT {f['sft_steps']} steps in {f['sft_s']} s, GRPO {f['grpo_steps']} "
+        f"steps in {f['grpo_s']} s, the ablation's two runs in {f['ablation_s']} s). Held-out "
+        f"accuracy, greedy (chance 0.25): **{_reward(f['reward_after_sft'])} after SFT, "
+        f"{_reward(f['reward_after_rl'])} after GRPO**; with blank images, "
+        f"{_reward(f['blank_after_sft'])} after SFT and {_reward(f['blank_after_rl'])} after "
+        f"GRPO. {written_by('demo-vlm')}"
     )
 
 
