@@ -110,12 +110,16 @@ ALLOWLIST = {
     "make test": "the test suite itself (CI runs it)",
     "reroll make-model --vlm --out models/tiny-vlm": "the `tiny_vlm` fixture builds the same "
                                                      "model (tests/data/test_images.py)",
-    "reroll make-data --images --out data/red-squares --train-size 400 --eval-size 50":
+    "reroll make-data --images --out data/red-squares --train-size 2000 --eval-size 128":
         "write_count_task, what it runs, is tested in tests/data/test_images.py",
     "reroll check-model models/tiny-vlm": "its image checks run on the tiny VLM in "
                                           "tests/data/test_images.py",
-    "reroll train examples/vlm/grpo.yaml": "2 GRPO steps of the same run on the tiny VLM in "
-                                          "tests/data/test_images.py",
+    "make demo-vlm": "the full VLM demo (~8 min); its commands run shrunk by "
+                     "tests/pipelines/test_vlm_demo_e2e.py",
+    "reroll sft examples/vlm/sft.yaml": "2 steps of it on the tiny VLM in "
+                                        "tests/pipelines/test_vlm_demo_e2e.py",
+    "reroll train examples/vlm/grpo.yaml": "2 GRPO steps of it from that SFT model in "
+                                          "tests/pipelines/test_vlm_demo_e2e.py",
     "make gpu-check": "needs CUDA for its runs; its dry run without CUDA is tested in "
                       "tests/test_gpu_check.py",
     "make demo-agentic": "the full agentic demo (~5 min); its commands run in AGENTIC_CHAIN",
@@ -378,11 +382,13 @@ def test_readme_demo_figures_are_the_ones_the_demo_recorded():
     assert re.fullmatch(r"\d{4}-\d\d-\d\d", figures["date"])
 
 
-def test_readme_tool_demo_figures_are_the_ones_the_demo_recorded():
-    """README's `make demo-tools` paragraph is rendered from docs/demo-tools-figures.json
-    (written by the demo, copied by `make demo-tools-figures`), or says it was not measured."""
-    spec = importlib.util.spec_from_file_location("demo_tools_figures",
-                                                  REPO / "tools" / "demo_tools_figures.py")
+@pytest.mark.parametrize("demo", ["demo-tools", "demo-vlm"])
+def test_readme_tool_and_vlm_demo_figures_are_the_ones_the_demo_recorded(demo):
+    """README's `make demo-tools` and `make demo-vlm` paragraphs are rendered from
+    docs/<demo>-figures.json (written by the demo, copied by `make <demo>-figures`), or say they
+    were not measured."""
+    name = f"{demo.replace('-', '_')}_figures"
+    spec = importlib.util.spec_from_file_location(name, REPO / "tools" / f"{name}.py")
     tool = importlib.util.module_from_spec(spec)
     sys.path.insert(0, str(REPO / "tools"))  # it imports demo_figures, as when run as a script
     try:
@@ -390,13 +396,13 @@ def test_readme_tool_demo_figures_are_the_ones_the_demo_recorded():
     finally:
         sys.path.remove(str(REPO / "tools"))
     readme = (REPO / "README.md").read_text()
-    kept = REPO / "docs" / "demo-tools-figures.json"
+    kept = REPO / "docs" / f"{demo}-figures.json"
     if not kept.is_file():
         assert f"{tool.BEGIN}\nNot measured yet" in readme
         return
     figures = json.loads(kept.read_text())
     assert f"{tool.BEGIN}\n{tool.render(figures)}\n{tool.END}" in readme
-    assert figures["command"] == "make demo-tools"
+    assert figures["command"] == f"make {demo}"
 
 
 def _project(tmp_path: Path) -> Path:

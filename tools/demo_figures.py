@@ -24,11 +24,18 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-RECORD = Path("runs/demo-figures.json")
-KEPT = REPO / "docs" / "demo-figures.json"
 README = REPO / "README.md"
-BEGIN = "<!-- demo-figures: written by `make demo-figures` from docs/demo-figures.json -->"
-END = "<!-- /demo-figures -->"
+
+
+def files_of(demo: str) -> tuple[Path, Path, str, str]:
+    """A demo's figures: the file it writes (runs/<demo>-figures.json), the copy kept in docs/,
+    and README's markers around its paragraph."""
+    name = f"{demo}-figures"
+    return (Path(f"runs/{name}.json"), REPO / "docs" / f"{name}.json",
+            f"<!-- {name}: written by `make {name}` from docs/{name}.json -->", f"<!-- /{name} -->")
+
+
+RECORD, KEPT, BEGIN, END = files_of("demo")
 
 
 def _commit() -> str | None:
@@ -66,6 +73,21 @@ def _reward(value: float | None) -> str:
     return "n/a" if value is None else f"{value:.3g}"
 
 
+def measured(f: dict) -> str:
+    """The opening of a shared-machine demo's paragraph: the command, date, machine, load and
+    the whole demo's time (the tool and VLM demos)."""
+    commit = f" at commit {f['commit']}" if f.get("commit") else ""
+    return (f"Measured by `{f['command']}` on {f['date']} ({f['cpus']} CPU cores shared with "
+            f"other work, load average {f['load_average']} at the end; set-up done{commit}): it "
+            f"took {_duration(f['demo_s'])}")
+
+
+def written_by(demo: str) -> str:
+    """The closing of a demo's paragraph: where its figures come from."""
+    return (f"The demo writes these figures to `runs/{demo}-figures.json`; "
+            f"`make {demo}-figures` copies them here.")
+
+
 def render(f: dict) -> str:
     """README's paragraph for the figures `f`."""
     commit = f" at commit {f['commit']}" if f.get("commit") else ""
@@ -88,24 +110,34 @@ def readme_with(readme: str, paragraph: str, begin: str = BEGIN, end: str = END)
     return f"{head}{begin}\n{paragraph}\n{end}{tail}"
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def figures_main(argv: list[str] | None, doc: str, demo: str, record: Path, kept: Path,
+                 collect, render, begin: str = BEGIN, end: str = END) -> int:
+    """A demo's figures script (`make demo`, `make demo-tools`, `make demo-vlm`):
+    `--started EPOCH` writes `record` from `collect(started, now)` and prints README's paragraph
+    (`render(figures)`); `--docs` copies `record` to `kept` and README's block between `begin`
+    and `end`."""
+    parser = argparse.ArgumentParser(description=doc.split("\n\n")[0])
     parser.add_argument("--started", type=float, help="the demo's start (seconds since the epoch)")
     parser.add_argument("--docs", action="store_true",
-                        help="copy runs/demo-figures.json into docs/ and README")
+                        help=f"copy {record} into docs/ and README")
     args = parser.parse_args(argv)
     if args.docs:
-        if not RECORD.is_file():
-            raise SystemExit(f"{RECORD} is missing: run `make demo` first")
-        figures = json.loads(RECORD.read_text())
-        KEPT.write_text(json.dumps(figures, indent=1) + "\n")
-        README.write_text(readme_with(README.read_text(), render(figures)))
-        print(f"README.md and {KEPT.relative_to(REPO)}: figures of {figures['date']}")
+        if not record.is_file():
+            raise SystemExit(f"{record} is missing: run `make {demo}` first")
+        figures = json.loads(record.read_text())
+        kept.write_text(json.dumps(figures, indent=1) + "\n")
+        README.write_text(readme_with(README.read_text(), render(figures), begin, end))
+        print(f"README.md and {kept.relative_to(REPO)}: figures of {figures['date']}")
         return 0
     figures = collect(args.started or time.time(), time.time())
-    RECORD.write_text(json.dumps(figures, indent=1) + "\n")
+    record.parent.mkdir(parents=True, exist_ok=True)
+    record.write_text(json.dumps(figures, indent=1) + "\n")
     print(render(figures))
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    return figures_main(argv, __doc__, "demo", RECORD, KEPT, collect, render)
 
 
 if __name__ == "__main__":

@@ -12,23 +12,15 @@ hand (as tools/demo_figures.py does for `make demo`).
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
-import time
 from datetime import UTC, datetime
 from pathlib import Path
 
-from demo_figures import _commit, _duration, _reward, readme_with
+from demo_figures import _commit, _reward, figures_main, files_of, measured, written_by
 
-REPO = Path(__file__).resolve().parents[1]
-RECORD = Path("runs/demo-tools-figures.json")
-KEPT = REPO / "docs" / "demo-tools-figures.json"
-README = REPO / "README.md"
-BEGIN = ("<!-- demo-tools-figures: written by `make demo-tools-figures` from "
-         "docs/demo-tools-figures.json -->")
-END = "<!-- /demo-tools-figures -->"
+RECORD, KEPT, BEGIN, END = files_of("demo-tools")
 
 
 def collect(started: float, now: float) -> dict:
@@ -56,38 +48,17 @@ def collect(started: float, now: float) -> dict:
 
 def render(f: dict) -> str:
     """README's paragraph for the figures `f`."""
-    commit = f" at commit {f['commit']}" if f.get("commit") else ""
     return (
-        f"Measured by `{f['command']}` on {f['date']} ({f['cpus']} CPU cores shared with other "
-        f"work, load average {f['load_average']} at the end; set-up done{commit}): it took "
-        f"{_duration(f['demo_s'])} (SFT {f['sft_steps']} steps in {f['sft_s']} s, GRPO "
+        f"{measured(f)} (SFT {f['sft_steps']} steps in {f['sft_s']} s, GRPO "
         f"{f['grpo_steps']} steps through the gateway in {f['grpo_s']} s). Held-out success on "
         f"{f['eval_episodes']} questions, greedy: **{_reward(f['success_before_sft'])} before SFT, "
         f"{_reward(f['success_after_sft'])} after SFT, {_reward(f['success_after_rl'])} after RL**. "
-        f"The demo writes these figures to `runs/demo-tools-figures.json`; "
-        f"`make demo-tools-figures` copies them here."
+        f"{written_by('demo-tools')}"
     )
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--started", type=float, help="the demo's start (seconds since the epoch)")
-    parser.add_argument("--docs", action="store_true",
-                        help="copy runs/demo-tools-figures.json into docs/ and README")
-    args = parser.parse_args(argv)
-    if args.docs:
-        if not RECORD.is_file():
-            raise SystemExit(f"{RECORD} is missing: run `make demo-tools` first")
-        figures = json.loads(RECORD.read_text())
-        KEPT.write_text(json.dumps(figures, indent=1) + "\n")
-        README.write_text(readme_with(README.read_text(), render(figures), BEGIN, END))
-        print(f"README.md and {KEPT.relative_to(REPO)}: figures of {figures['date']}")
-        return 0
-    figures = collect(args.started or time.time(), time.time())
-    RECORD.parent.mkdir(parents=True, exist_ok=True)
-    RECORD.write_text(json.dumps(figures, indent=1) + "\n")
-    print(render(figures))
-    return 0
+    return figures_main(argv, __doc__, "demo-tools", RECORD, KEPT, collect, render, BEGIN, END)
 
 
 if __name__ == "__main__":

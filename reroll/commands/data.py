@@ -21,8 +21,11 @@ from reroll.envs.episodes import write_expert_rows
 
 def cmd_make_data(args: argparse.Namespace) -> None:
     refuse_to_overwrite(args.out, ["train.jsonl", "eval.jsonl"], args.overwrite)
+    if args.blank_images and not args.images:
+        raise ConfigError("--blank-images goes with --images")
     if args.images:
-        paths = write_count_task(args.out, args.train_size, args.eval_size, args.seed)
+        paths = write_count_task(args.out, args.train_size, args.eval_size, args.seed,
+                                 args.blank_images)
         console.print(f"wrote {', '.join(str(p) for p in paths.values())} (images in "
                       f"{paths['train'].parent / 'images'})")
         return
@@ -73,6 +76,9 @@ def configure_make_data(p: argparse.ArgumentParser) -> None:
     p.add_argument("--levels", default="1,2,3,4", help="difficulty levels to include, e.g. 1,2")
     p.add_argument("--images", action="store_true",
                    help="write the image task instead: how many red squares? (docs/vlm.md)")
+    p.add_argument("--blank-images", action="store_true",
+                   help="--images: the same rows and answers with plain white images (an "
+                        "ablation: the answer is no longer in the image)")
     p.add_argument("--direct-frac", type=float, default=0.0,
                    help="share of SFT targets that give an answer without the working")
     p.add_argument("--direct-accuracy", type=float, default=1.0,

@@ -167,11 +167,17 @@ class DistributedConfig(Section):
     (the one with the fewest live environments) placed like any role, e.g. on CPU-only nodes
     with `labels: {pool: env}`, which steps it in threads of its own under `env.step_timeout_s`.
     The environment must be importable on those nodes. Needs `executor: ray`."""
-    weight_sync: Literal["auto", "object_store", "broadcast"] = "auto"
+    weight_sync: Literal["auto", "object_store", "broadcast", "delta"] = "auto"
     """How new weights reach engine actors: one flat buffer through the Ray object store, or a
     torch.distributed broadcast in buckets from the policy's rank 0 (NCCL when policy and rollout
     have devices of their own, else gloo). `auto`: broadcast for GPU roles on separate devices,
-    else the object store. In-process engines always get an in-memory copy."""
+    else the object store. `delta`: through the driver, each actor is sent only the elements
+    that changed (in its dtype) since the version it holds, and full weights when a delta would
+    not be smaller, when it holds another version (it refuses the delta, counted in
+    `weight_sync/delta_fallbacks`) and every `full_sync_every`-th sync. In-process engines
+    always get an in-memory copy. A LoRA run sends the adapter alone first (`model.lora.sync`)."""
+    full_sync_every: int = Field(10, ge=1, le=100000)
+    """With `weight_sync: delta`, every this many syncs are full ones (1: all of them)."""
     bucket_mb: int = Field(256, ge=1, le=65536)
     """Size of one broadcast bucket, in MiB."""
     fsdp_param_dtype: Literal["float32", "bfloat16"] = "float32"

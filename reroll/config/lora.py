@@ -38,9 +38,9 @@ class LoRAConfig(Section):
     """What each weight sync sends the engines: `adapter` the adapter alone (a few MB; the HF
     engine merges it into its own copy of the base weights, vLLM applies it with its LoRA
     support), `merged` the full merged weights, `auto` the adapter where the engine takes one
-    (the HF engine or vLLM in the trainer's process, reroll's server behind `elastic`) and merged
-    weights elsewhere (Ray engine actors, in-flight updates). `adapter` with an engine that
-    cannot take it is an error. docs/lora.md says when each wins."""
+    (the HF engine or vLLM, in the trainer's process or in Ray engine actors, reroll's server
+    behind `elastic`) and merged weights elsewhere (in-flight updates). `adapter` with an engine
+    that cannot take it is an error. docs/lora.md says when each wins."""
 
     @field_validator("target_modules")
     @classmethod

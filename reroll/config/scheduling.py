@@ -67,7 +67,9 @@ class AsyncTrainingConfig(Section):
     reset on the current weights (same env seed and sampling seeds; `rollout/episodes_restarted`)
     at its next turn or resumed request, instead of its whole group being aborted and never
     trained (`rollout/stale_groups_aborted`, RLVR's behaviour). Each episode then spans at most
-    `max_staleness` versions and its env seed is not lost."""
+    `max_staleness` versions and its env seed is not lost. An agent program's episode (`agent:`)
+    restarts whole: its session is ended (its next call gets 409) and it runs again in a fresh
+    one with the same task and seeds."""
     in_flight_updates: bool = False
     """Load new weights between two decoding steps without stopping the running requests
     (PipelineRL's in-flight updates): no abort, no re-prefill of prompt + partial response. Their
@@ -133,10 +135,6 @@ def agentic_scheduling_errors(config) -> list[str]:
                       "whose single response runs past a token budget to rounds of their own; "
                       "an episode's length is its turns, decided by the environment); turn it "
                       "off")
-    if config.async_training.enabled and config.agent is not None:
-        errors.append("async_training.enabled with `agent:` (an agent program driving the "
-                      "gateway) is not supported yet: its sessions are not versioned across "
-                      "weight updates; use `env:` or turn async_training off")
     s = config.scheduler
     if s.oversample != 1.0:
         errors.append(f"scheduler.oversample ({s.oversample}): an agentic group's episodes all "

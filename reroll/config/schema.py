@@ -441,19 +441,15 @@ class RLRunConfig(RunConfig):
                              f"routed, which only the hf engine records (rollout.engine: "
                              f"{self.rollout.engine.type} does not expose them, docs/moe.md): use "
                              f"rollout.engine: hf, or routing_replay: off")
-        if self.algorithm.routing_replay != "off" and self.distributed.policy.num_workers > 1:
-            raise ValueError("algorithm.routing_replay replays in one policy process: set "
-                             "distributed.policy.num_workers: 1 (FSDP2 policies do not replay "
-                             "routing yet)")
         if self.model.lora is not None and self.distributed.policy.num_workers > 1:
             raise ValueError("model.lora trains in one policy process: set "
                              "distributed.policy.num_workers: 1 (FSDP2 sharding of a LoRA "
                              "policy is not supported yet)")
-        lora = self.model.lora
-        if lora is not None and lora.sync == "adapter" and self.distributed.executor == "ray":
-            raise ValueError("model.lora.sync: adapter, but with distributed.executor: ray the "
-                             "engine actors take merged weights (docs/lora.md): set "
-                             "model.lora.sync: auto or merged")
+        if self.distributed.weight_sync == "delta" and self.rollout.engine.type != "hf":
+            raise ValueError(f"distributed.weight_sync: delta patches the weights the engine "
+                             f"holds, which only the hf engine exposes (rollout.engine: "
+                             f"{self.rollout.engine.type} keeps them in its own process): use "
+                             f"rollout.engine: hf, or weight_sync: auto")
         return self
 
 

@@ -7,7 +7,8 @@ missing or unreadable one is named by file and line before anything runs.
 
 `write_count_task` draws the "how many red squares?" task: each image holds 1-4 red squares and
 some blue ones, so the answer is in the image and not in the text (a text-only model is at
-chance, 1 in 4).
+chance, 1 in 4). Its `answer` (the count alone) is also an SFT target. For an ablation it writes
+the same rows with blank images.
 """
 
 from __future__ import annotations
@@ -137,25 +138,32 @@ def draw_count_image(count: int, rng: random.Random, size: int = 64):
     return image
 
 
-def count_rows(n: int, seed: int, folder: Path, prefix: str) -> list[dict[str, Any]]:
-    """`n` rows of the counting task, their images written to `folder/images/`."""
+def count_rows(n: int, seed: int, folder: Path, prefix: str, blank: bool = False
+               ) -> list[dict[str, Any]]:
+    """`n` rows of the counting task, their images written to `folder/images/`; `blank`: every
+    image plain white, the rows and answers those of the same seed otherwise."""
+    from PIL import Image
+
     rng = random.Random(seed)
     (folder / "images").mkdir(parents=True, exist_ok=True)
     rows = []
     for i in range(n):
         count = rng.choice(COUNTS)
         name = f"images/{prefix}_{i}.png"
-        draw_count_image(count, rng).save(folder / name)
+        image = draw_count_image(count, rng)
+        (Image.new("RGB", image.size, "white") if blank else image).save(folder / name)
         content = [{"type": "image", "image": name}, {"type": "text", "text": QUESTION}]
         rows.append({"messages": [{"role": "user", "content": content}], "answer": str(count)})
     return rows
 
 
 def write_count_task(out: str | Path, train_size: int = 2000, eval_size: int = 100,
-                     seed: int = 0) -> dict[str, Path]:
-    """train.jsonl and eval.jsonl of the counting task in `out`, images in `out/images/`."""
+                     seed: int = 0, blank: bool = False) -> dict[str, Path]:
+    """train.jsonl and eval.jsonl of the counting task in `out`, images in `out/images/`
+    (`blank`: `count_rows`)."""
     from reroll.data.tasks import write_splits
 
     out = Path(out)
-    return write_splits(out, {"train": count_rows(train_size, seed, out, "train"),
-                              "eval": count_rows(eval_size, seed + 1, out, "eval")})
+    return write_splits(out, {
+        "train": count_rows(train_size, seed, out, "train", blank),
+        "eval": count_rows(eval_size, seed + 1, out, "eval", blank)})

@@ -4,8 +4,9 @@
 Each request goes to the engine with the fewest requests in flight; an abort goes where its
 request went. Every request carries its own seed (`Request.seed`), so which engine samples it
 does not change the sample. Weights reach every engine (`weight_sync.py` sends the one packed
-buffer to all of them and checks each engine's fingerprint); `weights_fingerprint` here is the
-engines' common one and a disagreement between them is a `WeightSyncError`.
+buffer to all of them and checks each engine's fingerprint; an adapter or each engine's delta
+goes to each); `weights_fingerprint` here is the engines' common one and a disagreement between
+them is a `WeightSyncError`.
 """
 
 from __future__ import annotations
@@ -50,6 +51,25 @@ class EnginePool:
         named = list(named_tensors)
         for engine in self.engines:
             engine.load_weights(named, version)
+
+    @property
+    def takes_adapters(self) -> bool:
+        return all(getattr(e, "takes_adapters", False) for e in self.engines)
+
+    def load_adapter(self, adapter: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
+        """Every engine; one that refuses raises AdapterSyncError, and the sync's merged
+        weights then reach them all (those that took the adapter included)."""
+        named = list(adapter)
+        for engine in self.engines:
+            engine.load_adapter(named, version)
+
+    def sync_metrics(self) -> dict[str, float]:
+        """The engines' sync metrics, summed (bytes sent to all, fallbacks of all)."""
+        total: dict[str, float] = {}
+        for metrics in (e.sync_metrics() for e in self.engines if hasattr(e, "sync_metrics")):
+            for key, value in metrics.items():
+                total[key] = total.get(key, 0.0) + value
+        return total
 
     def weights_fingerprint(self) -> str:
         fingerprints = [e.weights_fingerprint() for e in self.engines]

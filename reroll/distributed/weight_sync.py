@@ -5,8 +5,13 @@ are built (`reroll.pipelines.roles`), and the collective transport that runs ins
 and actor processes is `collective.py`.
 
 `InProcessSync`: the engine takes the policy's weights in memory (colocated, or an engine actor
-fed by an in-process policy, which packs the weights itself); with `model.lora`, the adapter
-alone when the engine takes adapters (`model.lora.sync`), merged weights otherwise.
+fed by an in-process policy, which packs the weights itself, or by Ray policy workers through
+the driver for `distributed.weight_sync: delta`: the actor is sent what changed since the
+version it holds); with `model.lora`, the adapter alone when the engine takes adapters
+(`model.lora.sync`), merged weights otherwise.
+`AdapterFirst`: a LoRA run's adapter alone to engine actors fed by Ray policy workers (it is
+small: it goes through the driver), the object store or broadcast sending merged weights when
+an engine refuses it.
 `PublishedSync`: asynchronous training with in-flight updates hands the weights over.
 `ObjectStoreSync`: the policy's rank 0 packs the full weights into one flat buffer in Ray's
 object store and the engine actor takes it from there (the driver never touches the bytes).
@@ -59,34 +64,31 @@ def adapter_only(lora_sync: str | None, engine: Any) -> bool:
     if lora_sync == "adapter" and not takes:
         raise ConfigError(
             f"model.lora.sync: adapter, but the rollout engine ({type(engine).__name__}) cannot "
-            f"take an adapter (the HF engine, vLLM and reroll's server can; Ray engine actors "
-            f"and in-flight updates take merged weights): set model.lora.sync: auto or merged")
+            f"take an adapter (the HF engine, vLLM and reroll's server can, in Ray engine actors "
+            f"too; in-flight updates take merged weights): set model.lora.sync: auto or merged")
     return lora_sync in ("auto", "adapter") and takes
 
 
-class InProcessSync:
-    def __init__(self, policy: Any, engine: Engine, lora_sync: str | None = None):
-        """`lora_sync`: `model.lora.sync` of a LoRA run (None: full fine-tuning)."""
-        self.policy, self.engine = policy, engine
-        self.adapter_only = adapter_only(lora_sync, engine)
+class AdapterFirst:
+    """LoRA: the adapter alone, checked by its fingerprint; an adapter the engine did not take
+    is counted (`weight_sync/adapter_fallbacks`) and `merged` sends merged weights instead,
+    which overwrite whatever the engine holds."""
+
+    def __init__(self, policy: Any, engine: Engine, merged: WeightSync):
+        self.policy, self.engine, self.merged = policy, engine, merged
         self.fallbacks = 0
 
     def __call__(self, version: int) -> dict[str, float]:
         t0 = time.perf_counter()
-        metrics = self._adapter(version) if self.adapter_only else None
+        metrics = self.send(version)
         if metrics is None:
-            weights = dict(self.policy.state_dict_for_sync())
-            self.engine.load_weights(weights.items(), version)
-            _check(fingerprint(weights.items()), self.engine.weights_fingerprint(), version)
-            metrics = {"weight_sync/bytes": adapter_bytes(weights)}
-        if self.adapter_only:
-            metrics["weight_sync/adapter_fallbacks"] = self.fallbacks
-        return metrics | {"time/weight_sync_s": time.perf_counter() - t0,
+            metrics = self.merged(version)
+        return metrics | {"weight_sync/adapter_fallbacks": self.fallbacks,
+                          "time/weight_sync_s": time.perf_counter() - t0,
                           "policy_version": version}
 
-    def _adapter(self, version: int) -> dict[str, float] | None:
-        """The adapter alone, checked by its fingerprint; None when it did not take (counted,
-        and the merged weights then overwrite whatever the engine holds)."""
+    def send(self, version: int) -> dict[str, float] | None:
+        """The adapter's sync metrics; None when it did not take (counted)."""
         adapter = self.policy.adapter_for_sync()
         try:
             self.engine.load_adapter(adapter.items(), version)
@@ -99,6 +101,37 @@ class InProcessSync:
                         "(%d so far): %s", version, self.fallbacks, e)
             return None
         return {"weight_sync/bytes": adapter_bytes(adapter)}
+
+
+class InProcessSync:
+    def __init__(self, policy: Any, engine: Engine, lora_sync: str | None = None):
+        """`lora_sync`: `model.lora.sync` of a LoRA run (None: full fine-tuning)."""
+        self.policy, self.engine = policy, engine
+        self.adapter = AdapterFirst(policy, engine, self.merged) \
+            if adapter_only(lora_sync, engine) else None
+
+    @property
+    def adapter_only(self) -> bool:
+        return self.adapter is not None
+
+    def __call__(self, version: int) -> dict[str, float]:
+        return self.adapter(version) if self.adapter is not None else self.merged(version)
+
+    def merged(self, version: int) -> dict[str, float]:
+        """The full (with LoRA, merged) weights; an engine that sends deltas reports its bytes
+        and counters (`sync_metrics`)."""
+        t0 = time.perf_counter()
+        weights = dict(self.policy.state_dict_for_sync())
+        self.engine.load_weights(weights.items(), version)
+        _check(fingerprint(weights.items()), self.engine.weights_fingerprint(), version)
+        metrics = {"weight_sync/bytes": adapter_bytes(weights)} | sync_metrics(self.engine)
+        return metrics | {"time/weight_sync_s": time.perf_counter() - t0,
+                          "policy_version": version}
+
+
+def sync_metrics(engine: Any) -> dict[str, float]:
+    """What the engine reports of its last sync (engine actors: bytes sent, delta counters)."""
+    return engine.sync_metrics() if hasattr(engine, "sync_metrics") else {}
 
 
 class PublishedSync:
@@ -134,8 +167,9 @@ class ObjectStoreSync:
         slots, flat, policy_fp = refs[0]
         loaded = [e.actor.load_weights.remote(slots, flat, version) for e in self.engines]
         ray.get([ref for rank in refs[1:] for ref in rank])
-        for engine_fp in ray.get(loaded):  # each engine's, taken at load
-            _check(ray.get(policy_fp), engine_fp, version)
+        for engine, held in zip(self.engines, ray.get(loaded), strict=True):
+            engine.loaded(version, held)  # the version and fingerprint taken at load
+            _check(ray.get(policy_fp), engine.weights_fingerprint(), version)
         return {"time/weight_sync_s": time.perf_counter() - t0, "policy_version": version}
 
 
@@ -171,18 +205,20 @@ class BroadcastSync:
         prepared = [executor.run_refs(r, "prepare_broadcast", 1)
                     for r in range(self.policy.cluster.num_workers)]
         slots, policy_fp = ray.get(prepared)[0]
-        ray.get([executor.run_refs(0, "broadcast_weights", 1, self.bucket_bytes, self.backend)]
-                + [e.actor.receive_weights.remote(slots, version, self.bucket_bytes, self.backend)
-                   for e in self.engines])
-        for engine in self.engines:
+        held = ray.get([executor.run_refs(0, "broadcast_weights", 1, self.bucket_bytes,
+                                          self.backend)]
+                       + [e.actor.receive_weights.remote(slots, version, self.bucket_bytes,
+                                                         self.backend) for e in self.engines])
+        for engine, engine_held in zip(self.engines, held[1:], strict=True):
+            engine.loaded(version, engine_held)
             _check(policy_fp, engine.weights_fingerprint(), version)
         return {"time/weight_sync_s": time.perf_counter() - t0, "policy_version": version}
 
 
 def sync_method(config: DistributedConfig) -> tuple[str, str]:
-    """(`object_store` | `broadcast`, process-group backend) for an engine actor fed by Ray
-    policy workers. NCCL needs the policy and the engines on different GPUs (one process per
-    GPU); roles sharing devices or on CPUs broadcast with gloo through host memory."""
+    """(`object_store` | `broadcast` | `delta`, process-group backend) for an engine actor fed
+    by Ray policy workers. NCCL needs the policy and the engines on different GPUs (one process
+    per GPU); roles sharing devices or on CPUs broadcast with gloo through host memory."""
     policy, rollout = set(config.policy.devices), set(config.rollout.devices)
     separate_gpus = bool(policy) and bool(rollout) and not policy & rollout \
         and not config.rollout.colocate_with
@@ -197,10 +233,17 @@ def engine_actors(engine: ActorEngine | EnginePool) -> list[ActorEngine]:
 
 
 def actor_weight_sync(policy: PolicyGroup, engine: ActorEngine | EnginePool,
-                      config: DistributedConfig) -> ObjectStoreSync | BroadcastSync:
-    """For engine actors fed by Ray policy workers: the object store or a broadcast, as
-    `config.weight_sync` (and the placement, for `auto`) says."""
+                      config: DistributedConfig, lora_sync: str | None = None) -> WeightSync:
+    """For engine actors fed by Ray policy workers: the object store, a broadcast, or deltas
+    through the driver (the actors were started with a `DeltaPolicy`), as `config.weight_sync`
+    (and the placement, for `auto`) says; for a LoRA run (`lora_sync`, `model.lora.sync`) the
+    adapter first where the engines take one."""
     method, backend = sync_method(config)
+    if method == "delta":
+        return InProcessSync(policy, engine, lora_sync)
     if method == "broadcast":
-        return BroadcastSync(policy, engine_actors(engine), backend, config.bucket_mb)
-    return ObjectStoreSync(policy, engine)
+        full: WeightSync = BroadcastSync(policy, engine_actors(engine), backend,
+                                         config.bucket_mb)
+    else:
+        full = ObjectStoreSync(policy, engine)
+    return AdapterFirst(policy, engine, full) if adapter_only(lora_sync, engine) else full

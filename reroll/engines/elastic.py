@@ -56,9 +56,15 @@ from reroll.engines.base import (
     Engine,
     Request,
     WeightSyncError,
-    fingerprint,
 )
-from reroll.engines.delta import body_bytes, diff
+from reroll.engines.delta import (
+    DeltaCounters,
+    DeltaPolicy,
+    DeltaRefused,
+    DeltaSender,
+    body_bytes,
+    in_dtype,
+)
 from reroll.engines.remote import RemoteEngine, RemoteOptions
 
 log = logging.getLogger(__name__)
@@ -116,7 +122,7 @@ def threatened(serving: dict, objective: ServingObjective) -> bool:
 
 
 @dataclass
-class ElasticCounters:
+class ElasticCounters(DeltaCounters):
     lent: int = 0
     """Rollout requests the serving endpoint answered."""
     dedicated: int = 0
@@ -137,23 +143,6 @@ class ElasticCounters:
     """Times the controller told the endpoint to keep no rollouts beside its users."""
     reclaimed: int = 0
     """Paused rollouts taken back from the endpoint for room on the dedicated engine."""
-    sync_bytes: int = 0
-    """Weight bytes sent to the endpoint by the last sync (a delta's, or the full weights')."""
-    full_bytes: int = 0
-    """What the last sync would have sent in full (the endpoint's dtype)."""
-    delta_syncs: int = 0
-    """Syncs sent as a delta."""
-    delta_fallbacks: int = 0
-    """Deltas refused (the endpoint held another version, or does not take them) or whose
-    result did not match, each followed by full weights."""
-
-
-@dataclass(frozen=True)
-class DeltaPolicy:
-    """`rollout.serving_endpoint.weight_sync` and `full_sync_every`."""
-
-    enabled: bool = True
-    full_every: int = 10
 
 
 class ElasticEngine:
@@ -171,11 +160,8 @@ class ElasticEngine:
         self.dedicated_max = dedicated_max_in_flight
         self.counters = ElasticCounters()
         self.delta = delta or DeltaPolicy(enabled=False)
-        self._held: dict[str, torch.Tensor] | None = None  # the endpoint's weights, its dtype
-        self._held_version: int | None = None
-        self._held_fingerprint: str | None = None
+        self.sender = DeltaSender(self.delta, self.counters)  # the endpoint's weights, its dtype
         self._endpoint_dtype: torch.dtype | bool | None = None  # asked once; False: unknown
-        self._since_full = 0
         self.cap = 0
         self._in_flight = {"dedicated": 0, "serving": 0}
         self._lent_since = 0.0
@@ -259,14 +245,9 @@ class ElasticEngine:
             self.counters.sync_bytes = self.counters.full_bytes = body_bytes(tensors)
             return
         wire = self._in_endpoint_dtype(tensors)
-        wire_fingerprint = fingerprint(wire.items())
-        self.counters.full_bytes = body_bytes(wire)
-        if not (self._held is not None and self._since_full + 1 < self.delta.full_every
-                and self._send_delta(wire, wire_fingerprint, version)):
-            self._post_full(save(wire), version)
-            self.counters.sync_bytes, self._since_full = body_bytes(wire), 0
-        self._held, self._held_version = wire, version
-        self._held_fingerprint = wire_fingerprint
+        self.sender.send(wire, version, self._send_delta,
+                         lambda full: self._post_full(save(full), version),
+                         f"serving endpoint {self.serving_url}")
 
     def _post_full(self, body: bytes, version: int) -> None:
         reply = self._http.post(f"{self.serving_url}/weights", content=body,
@@ -284,35 +265,19 @@ class ElasticEngine:
             name = reply.json().get("dtype") if reply.status_code == 200 else None
             self._endpoint_dtype = getattr(torch, name, False) if name else False
         dtype = self._endpoint_dtype
-        if not isinstance(dtype, torch.dtype):
-            return tensors
-        return {k: t.to(dtype) if t.is_floating_point() else t for k, t in tensors.items()}
+        return in_dtype(tensors, dtype if isinstance(dtype, torch.dtype) else None)
 
-    def _send_delta(self, wire: dict[str, torch.Tensor], wire_fingerprint: str,
-                    version: int) -> bool:
-        """A delta against the held version, if smaller than the weights; True when the endpoint
-        applied it and its fingerprint is that of `wire`. A refusal (409: it holds another
-        version, or takes no deltas; 400) or a wrong result is counted, and the caller sends full
-        weights."""
+    def _send_delta(self, body: dict[str, torch.Tensor], base: int, version: int) -> str:
+        """POST the delta; the endpoint's fingerprint after it. A refusal (409: it holds another
+        version, or takes no deltas; 400) is a DeltaRefused: the sender sends full weights."""
         from safetensors.torch import save
 
-        body = diff(self._held, wire)
-        size = body_bytes(body)
-        if size >= self.counters.full_bytes:
-            return False
         reply = self._http.post(f"{self.serving_url}/weights_delta", content=save(body),
                                 headers={"X-Reroll-Version": str(version),
-                                         "X-Reroll-Base-Version": str(self._held_version)})
-        if reply.status_code != 200 or reply.json().get("fingerprint") != wire_fingerprint:
-            log.warning("serving endpoint %s: delta to weights version %s not taken (HTTP %s: "
-                        "%s); sending full weights", self.serving_url, version,
-                        reply.status_code, reply.text[:200])
-            self.counters.delta_fallbacks += 1
-            return False
-        self.counters.delta_syncs += 1
-        self.counters.sync_bytes = size
-        self._since_full += 1
-        return True
+                                         "X-Reroll-Base-Version": str(base)})
+        if reply.status_code != 200:
+            raise DeltaRefused(f"HTTP {reply.status_code}: {reply.text[:200]}")
+        return reply.json().get("fingerprint")
 
     @property
     def takes_adapters(self) -> bool:
@@ -347,8 +312,8 @@ class ElasticEngine:
         theirs = reply.json()["fingerprint"]
         # with deltas the endpoint holds the weights in its dtype: they are checked against
         # those bits, the dedicated engine's against the trainer's
-        expected = self._held_fingerprint if self.delta.enabled and self._held is not None \
-            else mine
+        expected = self.sender.held_fingerprint if self.delta.enabled \
+            and self.sender.held is not None else mine
         return mine if theirs == expected else \
             f"dedicated {mine} != serving endpoint {self.serving_url} {theirs}"
 

@@ -54,6 +54,7 @@ import threading
 import time
 
 from reroll.engines.base import AdapterSyncError, Completion, Engine, Request, SamplingParams
+from reroll.engines.delta import BehindError, held_weights, patch_engine
 from reroll.engines.http import (
     OpenAIError,
     ServerThread,
@@ -64,10 +65,6 @@ from reroll.engines.http import (
     make_app,
 )
 from reroll.engines.loop import BackgroundLoop
-
-
-class BehindError(RuntimeError):
-    """A delta against a version the server does not hold: it asks for full weights (409)."""
 
 KINDS = ("serving", "rollout")
 
@@ -290,42 +287,29 @@ class CompletionServer:
         return {"version": version, "fingerprint": self.engine.weights_fingerprint()}
 
     def held_weights(self) -> dict | None:
-        """The engine's weights as it holds them (its dtype), for a delta; None when the engine
-        does not expose them (vLLM keeps them in its own process)."""
-        import torch
-
-        model = getattr(self.engine, "model", None)
-        return dict(model.state_dict()) if isinstance(model, torch.nn.Module) else None
+        """The engine's weights as it holds them (its dtype); None when it does not expose them."""
+        return held_weights(self.engine)
 
     def load_delta(self, data: bytes, base: int, version: int) -> dict:
-        """A delta against weights version `base` (`reroll.engines.delta`), applied to the
-        engine's weights between decoding steps. A server holding another version refuses it
-        (BehindError: the sender sends full weights); so does an engine that does not expose its
-        weights. A body that does not parse or does not fit changes no weight (ValueError)."""
+        """A delta against weights version `base` (`reroll.engines.delta.patch_engine`), applied
+        to the engine's weights between decoding steps. A server holding another version refuses
+        it (BehindError: the sender sends full weights); so does an engine that does not expose
+        its weights. A body that does not parse or does not fit changes no weight (ValueError)."""
         from safetensors import SafetensorError
         from safetensors.torch import load
 
-        from reroll.engines.delta import patch
-
-        held = self.held_weights()
-        if held is None:
-            raise BehindError(f"this server's engine ({type(self.engine).__name__}) does not "
-                              "take deltas; send full weights")
-        if self.engine.version != base:
-            raise BehindError(f"this server holds weights version {self.engine.version}, not "
-                              f"the delta's base {base}; send full weights")
         try:
             body = load(data)
         except SafetensorError as e:
             raise ValueError(f"the body is not a whole safetensors file ({len(data)} bytes: "
                              f"{e})") from None
-        changed = patch(held, body)  # raises before any weight changes
+        state, changed = patch_engine(self.engine, body, base)  # raises before any change
 
         async def apply():
-            self.engine.load_weights((held | changed).items(), version)
+            self.engine.load_weights(state.items(), version)
         self._loop.run(apply())
         return {"version": version, "fingerprint": self.engine.weights_fingerprint(),
-                "changed_tensors": len(changed)}
+                "changed_tensors": changed}
 
     def load_adapter(self, data: bytes, version: int) -> dict:
         """A LoRA adapter (safetensors bytes of `LoRAAdapter.adapter_tensors`), merged on the

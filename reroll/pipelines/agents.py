@@ -7,10 +7,16 @@ which runs in this process in front of the rollout engine for the whole run. Eac
 in its own session; the calls' tokens become the step's trajectories (one per episode, see
 `rollout/gateway/assembly.py`), scored by the agent's reward. The run's sampling settings apply
 to every call (the client's `temperature` is not used), so the trainer's ratios hold.
+
+With `async_training`, an asynchronous source (`reroll.rollout.async_agents.AgentWork`) runs
+the task rows' groups of episodes ahead of the trainer, every call through its scheduler, each
+token recording the weight version that sampled it; the checkpoint keeps the groups owed to a
+resumed run, as for environments.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 import random
 from pathlib import Path
@@ -25,7 +31,10 @@ from reroll.pipelines.envmix import outcome
 from reroll.pipelines.task import EvalSet, grouped, held_out, rollout_row
 from reroll.pipelines.validation import context_tokens
 from reroll.rewards.custom import resolve
+from reroll.rollout.async_agents import AgentWork
+from reroll.rollout.async_source import AsyncSource
 from reroll.rollout.gateway import AgentSpec, Gateway, run_episodes
+from reroll.rollout.stream import PromptStream
 
 EVAL_SEED_BASE = 10**9
 log = logging.getLogger(__name__)
@@ -71,8 +80,11 @@ class AgentTask:
                                                  config.model.path)
         self.label = "agent"
         self.sampler = PromptSampler(self.tasks, config.seed)
+        self.stream = PromptStream(self.sampler)
         self.eval_sets: list[EvalSet] = []
         self.gateway: Gateway | None = None
+        self.source: AsyncSource | None = None
+        """With `async_training`: the producer running episodes ahead of the trainer."""
         self.episodes = 0
         self._metrics: dict[str, float] = {}
 
@@ -85,10 +97,15 @@ class AgentTask:
         return held_out(len(self.eval_tasks), "task", self.config.eval.samples_per_prompt)
 
     def start(self, engine: Engine) -> Engine:
-        a = self.config.agent
-        self.gateway = Gateway(engine, self.tokenizer, Path(self.config.model.path).name,
+        c, a = self.config, self.config.agent
+        self.gateway = Gateway(engine, self.tokenizer, Path(c.model.path).name,
                                SamplingParams(), self.max_context_tokens, a.host, a.port,
                                a.tool_parser)
+        if c.async_training.enabled:  # episodes run ahead while the trainer updates
+            work = functools.partial(AgentWork, gateway=self.gateway, spec=self.spec)
+            self.source = AsyncSource(c, engine, None, self.tokenizer, self.stream, work=work)
+            # Held-out episodes (sessions without an engine of their own) sample through it too.
+            engine = self.gateway.engine = self.source.engine
         return engine
 
     def run(self, tasks: list[Any], group_size: int, params: SamplingParams, seed: int):
@@ -98,16 +115,26 @@ class AgentTask:
         return trajectories, stats
 
     def next_batch(self, step: int, params: SamplingParams) -> list[Trajectory]:
+        """A group of episodes for each of this step's task rows (async: taken from the
+        producer's buffer within the staleness bound of the trainer's version, step - 1)."""
         c = self.config
-        tasks = self.sampler.next_batch(c.rollout.prompts_per_step)
-        trajectories, stats = self.run(tasks, c.rollout.group_size, params,
-                                       c.seed * 7_919 + step * 1_000_003)
+        if self.source is not None:
+            trajectories = self.source.next_batch(step, step - 1, params)
+            stats = self.source.work.take_stats()
+            self.episodes += stats.episodes
+        else:
+            tasks = self.stream.next_batch(c.rollout.prompts_per_step)
+            trajectories, stats = self.run(tasks, c.rollout.group_size, params,
+                                           c.seed * 7_919 + step * 1_000_003)
         success = [t.reward_info.get("success", False) for t in trajectories]
         g = self.gateway.stats
         self._metrics = stats.metrics() | {
             "train/success_rate": sum(success) / max(len(success), 1),
             "gateway/retokenize_mismatch": float(g.retokenize_mismatch),
             "gateway/late_calls": float(self.gateway.sessions.late_calls)}
+        if self.source is not None:
+            self._metrics |= self.source.metrics() | {
+                "rollout/episodes_restarted": float(self.source.work.restarted)}
         return trajectories
 
     def evaluate(self, params: SamplingParams) -> dict[str, float]:
@@ -133,13 +160,22 @@ class AgentTask:
         return [rollout_row(t) for t in picked]
 
     def state_dict(self) -> dict[str, Any]:
-        return {"sampler": self.sampler.state_dict(), "episodes": self.episodes}
+        # The task rows' position (async: the trainer's, and the groups owed the resumed run).
+        position = self.source.state_dict() if self.source is not None else \
+            {"sampler": self.sampler.state_dict()}
+        return position | {"episodes": self.episodes}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.sampler.load_state_dict(state["sampler"])
+        if self.source is not None:
+            self.source.load_state_dict(state)
+        else:
+            self.stream.load_state_dict(state["sampler"])
         self.episodes = state.get("episodes", 0)
 
     def close(self) -> None:
+        if self.source is not None:  # its episodes end before the gateway they call
+            self.source.close()
+            self.source = None
         if self.gateway is not None:
             self.gateway.close()
             self.gateway = None

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import re
-from dataclasses import fields, replace
+from dataclasses import replace
 from operator import itemgetter
 from typing import Any
 
@@ -33,7 +33,7 @@ from reroll.data.mixing import DomainMixer
 from reroll.engines.base import Engine, SamplingParams
 from reroll.pipelines.task import EvalSet, held_out, rollout_row
 from reroll.rollout.agent_loop import AgentStats, run_group
-from reroll.rollout.async_episodes import EpisodeWork
+from reroll.rollout.async_episodes import EpisodeWork, add_stats
 from reroll.rollout.async_source import AsyncSource
 from reroll.rollout.groups import Group, request_seed
 from reroll.rollout.stream import MixedStream
@@ -101,8 +101,7 @@ def merged(stats: list[AgentStats]) -> AgentStats:
     """The counters of several calls summed (the step's `env/*` metrics over every env)."""
     total = AgentStats()
     for s in stats:
-        for f in fields(AgentStats):
-            setattr(total, f.name, getattr(total, f.name) + getattr(s, f.name))
+        add_stats(total, s)
     return total
 
 

@@ -47,6 +47,7 @@ from reroll.distributed.weight_sync import (
 )
 from reroll.engines import engine_factory
 from reroll.engines.base import Engine
+from reroll.engines.delta import DeltaPolicy
 from reroll.models.devices import RoleDevice, machine_devices, plan_devices
 from reroll.models.files import read_config
 from reroll.models.loading import load_model, load_tokenizer
@@ -132,12 +133,10 @@ def rollout_engine_factory(c: RLConfig, pad_token_id: int, plan: Plan):
 
 
 def adapter_rank(c: RLConfig) -> int:
-    """The LoRA rank an engine in the trainer's process must take adapters of (vLLM then starts
-    with its LoRA support), 0 where the sync sends merged weights: no `model.lora`,
-    `model.lora.sync: merged`, or engines in Ray actors (they take merged weights)."""
+    """The LoRA rank an engine must take adapters of (vLLM then starts with its LoRA support),
+    0 where the sync sends merged weights: no `model.lora`, or `model.lora.sync: merged`."""
     lora = c.model.lora
-    in_actor = c.distributed.executor == "ray" or c.scheduler.engine_process
-    return lora.rank if lora is not None and lora.sync != "merged" and not in_actor else 0
+    return lora.rank if lora is not None and lora.sync != "merged" else 0
 
 
 def build_roles(c: RLConfig, total_steps: int, pad_token_id: int) -> Roles:
@@ -351,9 +350,11 @@ def _ray_roles(c: RLConfig, total_steps: int, pad_token_id: int, plan: Plan) -> 
         critic = CriticProxy(cluster(critic_spec(c, total_steps, plan), "critic"))
         clusters.append(critic.cluster)
     # One engine actor per rollout worker (on its node or device); several behind one pool.
+    delta = DeltaPolicy(full_every=d.full_sync_every) if d.weight_sync == "delta" else None
     engines = [start_engine_actor(rollout_engine_factory(c, pad_token_id, plan),
                                   num_cpus=rollout["num_cpus"], num_threads=d.rollout.num_threads,
-                                  name=f"{prefix}-rollout-{rank}", ray_options=rollout)
+                                  name=f"{prefix}-rollout-{rank}", ray_options=rollout,
+                                  delta=delta)
                for rank, rollout in enumerate(options["rollout"])]
     engine = engines[0] if len(engines) == 1 else EnginePool(engines)
 
@@ -363,5 +364,5 @@ def _ray_roles(c: RLConfig, total_steps: int, pad_token_id: int, plan: Plan) -> 
 
     teacher = teachers(c, plan, teacher_cluster)
     lora_sync = c.model.lora.sync if c.model.lora else None
-    return Roles(policy, reference, critic, engine, clusters, actor_weight_sync(policy, engine, d),
-                 lora_sync, teacher)
+    return Roles(policy, reference, critic, engine, clusters,
+                 actor_weight_sync(policy, engine, d, lora_sync), lora_sync, teacher)

@@ -8,7 +8,10 @@ A row is `prompt` + a target response (the field named by `data.response_key`), 
 ending with the assistant's message. The response is tokenised on its own after the templated
 prompt and closed with EOS, exactly the token sequence the RL engine later generates. A
 multi-turn `messages` row (several assistant turns, tool calls and results, a `tools` column)
-trains every assistant turn, the rest masked (`reroll.data.multiturn`).
+trains every assistant turn, the rest masked (`reroll.data.multiturn`). A prompt with images
+(`{"type": "image"}` parts) goes through the model's processor as an RL prompt does
+(`encode_prompt`): its pixel values travel with the example to the loss's forward, and the
+checkpoints keep the processor, so an RL run can start from them.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from reroll.config.errors import ConfigError
 from reroll.config.schema import SFTConfig
 from reroll.data.batch import Trajectory, collate
 from reroll.data.datasets import PromptRow, load_prompts
+from reroll.data.images import image_parts
 from reroll.data.multiturn import is_multi_turn, is_tool_conversation, multi_turn_example
 from reroll.models.devices import machine_devices, trainer_device
 from reroll.models.loading import load_model, load_tokenizer
@@ -32,7 +36,7 @@ from reroll.pipelines.common import UpdateGuard
 from reroll.pipelines.inputs import TaskInputs
 from reroll.pipelines.task import held_out
 from reroll.pipelines.validation import check_max_tokens
-from reroll.rollout.stream import encode_prompt
+from reroll.rollout.stream import EncodedPrompt, encode_prompt, save_processor
 from reroll.training.local import LocalStrategy
 
 
@@ -43,21 +47,29 @@ def sft_example(tokenizer, row: PromptRow, response_key: str, max_tokens: int,
     multi = train_turns == "all" or (train_turns == "auto" and is_tool_conversation(
         row.messages, tools))
     if row.messages[-1]["role"] == "assistant" and multi and is_multi_turn(row.messages, tools):
+        if row.has_images:
+            raise ConfigError(f"{row.source}: a multi-turn row with images is not trained yet; "
+                              f"give the images in a row with one final assistant message")
         return multi_turn_example(tokenizer, row.messages, tools, max_tokens, row.source)
     if row.messages[-1]["role"] == "assistant":
         prompt_row = PromptRow(row.messages[:-1], None, source=row.source)
         target = row.messages[-1]["content"]
+        if not isinstance(target, str):
+            raise ConfigError(f"{row.source}: the last assistant message's content (the SFT "
+                              f"target) must be a string")
     else:
         prompt_row, target = row, row.metadata.get(response_key, row.answer)
         if not isinstance(target, str) or not target:
             raise ConfigError(f"{row.source}: needs a string `{response_key}` (the SFT target) or "
                               f"`messages` ending with an assistant message")
-    prompt_ids = encode_prompt(tokenizer, prompt_row, max_tokens)
+    prompt = EncodedPrompt.of(encode_prompt(tokenizer, prompt_row, max_tokens))
     response_ids = tokenizer.encode(target, add_special_tokens=False) + [tokenizer.eos_token_id]
-    if len(prompt_ids) + len(response_ids) > max_tokens:
-        raise ConfigError(f"{row.source}: {len(prompt_ids) + len(response_ids)} tokens, over "
+    if len(prompt.ids) + len(response_ids) > max_tokens:
+        raise ConfigError(f"{row.source}: {len(prompt.ids) + len(response_ids)} tokens, over "
                           f"data.max_tokens={max_tokens}")
-    return Trajectory(prompt_ids, response_ids, [0.0] * len(response_ids), "stop", group_id=0)
+    return Trajectory(prompt.ids, response_ids, [0.0] * len(response_ids), "stop", group_id=0,
+                      model_inputs=prompt.model_inputs or None,
+                      images=[part["image"] for part in image_parts(prompt_row.messages)] or None)
 
 
 class SFTStep:
@@ -116,7 +128,8 @@ class SFTStep:
         batch, _ = collate(self.eval_set, self.tokenizer.pad_token_id)
         logprobs = batched_logprobs(self.policy.model, batch["input_ids"], batch["attention_mask"],
                                     self.config.train.micro_batch_size,
-                                    response_mask=batch["response_mask"])
+                                    response_mask=batch["response_mask"],
+                                    model_inputs=batch.get("model_inputs"))
         mask = batch["response_mask"]
         return {"eval/nll": float(-(logprobs * mask).sum() / mask.sum())}
 
@@ -140,6 +153,7 @@ class SFTStep:
     def save(self, directory: Path, state: dict[str, Any]) -> None:
         self.policy.save(directory, state)
         self.tokenizer.save_pretrained(directory)
+        save_processor(self.tokenizer.name_or_path, directory)  # a VLM's image processor
 
     def load(self, directory: Path) -> dict[str, Any]:
         state = self.policy.load(directory)
@@ -150,6 +164,7 @@ class SFTStep:
     def save_final(self, directory: Path) -> dict[str, Any]:
         self.policy.save_model(directory)  # with model.lora: the merged model
         self.tokenizer.save_pretrained(directory)
+        save_processor(self.tokenizer.name_or_path, directory)
         return {"final_model": str(directory)}
 
     def summary_keys(self, start: dict[str, float], end: dict[str, float]) -> dict[str, Any]:

@@ -36,7 +36,70 @@ class _Restart(Exception):
     """The episode grew too stale: start it again from its reset."""
 
 
-class EpisodeWork:
+class EpisodeGroups:
+    """What the async source's groups of episodes share, whoever plays them (an env here, an
+    agent program through the gateway in `reroll.rollout.async_agents`): `rollout.group_size`
+    episodes (plus `redundancy` spares) seeded by the group's launch index, the staleness
+    bound, the finished groups' trajectories and their episodes' counters (`stats`: the
+    counters' class) until the trainer takes them."""
+
+    def __init__(self, source: AsyncSource, redundancy: int = 0, stats: type = AgentStats):
+        c = source.config
+        self.source, self.redundancy, self.stats = source, redundancy, stats
+        self.size, self.seed = c.rollout.group_size, c.seed
+        self.max_staleness = c.async_training.max_staleness
+        self.restart = c.async_training.restart_stale_episodes
+        self.results: dict[int, tuple[list[Trajectory], Any]] = {}
+        self.taken = stats()
+        """The episodes of the groups handed to the trainer since the last `take_stats`."""
+        self.restarted = 0
+
+    def new_group(self, index: int, row: Any, version: int) -> Group:
+        """`row` is what the episodes play (an env seed, an agent's task); the group's sampling
+        seeds come from its launch index, so a resumed run's owed group samples with the seeds
+        it had."""
+        base = request_seed(self.seed, -2, index * 1_000)
+        samples = [Sample(base + k) for k in range(self.size + self.redundancy)]
+        return Group(index, row, [], 0, samples, start_version=version)
+
+    def floor(self) -> int:
+        """The oldest version the trainer can still take a group of (the engine's next trainer
+        holds at least the engine's version)."""
+        return self.source.engine.version - self.max_staleness
+
+    def stale(self, sample: Sample) -> bool:
+        oldest = sample.oldest_version
+        return oldest is not None and oldest < self.floor()
+
+    def gives_up(self, group: Group, floor: int) -> bool:
+        """With restarts, a stale episode starts again (its group is not given up)."""
+        if self.restart:
+            return False
+        return any(s.token_versions for s in group.samples) and group.version < floor
+
+    def trajectories(self, group: Group, group_id: int) -> list[Trajectory]:
+        trajectories, stats = self.results.pop(group.index)
+        add_stats(self.taken, stats)
+        return [dataclasses.replace(t, group_id=group_id, policy_version=group.version,
+                                    reward_info=t.reward_info | _versions(t))
+                for t in trajectories]
+
+    def take_stats(self):
+        stats, self.taken = self.taken, self.stats()
+        return stats
+
+    async def turn(self, group: Group, sample: Sample, request: Request,
+                   check: Callable[[], None]) -> Completion:
+        """One request of episode `sample` through the scheduler (preempted and resumed at a
+        weight update; `check` may raise to give it up), its tokens recorded on the sample."""
+        completion = await self.source.scheduler.generate_turn(group, sample, request, check)
+        sample.tokens += completion.token_ids
+        sample.logprobs += completion.logprobs
+        sample.token_versions += completion.token_versions or []
+        return completion
+
+
+class EpisodeWork(EpisodeGroups):
     """An env seed's `rollout.group_size` episodes (plus `redundancy` spares) as one group of
     the async source. `make_job(params)` is the task's AgentJob (env, format, limits)."""
 
@@ -44,23 +107,8 @@ class EpisodeWork:
                  redundancy: int = 0, seed_of: Callable[[Any], int] = lambda row: row):
         """`seed_of`: a group's env seed from its row (the row is the seed; several envs'
         rows are `(env index, seed)`, `reroll.rollout.stream.MixedStream`)."""
-        c = source.config
-        self.source, self.make_job, self.redundancy = source, make_job, redundancy
-        self.seed_of = seed_of
-        self.size, self.seed = c.rollout.group_size, c.seed
-        self.max_staleness = c.async_training.max_staleness
-        self.restart = c.async_training.restart_stale_episodes
-        self.results: dict[int, tuple[list[Trajectory], AgentStats]] = {}
-        self.taken = AgentStats()
-        """The episodes of the groups handed to the trainer since the last `take_stats`."""
-        self.restarted = 0
-
-    def new_group(self, index: int, row: int, version: int) -> Group:
-        """`row` is the env seed; the group's sampling seeds come from its launch index, so a
-        resumed run's owed group samples with the seeds it had."""
-        base = request_seed(self.seed, -2, index * 1_000)
-        samples = [Sample(base + k) for k in range(self.size + self.redundancy)]
-        return Group(index, row, [], 0, samples, start_version=version)
+        super().__init__(source, redundancy)
+        self.make_job, self.seed_of = make_job, seed_of
 
     async def run(self, group: Group, params: SamplingParams) -> bool:
         job = self.make_job(params)
@@ -102,32 +150,6 @@ class EpisodeWork:
                 self.restarted += 1
                 sample.tokens, sample.logprobs, sample.token_versions = [], [], []
 
-    def floor(self) -> int:
-        """The oldest version the trainer can still take a group of (the engine's next trainer
-        holds at least the engine's version)."""
-        return self.source.engine.version - self.max_staleness
-
-    def stale(self, sample: Sample) -> bool:
-        oldest = sample.oldest_version
-        return oldest is not None and oldest < self.floor()
-
-    def gives_up(self, group: Group, floor: int) -> bool:
-        """With restarts, a stale episode starts again (its group is not given up)."""
-        if self.restart:
-            return False
-        return any(s.token_versions for s in group.samples) and group.version < floor
-
-    def trajectories(self, group: Group, group_id: int) -> list[Trajectory]:
-        trajectories, stats = self.results.pop(group.index)
-        _add_stats(self.taken, stats)
-        return [dataclasses.replace(t, group_id=group_id, policy_version=group.version,
-                                    reward_info=t.reward_info | _versions(t))
-                for t in trajectories]
-
-    def take_stats(self) -> AgentStats:
-        stats, self.taken = self.taken, AgentStats()
-        return stats
-
 
 def _versions(t: Trajectory) -> dict[str, list[int]]:
     """`policy_versions`: [oldest, newest] version of the episode's policy tokens (in its
@@ -136,9 +158,15 @@ def _versions(t: Trajectory) -> dict[str, list[int]]:
     return {"policy_versions": [min(versions), max(versions)]} if versions else {}
 
 
-def _add_stats(total: AgentStats, more: AgentStats) -> None:
-    for f in dataclasses.fields(AgentStats):
-        setattr(total, f.name, getattr(total, f.name) + getattr(more, f.name))
+def add_stats(total, more) -> None:
+    """Episode counters (a dataclass of numbers, lists and dicts of numbers) summed into `total`."""
+    for f in dataclasses.fields(total):
+        mine, theirs = getattr(total, f.name), getattr(more, f.name)
+        if isinstance(mine, dict):
+            for key, value in theirs.items():
+                mine[key] = mine.get(key, 0) + value
+        else:
+            setattr(total, f.name, mine + theirs)
 
 
 class _GroupEngine:
@@ -180,13 +208,7 @@ class _EpisodeEngine:
     async def generate(self, request: Request) -> Completion:
         self._check()
         self.group_engine.samples[request.request_id] = self.sample
-        completion = await self.work.source.scheduler.generate_turn(
-            self.group, self.sample, request, self._check)
-        s = self.sample
-        s.tokens += completion.token_ids
-        s.logprobs += completion.logprobs
-        s.token_versions += completion.token_versions or []
-        return completion
+        return await self.work.turn(self.group, self.sample, request, self._check)
 
     def _check(self) -> None:
         if self.work.restart and self.work.stale(self.sample):

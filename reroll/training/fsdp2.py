@@ -35,6 +35,7 @@ from torch.distributed.checkpoint.state_dict import (
 
 from reroll.config.schema import OptimizerConfig, TrainConfig
 from reroll.models.logprobs import batched_logprobs
+from reroll.models.routing import batched_routing
 from reroll.training.local import (
     TRAINER_STATE,
     LossFn,
@@ -114,14 +115,22 @@ class FSDP2Strategy:
         return contextlib.nullcontext()
 
     def forward_logprobs(self, batch: TensorDict, temperature: float = 1.0) -> torch.Tensor:
-        """Logprobs [B, L] of this rank's shard (all ranks call it with equal-sized shards)."""
+        """Logprobs [B, L] of this rank's shard (all ranks call it with equal-sized shards), a
+        routing record in the shard (`routed_experts`) replayed as in `LocalStrategy`."""
         with self.autocast():
             out = batched_logprobs(self.model, batch["input_ids"].to(self.device),
                                    batch["attention_mask"].to(self.device),
                                    self.train_config.micro_batch_size, temperature,
                                    batch["response_mask"].to(self.device),
-                                   batch.get("model_inputs"))
+                                   batch.get("model_inputs"), batch.get("routed_experts"))
         return out.cpu()
+
+    def routing(self, shard: TensorDict) -> torch.Tensor:
+        """A mixture-of-experts policy's routing [B, L, layers, k] of this rank's shard now
+        (pi_old's, for `algorithm.routing_replay: old_policy`); collective like every forward."""
+        with self.autocast():
+            return batched_routing(self.model, shard["input_ids"], shard["attention_mask"],
+                                   self.train_config.micro_batch_size)
 
     def train_step(self, shard: TensorDict, loss_fn: LossFn) -> dict[str, float]:
         """This rank's part of one optimizer step. `train/loss` is this rank's part of the global

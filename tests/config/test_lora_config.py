@@ -58,10 +58,19 @@ def test_sft_configs_take_lora_too(tmp_path):
     assert load_config(path, expect="sft").model.lora.rank == 2
 
 
-def test_the_sync_mode_defaults_to_auto_and_adapter_is_refused_where_engines_take_merged(tmp_path):
+def test_the_sync_mode_defaults_to_auto_and_engine_actors_take_adapters(tmp_path):
     assert load(tmp_path, MINIMAL).model.lora.sync == "auto"
     assert load(tmp_path, MINIMAL, ["model.lora.sync=merged"]).model.lora.sync == "merged"
     assert "model.lora.sync" in error_of(tmp_path, MINIMAL, ["model.lora.sync=delta"])
-    message = error_of(tmp_path, {**MINIMAL, "distributed": {"executor": "ray"}},
-                       ["model.lora.sync=adapter"])
-    assert "model.lora.sync: adapter" in message and "executor: ray" in message
+    ray = load(tmp_path, {**MINIMAL, "distributed": {"executor": "ray"}},
+               ["model.lora.sync=adapter"])
+    assert ray.model.lora.sync == "adapter"
+
+
+def test_delta_sync_to_engine_actors_needs_the_hf_engine_and_the_ray_executor(tmp_path):
+    ray = {**MINIMAL, "distributed": {"executor": "ray", "weight_sync": "delta"}}
+    assert load(tmp_path, ray, ["distributed.full_sync_every=3"]).distributed.full_sync_every == 3
+    message = error_of(tmp_path, ray, ["rollout.engine.type=vllm"])
+    assert "distributed.weight_sync: delta" in message and "rollout.engine: vllm" in message
+    local = error_of(tmp_path, MINIMAL, ["distributed.weight_sync=delta"])
+    assert "distributed.weight_sync is only used by the ray executor" in local

@@ -45,6 +45,23 @@ def test_a_text_only_model_is_at_chance_on_the_counting_task(tmp_path):
     assert max(shares) < 0.3, shares
 
 
+def test_make_data_blank_images_writes_the_same_rows_with_white_images(tmp_path, capsys):
+    """The demo's ablation: the same rows and answers, the answer no longer in the image."""
+    from reroll.cli import main
+
+    for folder, flags in (("task", []), ("blank", ["--blank-images"])):
+        assert main(["make-data", "--images", *flags, "--out", str(tmp_path / folder),
+                     "--train-size", "6", "--eval-size", "2"]) == 0
+    for split in ("train", "eval"):
+        rows = (tmp_path / "task" / f"{split}.jsonl").read_text()
+        assert (tmp_path / "blank" / f"{split}.jsonl").read_text() == rows
+    white = [(64 * 64, (255, 255, 255))]
+    assert all(Image.open(p).getcolors() == white for p in (tmp_path / "blank").glob("images/*"))
+    assert not any(Image.open(p).getcolors() == white for p in (tmp_path / "task").glob("images/*"))
+    assert main(["make-data", "--blank-images", "--out", str(tmp_path / "text")]) == 2
+    assert "--blank-images goes with --images" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("damage, said", [("missing", "does not exist"),
                                           ("unreadable", "cannot be read")])
 def test_a_bad_image_is_named_by_file_and_line(tmp_path, damage, said):

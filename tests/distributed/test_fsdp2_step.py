@@ -116,3 +116,49 @@ def test_a_non_finite_loss_on_one_rank_skips_the_update_on_every_rank(ray_sessio
     assert metrics["train/update_skipped"] == 1.0 and metrics["train/nonfinite_loss"] == 1.0
     initial = load_model(tiny_model).state_dict()
     assert all(torch.equal(weights[n], initial[n]) for n in weights if n in initial)
+
+
+def replay_record(model: torch.nn.Module, batch: RLBatch) -> torch.Tensor:
+    """A routing record [B, L, layers, k] of random distinct experts per token (-1 on padding),
+    far from what the router picks, so that replaying it changes the step."""
+    from reroll.models.routing import NO_RECORD, routers
+
+    found = routers(model)
+    experts, k = int(found[0].num_experts), int(found[0].top_k)
+    size, length = batch["input_ids"].shape
+    generator = torch.Generator().manual_seed(1)
+    noise = torch.rand(size, length, len(found), experts, generator=generator)
+    record = noise.argsort(-1)[..., :k].to(torch.int16)
+    return record.masked_fill(~batch["attention_mask"].bool()[..., None, None], NO_RECORD)
+
+
+def test_two_rank_fsdp2_step_replays_routing_as_the_single_process_step(ray_session, tiny_moe):
+    """`algorithm.routing_replay` with a sharded policy: each rank replays its rows' part of the
+    record (before: the forward ignored it and such configs were refused), and pi_old's routing
+    is recorded on the shards as in one process."""
+    from reroll.models.routing import agreement
+
+    optimizer, train = OptimizerConfig(lr=1e-2, grad_clip=0.5), TrainConfig(micro_batch_size=2)
+    batch = rl_batch(load_model(tiny_moe))
+    batch["routed_experts"] = replay_record(load_model(tiny_moe), batch)
+    loss_fn = make_rl_loss(build(AlgorithmConfig(), max_new_tokens=6), batch)
+
+    local = LocalStrategy(load_model(tiny_moe), optimizer, train, total_steps=1)
+    old_routing = local.routing(batch)  # pi_old's, for `routing_replay: old_policy`
+    replayed = local.forward_logprobs(batch)
+    mask = batch["response_mask"]
+    assert not torch.allclose(replayed * mask, batch["old_logprobs"] * mask, atol=1e-3)
+    local_metrics = local.train_step(batch, loss_fn)
+
+    cluster = two_ranks(tiny_moe, optimizer, train)
+    try:
+        group = PolicyGroup(cluster)
+        assert torch.allclose(group.forward_logprobs(batch) * mask, replayed * mask, atol=1e-4)
+        assert agreement(group.routing(batch), old_routing) > 0.99
+        sharded_metrics = group.train_step(batch, loss_fn)
+        sharded = dict(group.state_dict_for_sync())
+    finally:
+        cluster.shutdown()
+    assert sharded_metrics["actor/routing_replayed"] == pytest.approx(
+        local_metrics["actor/routing_replayed"])
+    assert_same_step(tiny_moe, local, local_metrics, sharded, sharded_metrics)

@@ -1,6 +1,7 @@
-"""A LoRA policy behind Ray actors: the engine actor receives the merged weights (object store
-or gloo broadcast, each sync checked by fingerprint) and the KL term's reference is the policy
-actor's own base model with the adapter off; the run reproduces the one-process LoRA run."""
+"""A LoRA policy behind Ray actors: the engine actor receives the adapter alone (`model.lora.sync:
+auto`), or the merged weights (`merged`, here as deltas against the version the actor holds),
+each sync checked by fingerprint, and the KL term's reference is the policy actor's own base
+model with the adapter off; the run reproduces the one-process LoRA run."""
 
 from __future__ import annotations
 
@@ -27,10 +28,10 @@ def parity_reward():
     sys.path.remove(str(PIPELINE_TESTS))
 
 
-def lora_config(tmp_path, tiny_model, arithmetic, name: str, **distributed):
+def lora_config(tmp_path, tiny_model, arithmetic, name: str, sync: str = "auto", **distributed):
     data = {
         "name": name, "output_dir": str(tmp_path / name), "seed": 3, "steps": 3,
-        "model": {"path": tiny_model, "lora": {"rank": 4, "alpha": 8}},
+        "model": {"path": tiny_model, "lora": {"rank": 4, "alpha": 8, "sync": sync}},
         "data": {"train": arithmetic["train"], "eval": arithmetic["eval"]},
         "rollout": {"prompts_per_step": 4, "group_size": 4, "max_new_tokens": 12},
         "reward": {"type": "custom", "function": "parity_reward:odd_length"},
@@ -46,15 +47,22 @@ def lora_config(tmp_path, tiny_model, arithmetic, name: str, **distributed):
     return load_config(path)
 
 
-@pytest.mark.parametrize("weight_sync", ["object_store", "broadcast"])
+@pytest.mark.parametrize("weight_sync, sync", [("object_store", "auto"), ("delta", "merged")])
 def test_lora_policy_actor_reproduces_the_local_lora_run(ray_session, tmp_path, tiny_model,
-                                                         arithmetic, weight_sync):
+                                                         arithmetic, weight_sync, sync):
     train(lora_config(tmp_path, tiny_model, arithmetic, "local"))
-    train(lora_config(tmp_path, tiny_model, arithmetic, "ray", executor="ray",
+    train(lora_config(tmp_path, tiny_model, arithmetic, "ray", sync, executor="ray",
                       rollout={"num_cpus": 0.5}, weight_sync=weight_sync))
     local, ray_rows = read_metrics(tmp_path / "local"), read_metrics(tmp_path / "ray")
     assert [r["step"] for r in ray_rows] == [1, 2, 3]
     assert all(r["time/weight_sync_s"] > 0 for r in ray_rows)  # fingerprint-checked each step
+    if sync == "auto":  # the adapter alone every step (before: merged weights)
+        assert all(r["weight_sync/adapter_fallbacks"] == 0 for r in ray_rows)
+        assert all(r["weight_sync/bytes"] == local[0]["weight_sync/bytes"] for r in ray_rows)
+    else:  # merged weights, after the first full sync as deltas (what the adapter changed)
+        assert ray_rows[-1]["weight_sync/delta_syncs"] >= 1
+        assert all(r["weight_sync/delta_fallbacks"] == 0 for r in ray_rows)
+        assert ray_rows[-1]["weight_sync/bytes"] < ray_rows[-1]["weight_sync/full_bytes"]
     assert ray_rows[0]["train/reward_mean"] == local[0]["train/reward_mean"]
     for key in ("train/loss", "actor/kl_ref"):
         assert ray_rows[0][key] == pytest.approx(local[0][key], abs=1e-5), key

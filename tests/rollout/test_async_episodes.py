@@ -6,6 +6,7 @@ episodes' env seeds it launched and did not train."""
 from __future__ import annotations
 
 import pytest
+from resume_check import stop_and_resume
 from scripted_engine import ScriptedEngine
 
 from reroll.config.agentic import AgenticConfig
@@ -48,7 +49,10 @@ def source(tokenizer, cfg: AgenticConfig, turns: int = 4, tick: float = 0.002,
 
 
 def LONG_TAIL(prompt, seed):  # noqa: N802 - a constant's name
-    return 60 if seed % 9 == 0 else 2
+    # 300 ticks of 2 ms: long against a short episode's work even on a loaded machine, where a
+    # short episode's Python overhead grows and the ticks do not (at 60 the long turns
+    # sometimes finished inside one update under the full unit tier, and nothing went stale)
+    return 300 if seed % 9 == 0 else 2
 
 
 PARAMS = SamplingParams(max_new_tokens=64, temperature=1.0)
@@ -75,7 +79,7 @@ def run_steps(src: AsyncSource, steps) -> list[list[int]]:
 
 @pytest.mark.parametrize("restart", [True, False])
 def test_episodes_span_at_most_max_staleness_versions(tokenizer, restart):
-    """A few turns run 60 tokens: their episodes outlast two updates while short groups fill
+    """A few turns run 300 tokens: their episodes outlast two updates while short groups fill
     the batches (order: finish)."""
     src = source(tokenizer, config(max_staleness=1, restart_stale_episodes=restart),
                  length=LONG_TAIL)
@@ -116,31 +120,19 @@ def test_a_resumed_source_trains_every_env_seed_once(tokenizer, order):
     launched ahead are owed, so the resumed run trains the uninterrupted run's seeds, each once
     (in start order, step by step)."""
     cfg = config(max_staleness=2, order=order, restart_stale_episodes=True)
-    whole = source(tokenizer, cfg)
-    try:
-        expected = run_steps(whole, range(1, 6))
-    finally:
-        whole.close()
-    first = source(tokenizer, cfg)
-    try:
-        before = run_steps(first, range(1, 3))
-        state = first.state_dict()
-    finally:
-        first.close()
+
+    def make():
+        src = source(tokenizer, cfg)
+        return src, src.close
+
+    r = stop_and_resume(make, run_steps, steps=5, stop=2)
     launched = PromptStream(PromptSampler(list(range(1000)), cfg.seed)).next_batch(
-        state["async"]["next_index"])
-    owed = [seed for seed in launched if seed not in sum(before, [])]
-    assert [seed for _, seed in state["async"]["owed"]] == owed
+        r.state["async"]["next_index"])
+    owed = [seed for seed in launched if seed not in sum(r.before, [])]
+    assert [seed for _, seed in r.state["async"]["owed"]] == owed
     assert owed  # the producer had run ahead of the checkpoint
-    resumed = source(tokenizer, cfg)
-    resumed.load_state_dict(state)
-    resumed.engine.load_weights([], 2)
-    try:
-        after = run_steps(resumed, range(3, 6))
-    finally:
-        resumed.close()
-    trained = [s for step in before + after for s in step]
+    trained = [s for step in r.before + r.after for s in step]
     assert len(trained) == len(set(trained)) == 5 * GROUPS  # none lost, none twice
     assert set(launched) <= set(trained)  # the owed seeds were trained after the resume
     if order == "start":
-        assert before + after == expected
+        assert r.before + r.after == r.whole

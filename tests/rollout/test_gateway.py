@@ -5,6 +5,7 @@ OpenAI-style errors, and every harness fault isolated and counted."""
 
 import asyncio
 import json
+import os
 import sys
 import threading
 import time
@@ -17,7 +18,7 @@ from reroll.engines.base import SamplingParams
 from reroll.engines.hf import HFEngine
 from reroll.models.loading import load_model
 from reroll.rollout.gateway import AgentSpec, Gateway, run_episodes
-from reroll.rollout.gateway.agents import run_episode
+from reroll.rollout.gateway.agents import run_agent, run_episode
 from reroll.rollout.gateway.chat import parse_reply
 
 pytestmark = pytest.mark.unit
@@ -189,6 +190,26 @@ def test_a_command_agent_gets_the_url_key_and_task(gateway, tmp_path):
     crash = AgentSpec(command=[sys.executable, "-c", "import sys; sys.exit(3)"])
     trajectories, stats = run_episodes(gateway, crash, [{"prompt": "x"}], 1, seed=0)
     assert stats.failures["crashed"] == 1 and "status 3" in stats.errors[0]
+
+
+def test_a_cancelled_command_agent_is_killed(tmp_path):
+    """An episode cancelled while its harness runs (an async run stopping) kills the harness
+    process, not only one past its time limit: nothing is left running."""
+    pidfile = tmp_path / "pid"
+    code = f"import os, time; open({str(pidfile)!r}, 'w').write(str(os.getpid())); time.sleep(60)"
+    spec = AgentSpec(command=[sys.executable, "-c", code], time_limit_s=120)
+
+    async def cancelled() -> None:
+        episode = asyncio.ensure_future(run_agent(spec, {}, "http://127.0.0.1:9/v1", "k"))
+        while not (pidfile.exists() and pidfile.read_text()):
+            await asyncio.sleep(0.02)
+        episode.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await episode
+
+    asyncio.run(cancelled())
+    with pytest.raises(ProcessLookupError):  # killed and reaped
+        os.kill(int(pidfile.read_text()), 0)
 
 
 def test_a_verifier_scores_the_final_conversation(gateway):

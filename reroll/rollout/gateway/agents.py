@@ -135,10 +135,11 @@ async def _subprocess(spec: AgentSpec, task: Any, base_url: str, key: str) -> Ag
     try:
         out, err = await asyncio.wait_for(process.communicate(payload.encode()),
                                           spec.time_limit_s)
-    except TimeoutError:
+    except BaseException:  # past its time limit, or its episode cancelled (the run stopping)
         with contextlib.suppress(ProcessLookupError):
             os.killpg(process.pid, signal.SIGKILL)  # the harness and whatever it started
-        await process.wait()
+        with contextlib.suppress(BaseException):  # a second cancellation: the kill stands
+            await process.wait()
         raise
     if process.returncode != 0:
         tail = err.decode(errors="replace").strip().splitlines()[-3:]
@@ -174,11 +175,13 @@ def episode_reward(spec: AgentSpec, outcome: AgentOutcome, session: Session) -> 
 
 
 async def run_episode(gateway: Gateway, spec: AgentSpec, task: Any, seed: int, group_id: int,
-                      stats: GatewayEpisodeStats, one_sample: bool = True) -> list[Trajectory]:
+                      stats: GatewayEpisodeStats, one_sample: bool = True,
+                      session: Session | None = None) -> list[Trajectory]:
     """One agent episode through its own session; its samples (see `assembly.py`).
     `one_sample`: an episode whose history was rewritten trains its last chain only (the RL
-    pipeline's group advantages need one sample per episode), the others counted."""
-    session = gateway.open(task, seed)
+    pipeline's group advantages need one sample per episode), the others counted. `session`:
+    one the caller opened (`gateway.open(task, seed)`) with its own engine or sampling."""
+    session = session or gateway.open(task, seed)
     try:
         outcome = await run_agent(spec, task, gateway.base_url(session),
                                   gateway.api_key(session))

@@ -133,21 +133,25 @@ class Gateway:
         limit = body.get("max_completion_tokens") or body.get("max_tokens")
         if limit is not None and (not isinstance(limit, int) or limit < 1):
             raise bad_param("max_tokens", f"must be a positive integer, not {limit!r}")
-        cap = min(self.params.max_new_tokens, room, limit or room)
+        params = session.params or self.params
+        cap = min(params.max_new_tokens, room, limit or room)
         seed = (session.seed * 1_000_003 + len(session.calls)) % 2**63
-        return Request([], SamplingParams(cap, self.params.temperature, self.params.top_p,
-                                          self.params.top_k, self.params.stop_token_ids), seed)
+        return Request([], SamplingParams(cap, params.temperature, params.top_p, params.top_k,
+                                          params.stop_token_ids), seed)
 
     async def _generate(self, session: Session, prompt: list[int], body: dict,
                         call: Call) -> Call:
         request = self._sampling(body, session, len(prompt))
         request.prompt_ids = prompt
         start = time.perf_counter()
-        completion = await self._engine_loop.wait(self.engine.generate(request))
+        engine = session.engine or self.engine
+        completion = await self._engine_loop.wait(engine.generate(request))
         call.engine_s = time.perf_counter() - start
         call.prompt_ids, call.completion_ids = list(prompt), list(completion.token_ids)
         call.logprobs, call.finish_reason = list(completion.logprobs), completion.finish_reason
         call.policy_version = completion.policy_version
+        call.token_versions = list(completion.token_versions or [completion.policy_version]
+                                   * len(completion.token_ids))
         stop = completion.token_ids[-1:] if completion.finish_reason == "stop" else []
         call.stop_text = self.tokenizer.decode(stop) if stop else None
         with session.lock:

@@ -7,7 +7,9 @@ logprobs) and between two completions the tokens the harness added (tool results
 template's markup: masked out of the loss). A call that extends no earlier one (history
 rewritten: reasoning dropped, context summarised, a sub-agent) starts a new chain; every
 chain of an episode is a sample carrying its lineage (`reward_info["lineage"]`: episode, the
-calls it holds, the parent call it branched from) and the episode's reward.
+calls it holds, the parent call it branched from) and the episode's reward. Each policy token
+carries the weight version that sampled it (`Trajectory.token_versions`; -1 on the harness's
+tokens), as an environment episode's does.
 """
 
 from __future__ import annotations
@@ -57,6 +59,7 @@ def trajectory(chain: Chain, session: Session, group_id: int, reward: float,
     logprobs: list[float] = []
     policy: list[int] = []
     turns: list[int] = []
+    versions: list[int] = []
     segments = []
     position = len(first.prompt_ids)
     for k, call in enumerate(chain.calls):
@@ -66,11 +69,13 @@ def trajectory(chain: Chain, session: Session, group_id: int, reward: float,
             logprobs += [0.0] * len(between)
             policy += [0] * len(between)
             turns += [-1] * len(between)
+            versions += [-1] * len(between)
             segments.append({"text": tokenizer.decode(between), "policy": False, "turn": k - 1})
         ids += call.completion_ids
         logprobs += call.logprobs
         policy += [int(train)] * len(call.completion_ids)
         turns += [k if train else -1] * len(call.completion_ids)
+        versions += call.token_versions or [call.policy_version] * len(call.completion_ids)
         segments.append({"text": tokenizer.decode(call.completion_ids), "policy": True,
                          "turn": k})
         position = len(call.prompt_ids) + len(call.completion_ids)
@@ -85,7 +90,7 @@ def trajectory(chain: Chain, session: Session, group_id: int, reward: float,
         response_text="".join(s["text"] for s in segments), reward=reward,
         reward_info=info | {"lineage": lineage, "turns": n_turns},
         policy_version=min(c.policy_version for c in chain.calls), policy_mask=policy,
-        turn_ids=turns, turn_rewards=[0.0] * (n_turns - 1) + [reward],
+        turn_ids=turns, token_versions=versions, turn_rewards=[0.0] * (n_turns - 1) + [reward],
         turn_states=[_state(c) for c in chain.calls], segments=segments)
 
 

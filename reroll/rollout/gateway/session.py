@@ -43,6 +43,9 @@ class Call:
     retokenized_equal: bool | None = None
     """Whether rendering and encoding the whole conversation afresh gives the spliced prompt
     (None: not spliced, nothing to compare)."""
+    token_versions: list[int] = field(default_factory=list)
+    """The policy version that sampled each completion token (an async run's call can be
+    resumed under new weights at a weight update, so its tokens' versions may differ)."""
 
 
 @dataclass
@@ -57,6 +60,11 @@ class Session:
     errors: dict[str, int] = field(default_factory=dict)
     """Calls refused, by reason (`unsupported_parameter`, `context_length_exceeded`, ...)."""
     tool_parse_errors: int = 0
+    engine: Any = None
+    """The engine this session's calls run on (None: the gateway's). An async run's episode
+    runs its calls through the producer's scheduler (`reroll.rollout.async_agents`)."""
+    params: Any = None
+    """The session's sampling settings (`SamplingParams`; None: the gateway's `params`)."""
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def count(self, reason: str) -> None:
