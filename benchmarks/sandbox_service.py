@@ -141,7 +141,7 @@ async def run(args: argparse.Namespace, url: str) -> dict:
     service_failures = {m.group(1): float(m.group(2)) for m in re.finditer(
         r'reroll_sandbox_session_failures_total\{cause="([^"]+)"\} (\S+)', metrics)}
     return {"stats": stats, "churn_s": churn_s, "leaked_sessions": len(left),
-            "mounts_beyond_warm": max(session_mounts() - health["warm"], 0),
+            "mounts_at_end": session_mounts(), "warm": health["warm"],
             "service_failures": service_failures, "served": served}
 
 
@@ -190,7 +190,10 @@ def main() -> None:
         "failures_by_cause": {**stats["failures"], **{f"service:{k}": v for k, v in infra.items()}},
         "leaked_sessions": out["leaked_sessions"],
         "leaked_processes": leaked_procs,
-        "leaked_mounts": out["mounts_beyond_warm"] + max(session_mounts() - mounts_before, 0),
+        # mounts the run added: those left while the service ran beyond its warm sandboxes, and
+        # any left after it stopped (mounts already there, from other runs, are not this one's)
+        "leaked_mounts": max(out["mounts_at_end"] - mounts_before - out["warm"], 0)
+        + max(session_mounts() - mounts_before, 0),
         "service_cpu_s": round(service_cpu, 1),
         "client_cpu_s": round(client_cpu, 1),
         "load_avg_1m": round(os.getloadavg()[0], 2),
