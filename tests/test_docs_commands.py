@@ -125,6 +125,10 @@ ALLOWLIST = {
     "make demo-agentic": "the full agentic demo (~5 min); its commands run in AGENTIC_CHAIN",
     "make demo-real": "SmolLM2-135M: import, SFT and GRPO (~15 min); tests/models/test_real_model.py"
                       " covers the model",
+    "make demo-terminal": "SmolLM2-135M: SFT and GRPO on terminal tasks (~26 min); the same "
+                          "path (suite, expert episodes, SFT, GRPO, eval) runs on the tiny model "
+                          "in tests/test_terminal_tasks_doc.py, and tests/config/test_config.py "
+                          "loads examples/terminal/*.yaml",
     "make demo-tools": "SmolLM2-135M: SFT and GRPO through the gateway (tens of minutes); its "
                        "commands run shrunk by tests/rollout/test_tools_demo_e2e.py",
     # docs/agentic.md, the tool demo: run on the tiny model, shrunk by overrides, in order, by
