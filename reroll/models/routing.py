@@ -152,16 +152,17 @@ def joined_record(ids: list[int], calls: list[tuple[list[int], torch.Tensor | No
     observation no turn read) stay -1. None when no call has a record. A call whose tokens are
     not a prefix of `ids`, or whose record is not as long as its tokens or of another
     [layers, k], is a `RoutingReplayError`."""
-    records = [(tokens, record) for tokens, record in calls if record is not None]
+    records = [(k, tokens, record) for k, (tokens, record) in enumerate(calls)
+               if record is not None]
     if not records:
         return None
-    shape = records[0][1].shape[1:]
-    out = torch.full((len(ids), *shape), NO_RECORD, dtype=records[0][1].dtype)
-    for k, (tokens, record) in enumerate(records):
+    shape = records[0][2].shape[1:]
+    out = torch.full((len(ids), *shape), NO_RECORD, dtype=records[0][2].dtype)
+    for k, tokens, record in records:
         if record.shape != (len(tokens), *shape):
             raise RoutingReplayError(
                 f"routing record of call {k} has shape {tuple(record.shape)}; its request and "
-                f"completion hold {len(tokens)} tokens, the first call's record is "
+                f"completion hold {len(tokens)} tokens, the first record is "
                 f"[tokens, {', '.join(map(str, shape))}]")
         if ids[:len(tokens)] != tokens:
             raise RoutingReplayError(

@@ -131,8 +131,8 @@ def test_a_call_that_does_not_line_up_is_an_error():
     ids = [1, 2, 3, 4, 5, 6, 7]
     joined = joined_record(ids, [([1, 2, 3, 4, 5], record), ([1, 2, 3, 4, 5, 6, 7], None)])
     assert joined.shape == (7, 2, 2) and (joined[5:] == -1).all()
-    with pytest.raises(RoutingReplayError, match="not a prefix"):
-        joined_record(ids, [([1, 2, 9, 4, 5], record)])
+    with pytest.raises(RoutingReplayError, match="call 1's 5 tokens are not a prefix"):
+        joined_record(ids, [([1, 2], None), ([1, 2, 9, 4, 5], record)])
     with pytest.raises(RoutingReplayError, match=r"shape \(5, 2, 2\); its request and "
                                                  r"completion hold 6"):
         joined_record(ids, [([1, 2, 3, 4, 5, 6], record)])
