@@ -506,7 +506,8 @@ class AlgorithmConfig(Section):
     routing_replay: Literal["off", "rollout", "old_policy"] = "off"
     """Mixture-of-experts models only (docs/moe.md): which routing the trainer's forwards use.
     `off`: the trainer's router routes again; `rollout` (R3): the experts the engine routed each
-    token to, recorded at rollout (hf engine only), in pi_old's forward and every update's;
+    token to, recorded at rollout (hf engine only; in agentic runs by every turn's call, joined
+    per sample), in pi_old's forward and every update's;
     `old_policy`: pi_old's own routing, recorded by the trainer when it computes pi_old, in every
     update (it changes nothing with one update and one epoch per batch, where pi_old is the
     first update's own forward). The replayed experts' weights still come from the current

@@ -88,6 +88,11 @@ class Trajectory:
             value = getattr(self, name)
             if value is not None and len(value) != len(self.response_ids):
                 raise ValueError(f"{name} must have one entry per response token")
+        tokens = len(self.prompt_ids) + len(self.response_ids)
+        if self.routed_experts is not None and self.routed_experts.shape[0] != tokens:
+            raise ValueError(f"routed_experts must have one entry per prompt and response token "
+                             f"({tokens}), not {self.routed_experts.shape[0]}: a record that "
+                             f"does not line up would force other tokens' experts")
 
 
 def trajectory_row(t: Trajectory) -> dict[str, Any]:

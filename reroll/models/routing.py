@@ -138,6 +138,41 @@ def _forcing(indices: torch.Tensor, layer: int):
     return force
 
 
+def joined_record(ids: list[int], calls: list[tuple[list[int], torch.Tensor | None]]
+                  ) -> torch.Tensor | None:
+    """One record [len(ids), layers, k] for a sequence that several engine calls built in turn
+    (a multi-turn episode: each turn's request is the tokens so far). `calls`: per call, in call
+    order, the tokens it fed and produced (its request, then its completion) and its record of
+    them (`Completion.routed_experts`; None: none recorded). Each call's tokens must be a prefix
+    of `ids`.
+
+    Each position takes the routing of the first call that fed it: a turn's sampled tokens were
+    scored with that call's routing of them, while a later turn's prefill re-encodes them and
+    may route a near-tie otherwise. Positions no call fed (the last sampled token, an
+    observation no turn read) stay -1. None when no call has a record. A call whose tokens are
+    not a prefix of `ids`, or whose record is not as long as its tokens or of another
+    [layers, k], is a `RoutingReplayError`."""
+    records = [(k, tokens, record) for k, (tokens, record) in enumerate(calls)
+               if record is not None]
+    if not records:
+        return None
+    shape = records[0][2].shape[1:]
+    out = torch.full((len(ids), *shape), NO_RECORD, dtype=records[0][2].dtype)
+    for k, tokens, record in records:
+        if record.shape != (len(tokens), *shape):
+            raise RoutingReplayError(
+                f"routing record of call {k} has shape {tuple(record.shape)}; its request and "
+                f"completion hold {len(tokens)} tokens, the first record is "
+                f"[tokens, {', '.join(map(str, shape))}]")
+        if ids[:len(tokens)] != tokens:
+            raise RoutingReplayError(
+                f"call {k}'s {len(tokens)} tokens are not a prefix of the sequence's "
+                f"{len(ids)}: its routing record would not line up with the sequence")
+        head = out[:len(tokens)]
+        head.copy_(torch.where(head >= 0, head, record.to(out.dtype)))
+    return out
+
+
 def agreement(a: torch.Tensor, b: torch.Tensor) -> float:
     """Share of (token, layer) pairs whose top-k expert sets are equal; a, b [..., layers, k]
     (order within the k ignored; tokens where either has -1 left out)."""

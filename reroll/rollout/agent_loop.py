@@ -38,6 +38,11 @@ sample is its last chain, exactly the engine's tokens from that chain's first re
 the episode's return and turn rewards (turns of earlier chains hold no tokens); the earlier
 chains are counted (`env/chains_dropped`): the RL step's group advantages take one sample per
 episode.
+
+Routing replay (docs/moe.md). When the engine records a mixture-of-experts model's routing,
+every sample carries one record of its tokens (`Trajectory.routed_experts`), joined from the
+calls that built it (its chain's, or its one turn's): each position as the first call that fed
+it routed it (`reroll.models.routing.joined_record`).
 """
 
 from __future__ import annotations
@@ -55,6 +60,7 @@ from reroll.data.batch import Trajectory
 from reroll.engines.base import Engine, Request, SamplingParams
 from reroll.envs.base import EnvError, reset_async, step_async
 from reroll.envs.wrappers import ChatFormat
+from reroll.models.routing import joined_record
 from reroll.rewards.base import RewardSample
 from reroll.rewards.runner import RewardRunner
 from reroll.rollout.context import ContextPolicy, HookError
@@ -307,7 +313,7 @@ async def run_episode(job: AgentJob, env_seed: int, sample_seed: int, group_id: 
     if strip and not job.one_sample:
         return _turn_samples(job, episode, trajectory)
     if not strip and not job.context.edits:  # append-only: the episode is one chain
-        return [trajectory]
+        return [_with_routing(trajectory, episode.turns)]
     return [_last_chain(job, episode, trajectory, stats)]
 
 
@@ -357,7 +363,7 @@ def _last_chain(job: AgentJob, episode: _Episode, whole: Trajectory,
                   c.policy_version) for k, (context, c) in enumerate(episode.turns)]
     found = chains(calls)
     if len(found) < 2:
-        return whole
+        return _with_routing(whole, episode.turns)
     stats.chains_dropped += len(found) - 1
     train = whole.finish_reason != "env_error"
     first = found[-1].calls[0]
@@ -383,12 +389,13 @@ def _last_chain(job: AgentJob, episode: _Episode, whole: Trajectory,
                          "turn": call.index})
         position = len(call.prompt_ids) + n
     chain = {"calls": [c.index for c in found[-1].calls], "chains": len(found)}
-    return dataclasses.replace(
+    return _with_routing(dataclasses.replace(
         whole, prompt_ids=list(first.prompt_ids), response_ids=ids, behaviour_logprobs=logprobs,
         policy_mask=policy, turn_ids=turn_ids, segments=segments, token_versions=versions,
         prompt_text=job.tokenizer.decode(first.prompt_ids),
         response_text="".join(s["text"] for s in segments),
-        reward_info=whole.reward_info | {"chain": chain})
+        reward_info=whole.reward_info | {"chain": chain}),
+        [episode.turns[c.index] for c in found[-1].calls])
 
 
 async def _reset(job: AgentJob, env_seed: int, stats: AgentStats) -> tuple[Any, str, str | None]:
@@ -444,8 +451,23 @@ def _turn_samples(job: AgentJob, episode: _Episode, whole: Trajectory) -> list[T
             token_versions=versions_of(completion),
             turn_rewards=[whole.reward], turn_states=whole.turn_states[k : k + 1],
             segments=[{"text": job.tokenizer.decode(completion.token_ids), "policy": True,
-                       "turn": k}]))
+                       "turn": k}],
+            routed_experts=_routing(list(context) + list(completion.token_ids),
+                                    [(context, completion)])))
     return samples or [whole]
+
+
+def _routing(ids: list[int], turns: list[tuple[list[int], Any]]):
+    """The engine's routing record of `ids`, built by these turns' calls (request tokens,
+    completion) in order: each position as the first call that fed it routed it (a later
+    prefill of the history is not used; `joined_record`). None without a record."""
+    return joined_record(ids, [(list(context) + list(c.token_ids), c.routed_experts)
+                               for context, c in turns])
+
+
+def _with_routing(t: Trajectory, turns: list[tuple[list[int], Any]]) -> Trajectory:
+    """`t` with the routing record of its tokens, which `turns` (one chain) built."""
+    return dataclasses.replace(t, routed_experts=_routing(t.prompt_ids + t.response_ids, turns))
 
 
 def versions_of(completion) -> list[int]:

@@ -43,3 +43,29 @@ def test_grpo_with_routing_replay(moe_model, arithmetic, tmp_path, replay, steps
         assert row["actor/router_aux_loss"] > 0 and row["actor/router_z_loss"] > 0
         # every token but each sample's last (never fed to the engine) had its routing forced
         assert row["actor/routing_replayed"] > 0.8, row["actor/routing_replayed"]
+
+
+def test_agentic_episodes_replay_every_turns_routing(tiny_moe, tmp_path):
+    """`pipeline: agentic` with `routing_replay: rollout`: each multi-turn episode carries the
+    engine's routing of all its tokens (prompt, replies, observations), and the update forces
+    it on every token the engine fed, as a single-turn step does."""
+    torch.set_num_threads(1)
+    config = {
+        "pipeline": "agentic", "output_dir": str(tmp_path / "run"), "seed": 0, "steps": 1,
+        "model": {"path": tiny_moe},
+        "env": {"id": "guess_number", "kwargs": {"high": 8}, "max_turns": 3,
+                "max_context_tokens": 200, "eval_episodes": 2},
+        "rollout": {"prompts_per_step": 2, "group_size": 2, "max_new_tokens": 4},
+        "algorithm": {"routing_replay": "rollout"},
+        "optimizer": {"lr": 1e-3}, "train": {"micro_batch_size": 4},
+        "eval": {"every_steps": 0}, "checkpoint": {"every_steps": 0},
+        "tracking": {"progress": False, "tensorboard": False},
+    }
+    path = tmp_path / "agentic.yaml"
+    path.write_text(yaml.safe_dump(config))
+    train(load_config(path))
+    row = read_metrics(tmp_path / "run")[-1]
+    assert row["env/turns_mean"] > 1 and row["env/errors"] == 0
+    assert abs(row["actor/behaviour_kl_k3"]) < 1e-3, row["actor/behaviour_kl_k3"]
+    # every token but each episode's last reply token (and an observation no turn read)
+    assert row["actor/routing_replayed"] > 0.8, row["actor/routing_replayed"]

@@ -150,6 +150,7 @@ class Gateway:
         call.prompt_ids, call.completion_ids = list(prompt), list(completion.token_ids)
         call.logprobs, call.finish_reason = list(completion.logprobs), completion.finish_reason
         call.policy_version = completion.policy_version
+        call.routed_experts = completion.routed_experts
         call.token_versions = list(completion.token_versions or [completion.policy_version]
                                    * len(completion.token_ids))
         stop = completion.token_ids[-1:] if completion.finish_reason == "stop" else []

@@ -9,7 +9,8 @@ rewritten: reasoning dropped, context summarised, a sub-agent) starts a new chai
 chain of an episode is a sample carrying its lineage (`reward_info["lineage"]`: episode, the
 calls it holds, the parent call it branched from) and the episode's reward. Each policy token
 carries the weight version that sampled it (`Trajectory.token_versions`; -1 on the harness's
-tokens), as an environment episode's does.
+tokens), as an environment episode's does, and, when the engine records a mixture-of-experts
+model's routing, the record of its tokens joined from its calls' (as the agent loop's).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import hashlib
 from dataclasses import dataclass
 
 from reroll.data.batch import Trajectory
+from reroll.models.routing import joined_record
 from reroll.rollout.gateway.session import Call, Session
 
 
@@ -91,7 +93,10 @@ def trajectory(chain: Chain, session: Session, group_id: int, reward: float,
         reward_info=info | {"lineage": lineage, "turns": n_turns},
         policy_version=min(c.policy_version for c in chain.calls), policy_mask=policy,
         turn_ids=turns, token_versions=versions, turn_rewards=[0.0] * (n_turns - 1) + [reward],
-        turn_states=[_state(c) for c in chain.calls], segments=segments)
+        turn_states=[_state(c) for c in chain.calls], segments=segments,
+        routed_experts=joined_record(list(first.prompt_ids) + ids,
+                                     [(c.prompt_ids + c.completion_ids, c.routed_experts)
+                                      for c in chain.calls]))
 
 
 def _state(call: Call) -> int:

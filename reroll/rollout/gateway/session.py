@@ -46,6 +46,9 @@ class Call:
     token_versions: list[int] = field(default_factory=list)
     """The policy version that sampled each completion token (an async run's call can be
     resumed under new weights at a weight update, so its tokens' versions may differ)."""
+    routed_experts: Any = None
+    """The engine's routing record of the prompt and completion (`Completion.routed_experts`,
+    a mixture-of-experts model's, for routing replay; None: none recorded)."""
 
 
 @dataclass
