@@ -12,10 +12,13 @@ whether the data holds images is known exactly, for the cost of a scan of the pa
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from reroll.config.errors import ConfigError
 from reroll.data.datasets import PromptRow
 from reroll.data.images import limit_images
 from reroll.models.files import model_context
+from reroll.models.loading import is_vision_language
 from reroll.rewards.rules import check_rows
 from reroll.rollout.stream import encode_prompt
 
@@ -46,8 +49,8 @@ def check_prompts(config, tokenizer, splits: dict[str, list[PromptRow]]) -> None
 def check_image_support(config, field: str, rows: list[PromptRow], train: bool) -> None:
     """What does not take image prompts yet refuses rows with images here, at start, rather than
     drop the images or fail mid-run (docs/vlm.md): the vLLM engine and a serving endpoint (every
-    split they sample), the critic and dense on-policy distillation (the training split). The
-    data decides, not the model: a VLM's text-only prompts pass."""
+    split they sample), dense on-policy distillation and a text-only critic model (the training
+    split). The data decides, not the model: a VLM's text-only prompts pass."""
     first = next((row for row in rows if row.has_images), None)
     if first is None:
         return
@@ -60,14 +63,25 @@ def check_image_support(config, field: str, rows: list[PromptRow], train: bool) 
                           f"prompts yet ({held}); drop it to generate on the rollout engine")
     if not train:
         return
-    if config.algorithm.critic is not None:
-        raise ConfigError(f"algorithm.critic: the critic (a value model) does not take image "
-                          f"prompts yet ({held}); drop it and use an advantage estimator "
-                          f"without one (e.g. algorithm.advantage: {{name: grpo}})")
+    critic = config.algorithm.critic
+    if critic is not None and critic.model_path and not reads_images(critic.model_path):
+        raise ConfigError(f"algorithm.critic.model_path: {critic.model_path} is a text-only model "
+                          f"and {held}: its value head would not see the images; use a "
+                          f"vision-language model there (or drop model_path for the policy's)")
     distill = config.algorithm.distill
     if distill is not None and distill.mode == "dense":
         raise ConfigError(f"algorithm.distill.mode: dense does not take image prompts yet "
                           f"({held}); use mode: pure or mixed")
+
+
+def reads_images(path: str) -> bool:
+    """Whether the model saved at `path` is a vision-language one (True without a config.json
+    there: loading the model names that problem)."""
+    from transformers import AutoConfig  # deferred: critic runs only
+
+    if not (Path(path).expanduser() / "config.json").is_file():
+        return True
+    return is_vision_language(AutoConfig.from_pretrained(path))
 
 
 def check_max_tokens(config) -> None:

@@ -1,5 +1,9 @@
 """The critic: value models (a causal-LM backbone with a linear value head) and their training.
 
+A vision-language policy's critic is its multimodal base model (the vision tower, the connector
+and the language model, without the LM head) with the head: it reads each row's images through
+the batch's model inputs (`reroll.data.batch.model_kwargs`), as the policy's logprob forward does.
+
 Values follow the logprob convention of `reroll.models.logprobs`: position t holds V(s_t), the
 value of the state in which token t was generated (the prefix of tokens < t), computed from the
 backbone's hidden state at position t-1; position 0 holds 0. A GAE step from token t to t+1
@@ -26,29 +30,45 @@ from reroll import algorithms
 from reroll.config.algorithm import CriticConfig
 from reroll.config.errors import ConfigError
 from reroll.config.schema import OptimizerConfig, TrainConfig
-from reroll.models.loading import DTYPES, is_vision_language
+from reroll.data.batch import model_kwargs
+from reroll.models.loading import DTYPES
+from reroll.models.logprobs import placeholder_ids, trimmed_micro_batches
 from reroll.training.local import LocalStrategy
 
 WEIGHTS = "model.safetensors"
 
 
 class ValueModel(torch.nn.Module):
-    """A transformers base model (`AutoModel`) and a linear head giving one value per token."""
+    """A transformers base model (`AutoModel`; of a vision-language model, its multimodal base
+    model) and a linear head giving one value per token."""
 
     def __init__(self, backbone: torch.nn.Module):
         super().__init__()
         self.backbone = backbone
         self.config = backbone.config
-        self.value_head = torch.nn.Linear(backbone.config.hidden_size, 1, dtype=backbone.dtype)
+        width = backbone.config.get_text_config().hidden_size  # a VLM's is its language model's
+        self.value_head = torch.nn.Linear(width, 1, dtype=backbone.dtype)
         # A fresh head predicts 0 everywhere: GAE starts as discounted returns, not as noise.
         torch.nn.init.zeros_(self.value_head.weight)
         torch.nn.init.zeros_(self.value_head.bias)
 
-    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-        """input_ids, attention_mask [B, L] (right-padded) -> values [B, L] float32."""
-        position_ids = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
-        hidden = self.backbone(input_ids=input_ids, attention_mask=attention_mask,
-                               position_ids=position_ids, use_cache=False).last_hidden_state
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                model_inputs: dict[str, torch.Tensor] | None = None) -> torch.Tensor:
+        """input_ids, attention_mask [B, L] (right-padded) -> values [B, L] float32.
+        `model_inputs`: the rows' inputs beyond tokens (`model_kwargs`: pixel values...), passed
+        to the backbone, without position ids for them or for any VLM, as in
+        `reroll.models.logprobs.forward_logprobs` (the model places its image features and
+        positions by its image tokens)."""
+        if model_inputs and not placeholder_ids(self.backbone):  # refused at start (validation)
+            raise ValueError("the critic's model is text-only: it would score these rows "
+                             "without their images")
+        if model_inputs or placeholder_ids(self.backbone):
+            hidden = self.backbone(input_ids=input_ids, attention_mask=attention_mask,
+                                   use_cache=False, **(model_inputs or {})).last_hidden_state
+        else:
+            position_ids = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
+            hidden = self.backbone(input_ids=input_ids, attention_mask=attention_mask,
+                                   position_ids=position_ids, use_cache=False).last_hidden_state
         head = self.value_head(hidden).squeeze(-1).float()
         values = torch.zeros(input_ids.shape, dtype=torch.float32, device=input_ids.device)
         values[:, 1:] = head[:, :-1]
@@ -72,16 +92,13 @@ def is_saved_critic(path: str | Path) -> bool:
 
 
 def load_value_model(path: str, dtype: str = "float32") -> ValueModel:
-    """A saved critic, or a new value head on the backbone of a causal LM saved at `path`."""
+    """A saved critic, or a new value head on the backbone of a causal LM (or of a
+    vision-language model) saved at `path`."""
     from transformers import AutoConfig, AutoModel  # deferred: ~1.5 s to import, PPO runs only
 
     if not (Path(path).expanduser() / "config.json").is_file():
         raise ConfigError(f"algorithm.critic.model_path {path}: no Hugging Face model there "
                           f"(config.json missing)")
-    if is_vision_language(AutoConfig.from_pretrained(path)):  # AutoModel has no text backbone
-        raise ConfigError(f"algorithm.critic: the critic's model {path} is a vision-language "
-                          f"model, and the value model takes a text-only causal LM yet (set "
-                          f"algorithm.critic.model_path to one, or drop the critic)")
     if is_saved_critic(path):
         backbone = AutoModel.from_config(AutoConfig.from_pretrained(path)).to(DTYPES[dtype])
         model = ValueModel(backbone)
@@ -113,21 +130,17 @@ class LocalCritic:
 
     @torch.no_grad()
     def values(self, batch: TensorDict) -> torch.Tensor:
-        """Every critic's values of the batch's tokens: [M, B, L] (0 on padding)."""
-        # A run refuses image data with a critic at start (pipelines.validation); this guards
-        # direct callers: the value head would see the text alone, silently.
-        if "model_inputs" in batch.keys():
-            raise ValueError("the critic does not take image prompts yet")
+        """Every critic's values of the batch's tokens: [M, B, L] (0 on padding); each
+        micro-batch's rows pass their model inputs (images) along."""
         ids, mask = batch["input_ids"], batch["attention_mask"]
         out = torch.zeros((self.num_critics, *ids.shape), dtype=torch.float32)
         for m, member in enumerate(self.members):
             member.model.eval()
-            for start in range(0, ids.shape[0], self.micro_batch_size):
-                rows = slice(start, start + self.micro_batch_size)
-                width = int(mask[rows].sum(-1).max())
-                device = member.device
+            device = member.device
+            for rows, width in trimmed_micro_batches(mask, self.micro_batch_size):
                 with member.autocast():
-                    values = member.model(ids[rows, :width].to(device), mask[rows, :width].to(device))
+                    values = member.model(ids[rows, :width].to(device), mask[rows, :width].to(device),
+                                          model_kwargs(batch[rows], device))
                 out[m, rows, :width] = values.to(out.device) * mask[rows, :width]
             member.model.train()
         return out
@@ -158,7 +171,8 @@ class LocalCritic:
         clip = self.config.value_clip
 
         def loss_fn(model: torch.nn.Module, micro: TensorDict) -> tuple[torch.Tensor, dict]:
-            values = model(micro["input_ids"], micro["attention_mask"])
+            values = model(micro["input_ids"], micro["attention_mask"],
+                           model_kwargs(micro, micro["input_ids"].device))
             loss, raw = algorithms.value_loss(values, micro[old_key], micro["returns"],
                                               micro["response_mask"], clip_range=clip,
                                               agg="token_mean", num_tokens=num_tokens,

@@ -198,8 +198,9 @@ def test_train_refuses_an_oversize_image_with_exit_2(tiny_vlm, tmp_path, capsys)
 
 
 def test_what_does_not_take_images_is_checked_on_the_splits_it_reads(tmp_path):
-    """The vLLM engine samples every split; the critic and dense distillation train on the
-    training split only; text rows pass whatever the settings (a VLM's text prompts too)."""
+    """The vLLM engine samples every split; dense distillation trains on the training split
+    only; text rows pass whatever the settings (a VLM's text prompts too). The critic takes
+    image rows (its value model reads the images, tests/pipelines/test_critic.py)."""
     from reroll.config.schema import RLConfig
     from reroll.pipelines.validation import check_image_support
 
@@ -223,10 +224,32 @@ def test_what_does_not_take_images_is_checked_on_the_splits_it_reads(tmp_path):
     with pytest.raises(ConfigError, match=r"^rollout.serving_endpoint: a serving endpoint does "
                                           r"not take image prompts yet \(data.eval holds"):
         check_image_support(lend, "data.eval", images, train=False)
-    for c in (critic, dense):
-        check_image_support(c, "data.eval", images, train=False)
-        with pytest.raises(ConfigError, match=r"^algorithm.(critic|distill.mode): "):
-            check_image_support(c, "data.train", images, train=True)
+    check_image_support(critic, "data.train", images, train=True)
+    check_image_support(dense, "data.eval", images, train=False)
+    with pytest.raises(ConfigError, match=r"^algorithm.distill.mode: dense does not take image "):
+        check_image_support(dense, "data.train", images, train=True)
+
+
+def test_a_text_only_critic_model_is_refused_on_image_rows(tmp_path, tiny_model, tiny_vlm):
+    """Its value head would score the image rows' tokens without their pixels, silently; a
+    vision-language critic model passes, and so does a text-only one on text rows."""
+    from reroll.config.schema import RLConfig
+    from reroll.pipelines.validation import check_image_support
+
+    images = load_prompts(write_count_task(tmp_path, 2, 1, seed=0)["train"])
+    (tmp_path / "text.jsonl").write_text(json.dumps({"prompt": "1+1", "answer": "2"}) + "\n")
+
+    def config(critic_model: str) -> RLConfig:
+        return RLConfig(model={"path": tiny_vlm}, data={"train": "t.jsonl"}, steps=1,
+                        algorithm={"advantage": {"name": "gae"},
+                                   "critic": {"model_path": critic_model}})
+
+    check_image_support(config(tiny_vlm), "data.train", images, train=True)
+    check_image_support(config(tiny_model), "data.train",
+                        load_prompts(tmp_path / "text.jsonl"), train=True)
+    with pytest.raises(ConfigError, match=r"^algorithm.critic.model_path: .* is a text-only "
+                                          r"model and data.train holds images, e.g. "):
+        check_image_support(config(tiny_model), "data.train", images, train=True)
 
 
 def test_a_domain_with_images_is_refused_by_its_name(tmp_path, tiny_model, tokenizer):
@@ -278,13 +301,10 @@ def test_eval_with_vllm_refuses_image_prompts_before_the_engine_starts(tiny_vlm,
 @pytest.mark.parametrize("setting, said", [
     ({"rollout": {"engine": "vllm"}},
      "rollout.engine: vllm does not take image prompts yet (data.train holds images, e.g. "),
-    ({"algorithm": {"advantage": {"name": "gae"}, "critic": {}}},
-     "algorithm.critic: the critic (a value model) does not take image prompts yet (data.train "
-     "holds images, e.g. "),
     ({"algorithm": {"distill": {"mode": "dense", "teacher": {"path": "TINY_VLM"}}}},
      "algorithm.distill.mode: dense does not take image prompts yet (data.train holds images, "
      "e.g. "),
-], ids=["vllm", "critic", "dense_distill"])
+], ids=["vllm", "dense_distill"])
 def test_train_refuses_what_does_not_take_images_at_start(tiny_vlm, tmp_path, capsys, setting,
                                                           said):
     """What does not take image prompts yet is refused before any model loads, with one message

@@ -71,3 +71,41 @@ def test_resume_with_critics_and_an_adaptive_kl_reproduces_the_run(tmp_path, war
     for a, b in zip(full, resumed, strict=True):
         assert {k: v for k, v in a.items() if not k.startswith("time/")} == \
                {k: v for k, v in b.items() if not k.startswith("time/")}, a["step"]
+
+
+def test_ppo_with_a_critic_and_a_reference_on_the_tiny_vlm_s_image_task(tmp_path, tiny_vlm,
+                                                                        monkeypatch):
+    """GAE on image prompts, started as a user starts it: the critic (the VLM's multimodal base
+    model and a value head) and the reference read the images; 2 steps with finite metrics and
+    the critic saved with the VLM's config."""
+    import json
+    import math
+
+    import yaml
+
+    from reroll.cli import main
+    from reroll.data.images import write_count_task
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "examples").symlink_to(Path(__file__).resolve().parents[2] / "examples")
+    paths = write_count_task(tmp_path / "task", train_size=4, eval_size=1, seed=0)
+    Path("ppo.yaml").write_text(yaml.safe_dump({
+        "output_dir": "run", "model": {"path": tiny_vlm}, "steps": 2,
+        "data": {"train": str(paths["train"])},
+        "rollout": {"prompts_per_step": 2, "group_size": 2, "max_new_tokens": 4},
+        "reward": {"type": "custom", "function": "examples.vlm.reward:count"},
+        "algorithm": {"advantage": {"name": "gae", "gamma": 1.0, "lam": 0.95},
+                      "kl": {"coef": 0.001, "estimator": "k1", "mode": "reward"},
+                      "critic": {"lr": 1e-3}},
+        "train": {"micro_batch_size": 4, "num_threads": 1},
+        "checkpoint": {"every_steps": 0}, "tracking": {"progress": False, "tensorboard": False}}))
+    assert main(["train", "ppo.yaml"]) == 0
+    rows = read_metrics(Path("run"))
+    assert len(rows) == 2
+    for row in rows:
+        assert row["critic/update_skipped"] == row["train/update_skipped"] == 0, row
+        for key in ("critic/loss", "critic/grad_norm", "critic/values_mean", "train/loss",
+                    "train/grad_norm", "kl/reward_kl_mean"):
+            assert math.isfinite(row[key]), (key, row)
+    critic = Path("run/checkpoints/step_2/critic_0")
+    assert json.loads((critic / "config.json").read_text())["model_type"] == "idefics3"
