@@ -58,7 +58,11 @@ def test_an_async_agent_run_trains_on_versioned_tokens_within_the_bound(tiny_mod
     steps = (1, 2, 3, 4)
     assert [r["step"] for r in rows] == list(steps)
     assert all(r["staleness/max"] <= 1 and r["gateway/episodes"] == 4 for r in rows)
-    assert "correction/tis_weight_mean" in rows[-1]  # the off-policy correction is on
+    # The off-policy correction is on in every step that updated the policy. A step whose groups
+    # were all dropped for the crashing harness updates nothing (which step that is depends on
+    # the order episodes finish in: under the fresh clone's load it was step 4).
+    trained = [r for r in rows if not r.get("train/policy_skipped")]
+    assert trained and all("correction/tis_weight_mean" in r for r in trained)
     # Held-out episodes sample through the producer's engine too; the breaking task is not
     # counted as the policy's failure (1 of 7 episodes).
     assert rows[-1]["eval/infra_failure_frac"] == pytest.approx(1 / 7)
