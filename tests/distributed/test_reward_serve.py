@@ -134,7 +134,10 @@ def test_killed_replica_costs_only_its_calls_in_flight(ray_session, tmp_path, ti
     # errors): (5, 4, ?) in a fresh clone, then (8, 8, 8), (3, 1, 1), (1, 1, 1) on 2026-11-25.
     print({"marks": len(lost), "lost_calls": last["reward/lost_calls"],
            "errors": last["reward/errors"], "replaced": killed.get("replaced")})
-    assert len(lost) >= 1 and 1 <= last["reward/lost_calls"] == last["reward/errors"] < 16
+    # Each lost call is counted and is an error; none beyond those in flight on the killed
+    # replica. (1, 0, 0) was seen once, on 2026-11-28 under load: the one call in flight was
+    # retried by the router, so a lost call is not required.
+    assert len(lost) >= 1 and last["reward/lost_calls"] == last["reward/errors"] <= len(lost)
     assert rows[0]["reward/errors"] == 0 and last["reward/timeouts"] == 0
     assert killed.get("replaced"), "Serve did not replace the killed replica"
     assert rows[0]["reward/replicas"] == 2 and last["reward/replicas"] >= 1
