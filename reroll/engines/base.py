@@ -68,6 +68,10 @@ class Completion:
     (-1: none recorded), when it records them (`HFEngine(record_routing=True)`, for routing
     replay); None otherwise."""
 
+    def versions(self) -> list[int]:
+        """The version that sampled each token."""
+        return list(self.token_versions or [self.policy_version] * len(self.token_ids))
+
 
 @runtime_checkable
 class Engine(Protocol):

@@ -485,9 +485,7 @@ def continuation(request: Request, partial: Completion) -> Request:
 def joined(first: Completion, rest: Completion) -> Completion:
     """One completion of the original request from its two parts (per-token weight versions
     when the parts' differ)."""
-    def versions(part: Completion) -> list[int]:
-        return part.token_versions or [part.policy_version] * len(part.token_ids)
-    both = versions(first) + versions(rest)
+    both = first.versions() + rest.versions()
     return Completion(first.request_id, first.prompt_ids, first.token_ids + rest.token_ids,
                       first.logprobs + rest.logprobs, rest.finish_reason, rest.policy_version,
                       both if len(set(both)) > 1 else None, first.first_token_s)

@@ -151,8 +151,7 @@ class Gateway:
         call.logprobs, call.finish_reason = list(completion.logprobs), completion.finish_reason
         call.policy_version = completion.policy_version
         call.routed_experts = completion.routed_experts
-        call.token_versions = list(completion.token_versions or [completion.policy_version]
-                                   * len(completion.token_ids))
+        call.token_versions = completion.versions()
         stop = completion.token_ids[-1:] if completion.finish_reason == "stop" else []
         call.stop_text = self.tokenizer.decode(stop) if stop else None
         with session.lock:
