@@ -506,12 +506,11 @@ class AlgorithmConfig(Section):
     routing_replay: Literal["off", "rollout", "old_policy"] = "off"
     """Mixture-of-experts models only (docs/moe.md): which routing the trainer's forwards use.
     `off`: the trainer's router routes again; `rollout` (R3): the experts the engine routed each
-    token to, recorded at rollout (hf engine only; in agentic runs by every turn's call, joined
-    per sample), in pi_old's forward and every update's;
-    `old_policy`: pi_old's own routing, recorded by the trainer when it computes pi_old, in every
-    update (it changes nothing with one update and one epoch per batch, where pi_old is the
-    first update's own forward). The replayed experts' weights still come from the current
-    router, so the router keeps learning."""
+    token to, recorded at rollout (hf engine only; agentic runs join every turn's), in pi_old's
+    forward and every update's; `old_policy`: pi_old's own routing, recorded by the trainer when
+    it computes pi_old, in every update (it changes nothing with one update and one epoch per
+    batch, where pi_old is the first update's own forward). The replayed experts' weights still
+    come from the current router, so the router keeps learning."""
     router_aux_loss_coef: float = Field(0.0, ge=0, le=1)
     """Mixture-of-experts models: weight of the router's load-balancing loss (Switch
     Transformer's, as transformers computes it) in the policy loss; 0 logs it only

@@ -267,7 +267,7 @@ async def run_episode(job: AgentJob, env_seed: int, sample_seed: int, group_id: 
         stats.truncated_replies += completion.finish_reason == "length"
         action = tok.decode(completion.token_ids, skip_special_tokens=True)
         episode.add(completion.token_ids, completion.logprobs, turn,
-                    tok.decode(completion.token_ids), versions_of(completion))
+                    tok.decode(completion.token_ids), completion.versions())
         episode.turns.append((context, completion))
         if completion.finish_reason == "abort":
             finish = "abort"
@@ -380,7 +380,7 @@ def _last_chain(job: AgentJob, episode: _Episode, whole: Trajectory,
             segments.append({"text": job.tokenizer.decode(between), "policy": False,
                              "turn": call.index - 1})
         n = len(call.completion_ids)
-        versions += versions_of(episode.turns[call.index][1])
+        versions += episode.turns[call.index][1].versions()
         ids += call.completion_ids
         logprobs += call.logprobs
         policy += [int(train)] * n
@@ -448,7 +448,7 @@ def _turn_samples(job: AgentJob, episode: _Episode, whole: Trajectory) -> list[T
             response_text=job.tokenizer.decode(completion.token_ids), reward=whole.reward,
             reward_info=whole.reward_info | {"turn": k}, policy_version=whole.policy_version,
             policy_mask=[policy] * n, turn_ids=[k if policy else -1] * n,
-            token_versions=versions_of(completion),
+            token_versions=completion.versions(),
             turn_rewards=[whole.reward], turn_states=whole.turn_states[k : k + 1],
             segments=[{"text": job.tokenizer.decode(completion.token_ids), "policy": True,
                        "turn": k}],
@@ -460,20 +460,19 @@ def _turn_samples(job: AgentJob, episode: _Episode, whole: Trajectory) -> list[T
 def _routing(ids: list[int], turns: list[tuple[list[int], Any]]):
     """The engine's routing record of `ids`, built by these turns' calls (request tokens,
     completion) in order: each position as the first call that fed it routed it (a later
-    prefill of the history is not used; `joined_record`). None without a record."""
+    prefill of the history is not used; `joined_record`). None without a record, at once (a
+    dense model's episodes copy no context for it)."""
+    if all(c.routed_experts is None for _, c in turns):
+        return None
     return joined_record(ids, [(list(context) + list(c.token_ids), c.routed_experts)
                                for context, c in turns])
 
 
 def _with_routing(t: Trajectory, turns: list[tuple[list[int], Any]]) -> Trajectory:
-    """`t` with the routing record of its tokens, which `turns` (one chain) built."""
-    return dataclasses.replace(t, routed_experts=_routing(t.prompt_ids + t.response_ids, turns))
-
-
-def versions_of(completion) -> list[int]:
-    """The version that sampled each of the completion's tokens."""
-    return list(completion.token_versions
-                or [completion.policy_version] * len(completion.token_ids))
+    """`t` with the routing record of its tokens, which `turns` (one chain) built (`t` itself
+    when they recorded none)."""
+    record = _routing(t.prompt_ids + t.response_ids, turns)
+    return t if record is None else dataclasses.replace(t, routed_experts=record)
 
 
 def finite_number(value) -> bool:
