@@ -59,16 +59,14 @@ class ValueModel(torch.nn.Module):
         to the backbone, without position ids for them or for any VLM, as in
         `reroll.models.logprobs.forward_logprobs` (the model places its image features and
         positions by its image tokens)."""
-        if model_inputs and not placeholder_ids(self.backbone):  # refused at start (validation)
+        vision = bool(placeholder_ids(self.backbone))
+        if model_inputs and not vision:  # refused at start (validation)
             raise ValueError("the critic's model is text-only: it would score these rows "
                              "without their images")
-        if model_inputs or placeholder_ids(self.backbone):
-            hidden = self.backbone(input_ids=input_ids, attention_mask=attention_mask,
-                                   use_cache=False, **(model_inputs or {})).last_hidden_state
-        else:
-            position_ids = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
-            hidden = self.backbone(input_ids=input_ids, attention_mask=attention_mask,
-                                   position_ids=position_ids, use_cache=False).last_hidden_state
+        extra = dict(model_inputs or {}) if vision else \
+            {"position_ids": (attention_mask.long().cumsum(-1) - 1).clamp(min=0)}
+        hidden = self.backbone(input_ids=input_ids, attention_mask=attention_mask,
+                               use_cache=False, **extra).last_hidden_state
         head = self.value_head(hidden).squeeze(-1).float()
         values = torch.zeros(input_ids.shape, dtype=torch.float32, device=input_ids.device)
         values[:, 1:] = head[:, :-1]
