@@ -49,6 +49,7 @@ from reroll.models.loading import load_model, load_tokenizer  # noqa: E402
 from reroll.rewards import RewardRunner, build_reward  # noqa: E402
 from reroll.rewards.base import RewardSample  # noqa: E402
 from reroll.rollout.scheduler import SyncSource  # noqa: E402
+from reroll.rollout.settings import SourceSettings  # noqa: E402
 from reroll.rollout.stream import PromptStream  # noqa: E402
 from reroll.tracking import ProgressBar  # noqa: E402
 
@@ -79,7 +80,8 @@ def rollout_time(workload: dict, rounds: int, response_oversample: float | None)
     engine = HFEngine(load_model(workload["model"]), 256, tokenizer.pad_token_id)
     rewards = RewardRunner(build_reward(config.reward), config.reward.timeout_s)
     rows = training_prompts(workload["train"])
-    source = SyncSource(config, engine, rewards, tokenizer,
+    settings = SourceSettings.of(config, config.data.max_prompt_tokens)
+    source = SyncSource(settings, engine, rewards, tokenizer,
                         PromptStream(PromptSampler(rows, config.seed)))
     params = SamplingParams(MAX_NEW, 1.0, 1.0, 0, (tokenizer.eos_token_id,))
     warm_up(engine, rewards, source.encode(rows[0]), params)

@@ -50,6 +50,7 @@ from reroll.rollout.agent_loop import AgentJob, AgentStats, EpisodeReward, run_e
 from reroll.rollout.async_episodes import EpisodeWork
 from reroll.rollout.async_source import AsyncSource
 from reroll.rollout.context import from_config
+from reroll.rollout.settings import SourceSettings
 from reroll.rollout.stream import PromptStream
 
 EVAL_SEED_BASE = 10**9
@@ -157,7 +158,8 @@ class EnvTask:
         c = self.config
         if c.async_training.enabled:  # episodes run ahead while the trainer updates
             work = functools.partial(EpisodeWork, make_job=self.job, redundancy=self.env.redundancy)
-            self.source = AsyncSource(c, engine, None, self.tokenizer, self.stream, work=work)
+            self.source = AsyncSource(SourceSettings.of(c), engine, None, self.tokenizer,
+                                      self.stream, work=work)
             engine = self.source.engine
         self.engine = engine
         return engine

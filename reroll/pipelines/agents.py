@@ -34,6 +34,7 @@ from reroll.rewards.custom import resolve
 from reroll.rollout.async_agents import AgentWork
 from reroll.rollout.async_source import AsyncSource
 from reroll.rollout.gateway import AgentSpec, Gateway, run_episodes
+from reroll.rollout.settings import SourceSettings
 from reroll.rollout.stream import PromptStream
 
 EVAL_SEED_BASE = 10**9
@@ -103,7 +104,8 @@ class AgentTask:
                                a.tool_parser)
         if c.async_training.enabled:  # episodes run ahead while the trainer updates
             work = functools.partial(AgentWork, gateway=self.gateway, spec=self.spec)
-            self.source = AsyncSource(c, engine, None, self.tokenizer, self.stream, work=work)
+            self.source = AsyncSource(SourceSettings.of(c), engine, None, self.tokenizer,
+                                      self.stream, work=work)
             # Held-out episodes (sessions without an engine of their own) sample through it too.
             engine = self.gateway.engine = self.source.engine
         return engine

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
@@ -55,6 +55,7 @@ from reroll.rollout.async_source import AsyncSource, PromptWork
 from reroll.rollout.groups import Group, State
 from reroll.rollout.sampling import RolloutJob, rollout
 from reroll.rollout.scheduler import SyncSource, signal_keep
+from reroll.rollout.settings import SourceSettings
 from reroll.rollout.stream import MixedStream, PromptStream
 
 log = logging.getLogger(__name__)
@@ -72,8 +73,8 @@ class Domain:
     name: str
     where: str
     """`data.domains[k] (name)`: how errors name it."""
-    config: RLConfig
-    """The run's config with this domain's seed and filter (the source reads it)."""
+    settings: SourceSettings
+    """What its source reads: the run's sections with this domain's seed and filter."""
     filter: Any
     rows: list[PromptRow]
     eval_rows: list[PromptRow]
@@ -147,11 +148,12 @@ def build_domain(config: RLConfig, tokenizer, k: int, spec: DomainConfig) -> Dom
                           f"{where}: {message}") from None
     eval_rows = eval_rows[: config.eval.max_prompts]
     check_domain(config, tokenizer, spec, where, {"train": rows, "eval": eval_rows})
-    own = config.model_copy(deep=True)
-    own.seed = config.seed + k * SEED_STRIDE
-    own.algorithm.dynamic_sampling = spec.dynamic_sampling or config.algorithm.dynamic_sampling
-    return Domain(spec.name, where, own, spec.dynamic_sampling, rows, eval_rows,
-                  domain_reward(spec, config.reward), PromptStream(PromptSampler(rows, own.seed)))
+    settings = replace(SourceSettings.of(config, config.data.max_prompt_tokens),
+                       seed=config.seed + k * SEED_STRIDE,
+                       dynamic_sampling=spec.dynamic_sampling or config.algorithm.dynamic_sampling)
+    return Domain(spec.name, where, settings, spec.dynamic_sampling, rows, eval_rows,
+                  domain_reward(spec, config.reward),
+                  PromptStream(PromptSampler(rows, settings.seed)))
 
 
 class DomainTask:
@@ -195,12 +197,13 @@ class DomainTask:
     def start(self, engine: Engine) -> Engine:
         if self.config.async_training.enabled:
             stream = DomainStream(self.domains, self.mixer, self.config.rollout.prompts_per_step)
-            self.source = AsyncSource(self.config, engine, None, self.tokenizer, stream,
+            settings = SourceSettings.of(self.config, self.config.data.max_prompt_tokens)
+            self.source = AsyncSource(settings, engine, None, self.tokenizer, stream,
                                       work=lambda source: DomainWork(source, self.domains))
             self.engine = self.source.engine
             return self.engine
         for d in self.domains:
-            d.source = SyncSource(d.config, engine, d.rewards, self.tokenizer, d.stream)
+            d.source = SyncSource(d.settings, engine, d.rewards, self.tokenizer, d.stream)
         self.engine = engine
         return engine
 
@@ -347,7 +350,7 @@ class DomainTask:
             timer = time.perf_counter()
             job = RolloutJob(self.engine, d.rewards, self.tokenizer, params,
                              c.data.max_prompt_tokens)
-            trajectories = rollout(job, d.eval_rows, n, d.config.seed, step=-1)
+            trajectories = rollout(job, d.eval_rows, n, d.settings.seed, step=-1)
             rewards = torch.tensor([t.reward for t in trajectories])
             everything.append(rewards)
             self.eval_sets.append(EvalSet(d.name, grouped(trajectories, n),
@@ -459,9 +462,7 @@ class DomainWork(PromptWork):
 
     def __init__(self, source: AsyncSource, domains: list[Domain]):
         super().__init__(source)
-        refill = source.config.scheduler.refill_filtered
-        self.keeps = {d.name: signal_keep(d.config.algorithm.dynamic_sampling if refill else None,
-                                          self.size) for d in domains}
+        self.keeps = {d.name: signal_keep(d.settings.refill_filter, self.size) for d in domains}
 
     def new_group(self, index: int, row: PromptRow, version: int) -> Group:
         group = super().new_group(index, row, version)

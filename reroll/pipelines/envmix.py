@@ -36,6 +36,7 @@ from reroll.rollout.agent_loop import AgentStats, run_group
 from reroll.rollout.async_episodes import EpisodeWork, add_stats
 from reroll.rollout.async_source import AsyncSource
 from reroll.rollout.groups import Group, request_seed
+from reroll.rollout.settings import SourceSettings
 from reroll.rollout.stream import MixedStream
 
 SEED_STRIDE = 7919
@@ -152,7 +153,8 @@ class EnvMixTask:
         if self.config.async_training.enabled:
             stream = MixedStream([t.stream for t in self.tasks], self.mixer,
                                  self.config.rollout.prompts_per_step)
-            self.source = AsyncSource(self.config, engine, None, self.tokenizer, stream,
+            self.source = AsyncSource(SourceSettings.of(self.config), engine, None,
+                                      self.tokenizer, stream,
                                       work=lambda source: EnvMixWork(source, self.tasks,
                                                                      self.names))
             engine = self.source.engine

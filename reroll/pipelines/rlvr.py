@@ -28,6 +28,7 @@ from reroll.rewards.runner import RewardRunner
 from reroll.rollout.async_source import AsyncSource
 from reroll.rollout.sampling import RolloutJob, rollout
 from reroll.rollout.scheduler import SyncSource
+from reroll.rollout.settings import SourceSettings
 from reroll.rollout.stream import PromptStream
 
 
@@ -35,9 +36,10 @@ def build_source(config: RLConfig, engine: Engine, rewards: RewardRunner, tokeni
                  stream: PromptStream) -> SyncSource | AsyncSource:
     """The rollout source over `engine`, the engine the roles were built with (in its own process
     when `scheduler.engine_process` says so): asynchronous when `async_training` is on."""
+    settings = SourceSettings.of(config, config.data.max_prompt_tokens)
     if config.async_training.enabled:
-        return AsyncSource(config, engine, rewards, tokenizer, stream)
-    return SyncSource(config, engine, rewards, tokenizer, stream)
+        return AsyncSource(settings, engine, rewards, tokenizer, stream)
+    return SyncSource(settings, engine, rewards, tokenizer, stream)
 
 
 class PromptTask:

@@ -44,7 +44,7 @@ class EpisodeGroups:
     counters' class) until the trainer takes them."""
 
     def __init__(self, source: AsyncSource, redundancy: int = 0, stats: type = AgentStats):
-        c = source.config
+        c = source.settings
         self.source, self.redundancy, self.stats = source, redundancy, stats
         self.size, self.seed = c.rollout.group_size, c.seed
         self.max_staleness = c.async_training.max_staleness

@@ -35,6 +35,7 @@ from reroll.rewards.runner import RewardRunner
 from reroll.rollout.groups import Group, State, request_seed
 from reroll.rollout.metrics import staleness_metrics
 from reroll.rollout.scheduler import RolloutScheduler, shutdown_engine, signal_keep
+from reroll.rollout.settings import SourceSettings
 from reroll.rollout.stream import PromptStream, encode_prompt
 
 
@@ -44,16 +45,16 @@ class AsyncSource:
     it (evaluation) runs on the producer's loop, and loading weights into it preempts the
     running requests, loads, and lets them resume."""
 
-    def __init__(self, config, engine: Engine, rewards: RewardRunner | None, tokenizer,
-                 stream: PromptStream, version: int = 0,
+    def __init__(self, settings: SourceSettings, engine: Engine, rewards: RewardRunner | None,
+                 tokenizer, stream: PromptStream, version: int = 0,
                  work: Callable[[AsyncSource], GroupWork] | None = None):
         """`work`: what one group is and how it runs (default: a prompt's responses, scored by
         `rewards`; agentic runs: an env seed's episodes, `reroll.rollout.async_episodes`)."""
-        self.config, self.stream, self.tokenizer = config, stream, tokenizer
-        a = config.async_training
-        self.groups_per_step = config.rollout.prompts_per_step
+        self.settings, self.stream, self.tokenizer = settings, stream, tokenizer
+        a = settings.async_training
+        self.groups_per_step = settings.rollout.prompts_per_step
         self.scheduler = RolloutScheduler([engine], rewards, tokenizer,
-                                          config.scheduler.max_running_per_engine)
+                                          settings.scheduler.max_running_per_engine)
         self.buffer = VersionedBuffer(a.max_staleness, self.groups_per_step * (a.max_staleness + 1),
                                       in_order=a.order == "start")
         self.loop = asyncio.new_event_loop()
@@ -112,7 +113,7 @@ class AsyncSource:
     async def _snapshot(self) -> dict:
         # The trainer's next batch is at version consumed // groups_per_step: what it would drop
         # as stale, or what the producer aborts as hopeless, is not owed.
-        floor = self.consumed // self.groups_per_step - self.config.async_training.max_staleness
+        floor = self.consumed // self.groups_per_step - self.settings.async_training.max_staleness
         owed = dict(self.owed)
         owed |= {g.index: g.row for g in self.buffer.waiting(floor)}
         owed |= {g.index: g.row for task, g in self.running.items()
@@ -188,7 +189,7 @@ class AsyncSource:
         """After the engine moved to `version`: running groups with tokens older than
         version - max_staleness can never be trained on (the next trainer holds `version`), so
         they are aborted now rather than decoded to the end and dropped."""
-        floor = version - self.config.async_training.max_staleness
+        floor = version - self.settings.async_training.max_staleness
         hopeless = {task: group for task, group in self.running.items()
                     if self.work.gives_up(group, floor)}
         if hopeless:
@@ -199,7 +200,7 @@ class AsyncSource:
         """Start a group only if it will be taken within `max_ahead` (default: max_staleness)
         versions of the engine's: it will be taken at about step
         (consumed + buffered + running) // groups_per_step + 1."""
-        a = self.config.async_training
+        a = self.settings.async_training
         ahead = a.max_staleness if a.max_ahead is None else a.max_ahead
         bound = ahead + self.engine.version + 1
         outstanding = self.consumed + len(self.buffer) + self.in_flight
@@ -245,16 +246,15 @@ class PromptWork:
     kept by dynamic sampling."""
 
     def __init__(self, source: AsyncSource):
-        c = source.config
+        c = source.settings
         self.source, self.size = source, c.rollout.group_size
-        self.keep = signal_keep(c.algorithm.dynamic_sampling if c.scheduler.refill_filtered
-                                else None, self.size)
+        self.keep = signal_keep(c.refill_filter, self.size)
         # Async runs are not reproducible (timing decides versions); seeds stay distinct.
         self.seed_fn = functools.partial(request_seed, c.seed, -2)
 
     def new_group(self, index: int, row: PromptRow, version: int) -> Group:
         s = self.source
-        prompt = encode_prompt(s.tokenizer, row, s.config.data.max_prompt_tokens)
+        prompt = encode_prompt(s.tokenizer, row, s.settings.prompt_budget())
         return s.scheduler.new_group(index, row, prompt, self.size, self.seed_fn, version=version)
 
     async def run(self, group: Group, params: SamplingParams) -> bool:
@@ -303,7 +303,7 @@ class _ProducerEngine:
     @property
     def publishes_weights(self) -> bool:
         """Whether weights can be handed over without waiting for the load (in-flight updates)."""
-        return self.source.config.async_training.in_flight_updates
+        return self.source.settings.async_training.in_flight_updates
 
     def publish_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]],
                         version: int) -> None:
@@ -341,7 +341,7 @@ class _ProducerEngine:
 
     async def _swap_now(self, named: list, version: int) -> None:
         scheduler = self.source.scheduler
-        a = self.source.config.async_training
+        a = self.source.settings.async_training
         t0 = time.perf_counter()
         if a.in_flight_updates:
             await self._load_between_steps(named, version)

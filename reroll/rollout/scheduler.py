@@ -51,6 +51,7 @@ from reroll.rollout.groups import (
     request_seed,
 )
 from reroll.rollout.metrics import staleness_metrics
+from reroll.rollout.settings import SourceSettings
 from reroll.rollout.stream import EncodedPrompt, PromptStream, encode_prompt
 from reroll.rollout.tail_batching import TailBatcher
 
@@ -59,12 +60,13 @@ class SyncSource:
     """Each step runs its own rounds on the engine while the trainer waits: the batch is the
     first kept groups in launch order, so a run is deterministic for its seed."""
 
-    def __init__(self, config, engine: Engine, rewards: RewardRunner, tokenizer,
-                 stream: PromptStream):
-        self.config, self.engine, self.stream, self.tokenizer = config, engine, stream, tokenizer
+    def __init__(self, settings: SourceSettings, engine: Engine, rewards: RewardRunner,
+                 tokenizer, stream: PromptStream):
+        self.settings, self.engine, self.stream, self.tokenizer = (settings, engine, stream,
+                                                                   tokenizer)
         self.scheduler = RolloutScheduler([engine], rewards, tokenizer,
-                                          config.scheduler.max_running_per_engine)
-        tail = config.tail_batching
+                                          settings.scheduler.max_running_per_engine)
+        tail = settings.tail_batching
         self.tail = TailBatcher(tail.length_budget, tail.use_history) if tail.enabled else None
         self._metrics: dict[str, float] = {}
         self.sampled: list[Group] = []
@@ -76,11 +78,10 @@ class SyncSource:
                    groups: int | None = None) -> list[Trajectory]:
         """`groups`: how many groups this step (None: `rollout.prompts_per_step`; a domain of
         a multi-domain run passes its share)."""
-        c = self.config
+        c = self.settings
         self.sampled = []
         n, size = groups or c.rollout.prompts_per_step, c.rollout.group_size
-        signal = signal_keep(c.algorithm.dynamic_sampling if c.scheduler.refill_filtered else None,
-                             size)
+        signal = signal_keep(c.refill_filter, size)
         if self.tail is None:
             result = self._collect(iter(self.stream), n, params, signal, step)
             self.stream.push_front(result.unused_rows)
@@ -99,10 +100,10 @@ class SyncSource:
                  first_index: int = 0, oversample: float | None = None,
                  spare: int = 0) -> CollectResult:
         """One `scheduler.collect`; `first_index` offsets the seeds of a second wave in a step."""
-        s, size = self.config.scheduler, self.config.rollout.group_size
+        s, size = self.settings.scheduler, self.settings.rollout.group_size
         result = asyncio.run(self.scheduler.collect(
             rows, self.encode, num_groups, size, params,
-            lambda i: request_seed(self.config.seed, step, first_index * (size + spare) + i),
+            lambda i: request_seed(self.settings.seed, step, first_index * (size + spare) + i),
             keep=keep, oversample=s.oversample if oversample is None else oversample,
             max_groups=math.ceil(num_groups * s.max_groups_factor), spare=spare))
         self.sampled += result.groups + result.dropped
@@ -116,9 +117,10 @@ class SyncSource:
         params = replace(params, max_new_tokens=min(tail.budget, params.max_new_tokens))
         keep = lambda g: not tail.too_long(g) and signal(g)  # noqa: E731
         groups, metrics, launched = [], Counter(), 0
-        limit = len(self.stream.sampler.rows) + math.ceil(n * self.config.scheduler.max_groups_factor)
-        size = self.config.rollout.group_size
-        spare = math.ceil(size * self.config.tail_batching.response_oversample) - size
+        c = self.settings
+        limit = len(self.stream.sampler.rows) + math.ceil(n * c.scheduler.max_groups_factor)
+        size = c.rollout.group_size
+        spare = math.ceil(size * c.tail_batching.response_oversample) - size
         while len(groups) < n and launched < limit:
             result = self._collect(tail.regular_rows(self.stream), n - len(groups), params, keep,
                                    step, first_index=launched, spare=spare)
@@ -137,8 +139,7 @@ class SyncSource:
     def _long_round(self, n: int, params: SamplingParams, signal: KeepFn, step: int):
         """The deferred prompts with the full `max_new_tokens`. No over-sampling unless dynamic
         sampling may drop groups: every group here is slow, so extra ones only add work."""
-        c = self.config
-        refill = c.algorithm.dynamic_sampling is not None and c.scheduler.refill_filtered
+        refill = self.settings.refill_filter is not None
         result = self._collect(self.tail.long_round_rows(self.stream), n, params, signal, step,
                                oversample=None if refill else 1.0)
         self.tail.hand_back(result.unused_rows, self.stream)
@@ -146,7 +147,7 @@ class SyncSource:
         return result.groups, result.metrics | {"tail/long_round": 1.0}
 
     def encode(self, row) -> list[int]:
-        return encode_prompt(self.tokenizer, row, self.config.data.max_prompt_tokens)
+        return encode_prompt(self.tokenizer, row, self.settings.prompt_budget())
 
     def metrics(self) -> dict[str, float]:
         return self._metrics | engine_metrics(self.engine)

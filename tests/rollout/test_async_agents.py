@@ -23,6 +23,7 @@ from reroll.engines.base import SamplingParams
 from reroll.rollout.async_agents import AgentWork
 from reroll.rollout.async_source import AsyncSource
 from reroll.rollout.gateway import AgentSpec, Gateway
+from reroll.rollout.settings import SourceSettings
 from reroll.rollout.stream import PromptStream
 
 pytestmark = pytest.mark.unit
@@ -55,7 +56,7 @@ class Run:
         stream = PromptStream(PromptSampler(list(tasks), cfg.seed))
         work = functools.partial(AgentWork, gateway=self.gateway,
                                  spec=spec or AgentSpec(entrypoint=chat, time_limit_s=60))
-        self.source = AsyncSource(cfg, engine, None, tokenizer, stream, work=work)
+        self.source = AsyncSource(SourceSettings.of(cfg), engine, None, tokenizer, stream, work=work)
         self.gateway.engine = self.source.engine
 
     def close(self) -> None:
@@ -75,7 +76,7 @@ def trained(src: AsyncSource, steps) -> list[list[str]]:
             pairs = list(zip(t.token_versions, t.policy_mask, strict=True))
             policy = [v for v, m in pairs if m]
             assert policy and min(policy) >= 0 and all(v == -1 for v, m in pairs if not m)
-            assert step - 1 - min(policy) <= src.config.async_training.max_staleness
+            assert step - 1 - min(policy) <= src.settings.async_training.max_staleness
             assert t.policy_version <= min(policy)  # the group's oldest token
         rows.append([t.prompt_text for t in trajectories[::SIZE]])
         src.engine.load_weights([], step)

@@ -16,6 +16,7 @@ from reroll.envs import make_env
 from reroll.rollout.agent_loop import AgentJob
 from reroll.rollout.async_episodes import EpisodeWork
 from reroll.rollout.async_source import AsyncSource
+from reroll.rollout.settings import SourceSettings
 from reroll.rollout.stream import PromptStream
 
 pytestmark = pytest.mark.unit
@@ -31,10 +32,10 @@ def config(**async_training) -> AgenticConfig:
 
 
 def source(tokenizer, cfg: AgenticConfig, turns: int = 4, tick: float = 0.002,
-           length=lambda prompt, seed: 2 + seed % 6) -> AsyncSource:
+           length=lambda prompt, seed: 2 + seed % 6, hold=None) -> AsyncSource:
     """Episodes of `turns` turns of 2-7 tokens (by the sampling seed): several weight updates
     land inside one episode."""
-    engine = ScriptedEngine(length, TOKEN, tick=tick)
+    engine = ScriptedEngine(length, TOKEN, tick=tick, hold=hold)
 
     def make_job(params: SamplingParams) -> AgentJob:
         return AgentJob(engine, tokenizer, lambda: make_env("guess_number", high=64,
@@ -43,16 +44,13 @@ def source(tokenizer, cfg: AgenticConfig, turns: int = 4, tick: float = 0.002,
 
     stream = PromptStream(PromptSampler(list(range(1000)), cfg.seed))
     work = lambda s: EpisodeWork(s, make_job)  # noqa: E731
-    return AsyncSource(cfg, engine, None, tokenizer, stream, work=work)
+    return AsyncSource(SourceSettings.of(cfg), engine, None, tokenizer, stream, work=work)
 
 
 
 
 def LONG_TAIL(prompt, seed):  # noqa: N802 - a constant's name
-    # 300 ticks of 2 ms: long against a short episode's work even on a loaded machine, where a
-    # short episode's Python overhead grows and the ticks do not. PARAMS must allow the 300
-    # tokens: capped at 64 the long turns sometimes finished inside one update under a loaded
-    # CI run, and nothing went stale.
+    # 300 ticks of 2 ms (PARAMS allow the 300 tokens): several updates land inside one turn
     return 300 if seed % 9 == 0 else 2
 
 
@@ -71,7 +69,7 @@ def run_steps(src: AsyncSource, steps) -> list[list[int]]:
             env = [v for v, m in zip(t.token_versions, t.policy_mask, strict=True) if not m]
             assert policy and all(v >= 0 for v in policy) and all(v == -1 for v in env)
             # the per-episode bound: its oldest token within max_staleness of the trainer
-            assert step - 1 - min(policy) <= src.config.async_training.max_staleness
+            assert step - 1 - min(policy) <= src.settings.async_training.max_staleness
             assert t.policy_version <= min(policy)  # the group's oldest token
         seeds.append([t.reward_info["env_seed"] for t in trajectories[::SIZE]])
         src.engine.load_weights([], step)
@@ -80,10 +78,12 @@ def run_steps(src: AsyncSource, steps) -> list[list[int]]:
 
 @pytest.mark.parametrize("restart", [True, False])
 def test_episodes_span_at_most_max_staleness_versions(tokenizer, restart):
-    """A few turns run 300 tokens: their episodes outlast two updates while short groups fill
-    the batches (order: finish)."""
+    """A few turns wait for two weight updates after their first token, while short groups fill
+    the batches (order: finish): their episodes would span two versions. Counted in updates,
+    not ticks: under a loaded CI run, turns of 300 ticks sometimes finished inside one update
+    and nothing went stale."""
     src = source(tokenizer, config(max_staleness=1, restart_stale_episodes=restart),
-                 length=LONG_TAIL)
+                 hold=lambda seed: 2 if seed % 9 == 0 else 0)
     try:
         run_steps(src, range(1, 8))
         work: EpisodeWork = src.work

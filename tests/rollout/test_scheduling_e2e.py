@@ -16,6 +16,7 @@ from reroll.pipelines.rlvr import rlvr_pipeline
 from reroll.rewards import RewardRunner
 from reroll.rewards.base import RewardResult
 from reroll.rollout.scheduler import RolloutScheduler, SyncSource
+from reroll.rollout.settings import SourceSettings
 from reroll.rollout.stream import PromptStream, encode_prompt
 from reroll.tracking import read_metrics
 
@@ -132,7 +133,8 @@ def test_tail_batching_on_the_hf_engine(tiny_model, tokenizer, arithmetic):
                       tail_batching={"enabled": True, "length_budget": 12,
                                      "response_oversample": 1.5})
     engine = HFEngine(load_model(tiny_model), pad_token_id=tokenizer.pad_token_id)
-    source = SyncSource(config, engine, RewardRunner(LengthReward(), 5.0), tokenizer,
+    settings = SourceSettings.of(config, config.data.max_prompt_tokens)
+    source = SyncSource(settings, engine, RewardRunner(LengthReward(), 5.0), tokenizer,
                         PromptStream(PromptSampler(load_prompts(arithmetic["train"]), seed=0)))
     params = SamplingParams(max_new_tokens=40, temperature=1.0,  # responses of ~10 tokens
                             stop_token_ids=tuple(range(3, tokenizer.vocab_size, 10)))

@@ -11,6 +11,7 @@ from reroll.config.schema import RLConfig
 from reroll.data.datasets import PromptRow, PromptSampler
 from reroll.engines.base import SamplingParams
 from reroll.rollout.scheduler import SyncSource
+from reroll.rollout.settings import SourceSettings
 from reroll.rollout.stream import PromptStream
 
 TOKEN = 40
@@ -28,7 +29,8 @@ def test_long_prompts_are_deferred_to_long_rounds(tokenizer):
                       rollout={"prompts_per_step": 3, "group_size": 2, "max_new_tokens": 100},
                       train={"micro_batch_size": 2}, scheduler={"oversample": 1.5},
                       tail_batching={"enabled": True, "length_budget": 20})
-    source = SyncSource(config, ScriptedEngine(length, TOKEN), runner(), tokenizer,
+    settings = SourceSettings.of(config, config.data.max_prompt_tokens)
+    source = SyncSource(settings, ScriptedEngine(length, TOKEN), runner(), tokenizer,
                         PromptStream(PromptSampler(table, seed=0)))
     for row in table:
         lengths[tuple(source.encode(row))] = 90 if row.metadata["long"] else 5 + int(
@@ -65,7 +67,8 @@ def test_batches_stay_full_when_most_prompts_run_long(tokenizer):
                       train={"micro_batch_size": 2},
                       scheduler={"max_groups_factor": 1.0},
                       tail_batching={"enabled": True, "length_budget": 10})
-    source = SyncSource(config, ScriptedEngine(lambda prompt, seed: lengths[tuple(prompt)], TOKEN),
+    settings = SourceSettings.of(config, config.data.max_prompt_tokens)
+    source = SyncSource(settings, ScriptedEngine(lambda prompt, seed: lengths[tuple(prompt)], TOKEN),
                         runner(), tokenizer, PromptStream(PromptSampler(table, seed=0)))
     for row in table:
         lengths[tuple(source.encode(row))] = 50 if row.metadata["long"] else 4
@@ -84,7 +87,8 @@ def test_a_dataset_of_only_long_prompts_is_a_config_error(tokenizer):
                       rollout={"prompts_per_step": 8, "group_size": 2, "max_new_tokens": 60},
                       train={"micro_batch_size": 2}, scheduler={"max_groups_factor": 1.0},
                       tail_batching={"enabled": True, "length_budget": 10})
-    source = SyncSource(config, ScriptedEngine(lambda prompt, seed: 50, TOKEN), runner(),
+    settings = SourceSettings.of(config, config.data.max_prompt_tokens)
+    source = SyncSource(settings, ScriptedEngine(lambda prompt, seed: 50, TOKEN), runner(),
                         tokenizer, PromptStream(PromptSampler(table, seed=0)))
     with pytest.raises(ConfigError, match="length_budget"):
         for step in range(1, 6):
@@ -114,7 +118,8 @@ def test_speculative_responses_defer_only_prompts_that_really_run_long(tokenizer
                       train={"micro_batch_size": 2},
                       tail_batching={"enabled": True, "length_budget": 20, "use_history": False,
                                      "response_oversample": response_oversample})
-    source = SyncSource(config, ScriptedEngine(length, TOKEN), runner(), tokenizer,
+    settings = SourceSettings.of(config, config.data.max_prompt_tokens)
+    source = SyncSource(settings, ScriptedEngine(length, TOKEN), runner(), tokenizer,
                         PromptStream(PromptSampler(table, seed=0)))
     kinds.update({tuple(source.encode(row)): row.metadata["kind"] for row in table})
     long_round_kinds, regular_kinds = set(), set()
