@@ -120,7 +120,7 @@ def run_settings(model: str, given: dict[str, Any], n: int = 1
         taken = {} if other else _env_settings(config.env, model)
     elif "env" in given:
         taken = {}
-    elif getattr(config.data, "domains", None):
+    elif kind.rollouts and config.data.domains:  # an RL run on prompts (RLConfig)
         taken = domain_settings(config, run, given)
     else:
         taken = _prompt_settings(config, run)

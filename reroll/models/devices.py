@@ -22,11 +22,12 @@ import functools
 import logging
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import torch
 
+from reroll.config.distributed import DistributedConfig
 from reroll.config.errors import ConfigError
+from reroll.config.schema import RolloutConfig, TrainConfig
 
 ROLES = ("policy", "reference", "critic", "rollout")
 BF16_CPU_FLAGS = ("amx_bf16", "avx512_bf16")
@@ -57,12 +58,11 @@ def resolve_device(setting: str, cuda_count: int, field: str = "distributed.devi
     return "cuda:0"
 
 
-def plan_devices(config: Any, cuda_count: int, bf16_supported: bool) -> dict[str, RoleDevice]:
-    """Each role's device and precision for `config` (an RL config) on a machine with
+def plan_devices(d: DistributedConfig, train: TrainConfig, rollout: RolloutConfig,
+                 cuda_count: int, bf16_supported: bool) -> dict[str, RoleDevice]:
+    """Each role's device and precision for an RL run's sections on a machine with
     `cuda_count` GPUs, `bf16_supported` telling whether they compute in bf16."""
-    d = config.distributed
-    train_bf16 = config.train.bf16_autocast
-    rollout_dtype = getattr(config.rollout, "dtype", "auto")
+    train_bf16, rollout_dtype = train.bf16_autocast, rollout.dtype
     if d.executor == "ray":
         plan = {}
         for role in ROLES:

@@ -140,7 +140,7 @@ def adapter_rank(c: RLConfig) -> int:
 
 
 def build_roles(c: RLConfig, total_steps: int, pad_token_id: int) -> Roles:
-    plan = plan_devices(c, *machine_devices())
+    plan = plan_devices(c.distributed, c.train, c.rollout, *machine_devices())
     if c.distributed.executor == "ray":
         return _ray_roles(c, total_steps, pad_token_id, plan)
     return _local_roles(c, total_steps, pad_token_id, plan)

@@ -15,6 +15,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from reroll.config.errors import ConfigError
+from reroll.config.schema import RLConfig
 from reroll.data.datasets import PromptRow
 from reroll.data.images import limit_images
 from reroll.models.files import model_context
@@ -26,14 +27,14 @@ NEEDS_ANSWER = {"math": "the reference answer", "code": "the test cases"}
 CHUNK = 256
 
 
-def check_prompts(config, tokenizer, splits: dict[str, list[PromptRow]]) -> None:
+def check_prompts(config: RLConfig, tokenizer, splits: dict[str, list[PromptRow]]) -> None:
     """`splits` maps a config field (`data.train`) to its rows."""
     context = model_context(config.model.path)
     max_new = config.rollout.max_new_tokens
     if context is not None and max_new >= context:
         raise ConfigError(f"rollout.max_new_tokens={max_new} is past the model's context of "
                           f"{context} tokens ({config.model.path}/config.json)")
-    eval_reward = getattr(config.eval, "reward", None)
+    eval_reward = config.eval.reward
     check_teacher_tags(config.algorithm.distill, "data.train", splits.get("data.train", []))
     for field, rows in splits.items():
         # The held-out split is scored by `eval.reward` when the run sets one.

@@ -29,18 +29,22 @@ def config(**sections) -> RLConfig:
     return RLConfig.model_validate(BASE | sections)
 
 
+def planned(c: RLConfig, cuda_count: int, bf16_supported: bool) -> dict[str, RoleDevice]:
+    return plan_devices(c.distributed, c.train, c.rollout, cuda_count, bf16_supported)
+
+
 def test_without_cuda_every_role_stays_on_the_cpu_as_configured():
-    plan = plan_devices(config(), cuda_count=0, bf16_supported=False)
+    plan = planned(config(), cuda_count=0, bf16_supported=False)
     assert set(plan) == {"policy", "reference", "critic", "rollout"}
     assert all(p == RoleDevice("cpu", False, "auto") for p in plan.values())
     # bf16 on the CPU is the user's choice only
-    plan = plan_devices(config(train={"bf16_autocast": True}, rollout={"dtype": "bfloat16"}),
+    plan = planned(config(train={"bf16_autocast": True}, rollout={"dtype": "bfloat16"}),
                         cuda_count=0, bf16_supported=False)
     assert plan["policy"] == RoleDevice("cpu", True) and plan["rollout"].engine_dtype == "bfloat16"
 
 
 def test_auto_with_one_gpu_puts_every_role_on_it_in_bf16():
-    plan = plan_devices(config(), cuda_count=1, bf16_supported=True)
+    plan = planned(config(), cuda_count=1, bf16_supported=True)
     assert {p.device for p in plan.values()} == {"cuda:0"}
     assert plan["policy"].autocast_bf16 and plan["reference"].autocast_bf16
     assert plan["critic"].autocast_bf16
@@ -48,21 +52,21 @@ def test_auto_with_one_gpu_puts_every_role_on_it_in_bf16():
 
 
 def test_a_gpu_without_bf16_computes_in_float32():
-    plan = plan_devices(config(), cuda_count=1, bf16_supported=False)
+    plan = planned(config(), cuda_count=1, bf16_supported=False)
     assert plan["policy"] == RoleDevice("cuda:0", False)
     assert plan["rollout"].engine_dtype == "auto"
 
 
 def test_explicit_settings_win():
-    plan = plan_devices(config(distributed={"device": "cpu"}), cuda_count=8, bf16_supported=True)
+    plan = planned(config(distributed={"device": "cpu"}), cuda_count=8, bf16_supported=True)
     assert {p.device for p in plan.values()} == {"cpu"}
-    plan = plan_devices(config(rollout={"dtype": "float32"}), cuda_count=1, bf16_supported=True)
+    plan = planned(config(rollout={"dtype": "float32"}), cuda_count=1, bf16_supported=True)
     assert plan["rollout"].engine_dtype == "float32"
 
 
 def test_cuda_asked_for_on_a_machine_without_it_is_a_config_error():
     with pytest.raises(ConfigError, match="distributed.device: cuda"):
-        plan_devices(config(distributed={"device": "cuda"}), cuda_count=0, bf16_supported=False)
+        planned(config(distributed={"device": "cuda"}), cuda_count=0, bf16_supported=False)
     assert resolve_device("cuda", 2) == "cuda:0"
     with pytest.raises(Exception, match="device"):
         config(distributed={"device": "tpu"})
@@ -71,12 +75,12 @@ def test_cuda_asked_for_on_a_machine_without_it_is_a_config_error():
 def test_ray_roles_follow_their_placement():
     c = config(distributed={"executor": "ray", "policy": {"devices": [0, 1], "num_workers": 2},
                             "rollout": {"devices": [2], "num_workers": 1}})
-    plan = plan_devices(c, cuda_count=0, bf16_supported=True)  # the driver may have no GPU
+    plan = planned(c, cuda_count=0, bf16_supported=True)  # the driver may have no GPU
     assert plan["policy"].device == plan["rollout"].device == "cuda:0"
     assert plan["reference"].device == "cuda:0"  # colocated with the policy by default
     c = config(distributed={"executor": "ray", "policy": {"num_cpus": 1},
                             "rollout": {"num_cpus": 1}})
-    assert {p.device for p in plan_devices(c, 4, True).values()} == {"cpu"}
+    assert {p.device for p in planned(c, 4, True).values()} == {"cpu"}
 
 
 @pytest.mark.parametrize(("example", "cuda_count", "devices"), [
@@ -87,7 +91,7 @@ def test_ray_roles_follow_their_placement():
 ])
 def test_the_documented_gpu_examples_get_the_documented_placement(example, cuda_count, devices):
     config = load_config(EXAMPLES / "gpu" / example, [])
-    plan = plan_devices(config, cuda_count, bf16_supported=True)
+    plan = planned(config, cuda_count, bf16_supported=True)
     assert {p.device for p in plan.values()} == devices
     if example == "one_gpu.yaml" and cuda_count:
         assert plan["policy"].autocast_bf16 and plan["rollout"].engine_dtype == "bfloat16"
@@ -128,7 +132,7 @@ def test_bf16_asked_for_on_a_cpu_without_it_is_used_with_one_warning(cpu_bf16, c
     cpu_bf16(False)
     c = config(train={"bf16_autocast": True}, rollout={"dtype": "bfloat16"})
     for _ in range(2):
-        plan = plan_devices(c, cuda_count=0, bf16_supported=False)
+        plan = planned(c, cuda_count=0, bf16_supported=False)
     assert plan["policy"].autocast_bf16 and plan["rollout"].engine_dtype == "bfloat16"
     warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
     assert len(warnings) == 2, warnings  # one per setting, not one per role or per call
@@ -138,7 +142,7 @@ def test_bf16_asked_for_on_a_cpu_without_it_is_used_with_one_warning(cpu_bf16, c
 
 def test_bf16_on_a_cpu_with_native_bf16_warns_nothing(cpu_bf16, caplog):
     cpu_bf16(True)
-    plan = plan_devices(config(train={"bf16_autocast": True}), cuda_count=0, bf16_supported=False)
+    plan = planned(config(train={"bf16_autocast": True}), cuda_count=0, bf16_supported=False)
     assert plan["policy"].autocast_bf16
     assert not [r for r in caplog.records if r.levelname == "WARNING"]
 
@@ -146,7 +150,7 @@ def test_bf16_on_a_cpu_with_native_bf16_warns_nothing(cpu_bf16, caplog):
 @pytest.mark.parametrize("fast", [True, False])
 def test_auto_keeps_any_cpu_in_float32_and_warns_nothing(cpu_bf16, caplog, fast):
     cpu_bf16(fast)
-    plan = plan_devices(config(), cuda_count=0, bf16_supported=False)
+    plan = planned(config(), cuda_count=0, bf16_supported=False)
     assert all(p == RoleDevice("cpu", False, "auto") for p in plan.values())
     assert trainer_device("auto", "auto", 0, False) == RoleDevice("cpu", False)
     assert not caplog.records
@@ -154,7 +158,7 @@ def test_auto_keeps_any_cpu_in_float32_and_warns_nothing(cpu_bf16, caplog, fast)
 
 def test_bf16_autocast_false_is_float32_on_a_gpu_too():
     """An explicit false wins over the GPU's bf16 (it was bf16 whatever the setting)."""
-    plan = plan_devices(config(train={"bf16_autocast": False}), cuda_count=1, bf16_supported=True)
+    plan = planned(config(train={"bf16_autocast": False}), cuda_count=1, bf16_supported=True)
     assert plan["policy"] == RoleDevice("cuda:0", False)
     assert trainer_device("auto", False, 1, True) == RoleDevice("cuda:0", False)
     assert trainer_device("auto", "auto", 1, True) == RoleDevice("cuda:0", True)
