@@ -83,7 +83,9 @@ class TailBatchingConfig(Section):
     regular rounds hold short, balanced rollouts."""
 
     enabled: bool = False
-    """Turn tail batching on (synchronous training only)."""
+    """Turn tail batching on. With `async_training` the producer has no rounds: a group runs
+    under the budget, one that reaches it is set aside, and once `rollout.prompts_per_step`
+    prompts wait they are launched one after the other with `rollout.max_new_tokens`."""
     length_budget: int = Field(64, ge=1)
     """Regular rounds stop responses at this many tokens; a group that reaches it is aborted and
     its prompt deferred to a long round (run with `rollout.max_new_tokens`)."""
@@ -102,9 +104,11 @@ def scheduling_errors(config) -> list[str]:
     """Problems of these sections together with the rest of an RLConfig; each names the fields."""
     errors = []
     tail, asynchronous = config.tail_batching, config.async_training
-    if tail.enabled and asynchronous.enabled:
-        errors.append("tail_batching.enabled and async_training.enabled cannot be combined: tail "
-                      "batching schedules synchronous rounds; turn one of them off")
+    if tail.enabled and asynchronous.enabled and tail.response_oversample != 1.0:
+        errors.append(f"tail_batching.response_oversample ({tail.response_oversample}) is not "
+                      f"available with async_training.enabled: it cuts a synchronous round's "
+                      f"stragglers, and an async trainer does not wait for a group's stragglers "
+                      f"(other groups fill its batch); remove it")
     if asynchronous.in_flight_updates and config.rollout.engine.type != "hf":
         errors.append(f"async_training.in_flight_updates needs rollout.engine: hf (got "
                       f"{config.rollout.engine.type}, which cannot swap weights between two decoding "

@@ -37,6 +37,7 @@ from reroll.rollout.metrics import staleness_metrics
 from reroll.rollout.scheduler import RolloutScheduler, shutdown_engine, signal_keep
 from reroll.rollout.settings import SourceSettings
 from reroll.rollout.stream import PromptStream, encode_prompt
+from reroll.rollout.tail_batching import AsyncTail, TailBatcher
 
 
 class AsyncSource:
@@ -72,6 +73,10 @@ class AsyncSource:
         self.running: dict[asyncio.Task, Group] = {}
         """The producer's groups being generated (touched on the producer's loop only)."""
         self.stale_groups_aborted = 0
+        tail = settings.tail_batching
+        self.tail = AsyncTail(TailBatcher(tail.length_budget, tail.use_history),
+                              self.groups_per_step) if tail.enabled else None
+        """Tail batching (prompt groups only: the config refuses it for episodes and domains)."""
         self.work: GroupWork = (work or PromptWork)(self)
         self._params: SamplingParams | None = None
         self._metrics: dict[str, float] = {}
@@ -97,7 +102,8 @@ class AsyncSource:
                             "time/engine_idle_s": idle - self._idle_mark,
                             "rollout/stale_groups_dropped": float(self.buffer.dropped_stale_groups),
                             "rollout/stale_groups_aborted": float(self.stale_groups_aborted),
-                            "rollout/buffered_groups": float(len(self.buffer))})
+                            "rollout/buffered_groups": float(len(self.buffer))}
+                         | (self.tail.metrics() if self.tail is not None else {}))
         self._idle_mark = idle
         return [t for i, b in enumerate(taken) for t in self.work.trajectories(b.group, i)]
 
@@ -118,6 +124,8 @@ class AsyncSource:
         owed |= {g.index: g.row for g in self.buffer.waiting(floor)}
         owed |= {g.index: g.row for task, g in self.running.items()
                  if not task.done() and not g.cancelled and not self.work.gives_up(g, floor)}
+        if self.tail is not None:  # set aside for a long launch: owed under its first index
+            owed |= dict(self.tail.waiting_groups())
         return {"sampler": self.stream.state_dict(),
                 "async": {"consumed": self.consumed, "next_index": self.next_index,
                           "owed": [[i, self.stream.row_id(owed[i])] for i in sorted(owed)]}}
@@ -179,11 +187,22 @@ class AsyncSource:
             await self.scheduler.abort_groups(list(running.values()), dict(running))
 
     def _next_row(self) -> tuple[int, PromptRow]:
-        """The next group's index and prompt: what a checkpoint owed first, then the stream."""
-        if self.owed:
-            return self.owed.popleft()
-        self.next_index += 1
-        return self.next_index - 1, next(self.stream)
+        """The next group's index and prompt: what a checkpoint owed first, then (tail
+        batching) the prompts due for a long launch, then the stream."""
+        tail = self.tail
+        while True:
+            if self.owed:
+                return self.owed.popleft()
+            long = tail.next_long() if tail is not None else None
+            self.next_index += 1
+            index = self.next_index - 1
+            if long is not None:
+                tail.launched_long(index)
+                return index, long
+            row = next(self.stream)
+            if tail is None or not tail.known_long(index, row):
+                return index, row
+            self.buffer.skip(index)
 
     def abort_hopeless(self, version: int) -> None:
         """After the engine moved to `version`: running groups with tokens older than
@@ -209,10 +228,14 @@ class AsyncSource:
     async def _finish(self, group: Group) -> None:
         kept = False
         try:
-            passed = await self.work.run(group, self._params)
+            params = self._params if self.tail is None else self.tail.params(group.index,
+                                                                              self._params)
+            passed = await self.work.run(group, params)
             if group.cancelled:  # the source is closing
                 return
-            if passed:
+            if self.tail is not None and self.tail.sets_aside(group):
+                self.scheduler.lifecycle[State.FILTERED.value] += group.mark(State.FILTERED)
+            elif passed:
                 self.scheduler.lifecycle[State.KEPT.value] += group.mark(State.KEPT)
                 self.buffer.put(BufferedGroup(group, group.version))
                 kept = True

@@ -8,14 +8,22 @@ Deferred prompts wait until there are enough of them for a dedicated long round,
 them together with the full `max_new_tokens`, so the long decodes share one well-filled batch.
 Deferring is not filtering: a regular round runs more waves until its batch is full
 (`reroll.rollout.scheduler.SyncSource._regular_round`), so tail batching delivers as many samples as plain rounds.
+
+The asynchronous producer has no rounds (`AsyncTail`): each group runs under the budget, one that
+reaches it is set aside with its prompt, and once a step's worth of prompts waits they are
+launched one after the other with the full `max_new_tokens`, so their long decodes share the
+engine's batch.
 """
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Iterator
+from dataclasses import replace
 
 from reroll.config.errors import ConfigError
 from reroll.data.datasets import PromptRow
+from reroll.engines.base import SamplingParams
 from reroll.rollout.groups import Group
 from reroll.rollout.stream import PromptStream
 
@@ -79,3 +87,68 @@ class TailBatcher:
     def metrics(self) -> dict[str, float]:
         return {"tail/deferred_waiting": float(len(self.long_rows)),
                 "tail/deferred_total": float(self.deferred_total)}
+
+
+class AsyncTail:
+    """Tail batching on the asynchronous producer (`reroll.rollout.async_source`). A group runs
+    with `max_new_tokens` capped at the budget; one with a response that reaches it is set aside
+    (not trained, its launch index skipped) and its prompt waits. A prompt known to run long (an
+    earlier epoch) waits without running. Once `per_step` prompts wait, they are launched next,
+    under new indices, with the full `max_new_tokens`. Waiting prompts keep their first launch
+    index: a checkpoint owes them under it (`waiting_groups`)."""
+
+    def __init__(self, batcher: TailBatcher, per_step: int):
+        self.batcher, self.per_step = batcher, per_step
+        self.waiting: list[tuple[int, PromptRow]] = []
+        """Set-aside prompts (launch index, row), fewer than `per_step`."""
+        self.due: deque[tuple[int, PromptRow]] = deque()
+        """A step's worth of set-aside prompts, to be launched long next."""
+        self.long: set[int] = set()
+        """Indices of the groups running with the full `max_new_tokens`."""
+        self.long_groups = 0
+
+    def next_long(self) -> PromptRow | None:
+        """The next due prompt to launch long (the caller gives it a new index: `launched`)."""
+        return self.due.popleft()[1] if self.due else None
+
+    def launched_long(self, index: int) -> None:
+        self.long.add(index)
+        self.long_groups += 1
+
+    def known_long(self, index: int, row: PromptRow) -> bool:
+        """Whether the prompt is known to run long and was set aside instead of launched."""
+        if not (self.batcher.use_history and self.batcher.known_long(row)):
+            return False
+        self._set_aside(index, row)
+        return True
+
+    def params(self, index: int, params: SamplingParams) -> SamplingParams:
+        if index in self.long:
+            return params
+        return replace(params, max_new_tokens=min(self.batcher.budget, params.max_new_tokens))
+
+    def sets_aside(self, group: Group) -> bool:
+        """After the group ran: whether it reached the budget and was set aside."""
+        self.batcher.observe([group])
+        if group.index in self.long:
+            self.long.discard(group.index)
+            return False
+        if not self.batcher.too_long(group):
+            return False
+        self._set_aside(group.index, group.row)
+        return True
+
+    def _set_aside(self, index: int, row: PromptRow) -> None:
+        self.waiting.append((index, row))
+        self.batcher.deferred_total += 1
+        if len(self.waiting) >= self.per_step:
+            self.due.extend(self.waiting)
+            self.waiting.clear()
+
+    def waiting_groups(self) -> list[tuple[int, PromptRow]]:
+        return [*self.due, *self.waiting]
+
+    def metrics(self) -> dict[str, float]:
+        return {"tail/deferred_waiting": float(len(self.waiting) + len(self.due)),
+                "tail/deferred_total": float(self.batcher.deferred_total),
+                "tail/long_groups": float(self.long_groups)}

@@ -1,18 +1,21 @@
 """Tail batching: regular rounds hold only responses within the length budget; prompts that run
 long are deferred and run together in a long round with the full length."""
 
+import time
 from collections import Counter
 
 import pytest
+from resume_check import stop_and_resume
 from scripted_engine import ScriptedEngine, runner
 
 from reroll.config.errors import ConfigError
 from reroll.config.schema import RLConfig
 from reroll.data.datasets import PromptRow, PromptSampler
 from reroll.engines.base import SamplingParams
+from reroll.rollout.async_source import AsyncSource
 from reroll.rollout.scheduler import SyncSource
 from reroll.rollout.settings import SourceSettings
-from reroll.rollout.stream import PromptStream
+from reroll.rollout.stream import EncodedPrompt, PromptStream, encode_prompt
 
 TOKEN = 40
 
@@ -135,3 +138,79 @@ def test_speculative_responses_defer_only_prompts_that_really_run_long(tokenizer
     speculative = response_oversample > 1.0
     assert ("flaky" in long_round_kinds) != speculative
     assert "flaky" in regular_kinds or not speculative
+
+
+def async_source(tokenizer, table, long_rows: set[str]) -> AsyncSource:
+    config = RLConfig(model={"path": "unused"}, data={"train": "unused"}, steps=1,
+                      rollout={"prompts_per_step": 3, "group_size": 2, "max_new_tokens": 60},
+                      train={"micro_batch_size": 2},
+                      async_training={"enabled": True, "max_staleness": 4},
+                      tail_batching={"enabled": True, "length_budget": 20})
+    encoded = {}
+
+    def length(prompt, seed):
+        return 40 if encoded[tuple(prompt)] in long_rows else 5 + seed % 7
+
+    settings = SourceSettings.of(config, config.data.max_prompt_tokens)
+    source = AsyncSource(settings, ScriptedEngine(length, TOKEN), runner(),
+                         tokenizer, PromptStream(PromptSampler(table, seed=0)))
+    encoded.update({tuple(EncodedPrompt.of(encode_prompt(tokenizer, row, 256)).ids): row.source
+                    for row in table})
+    return source
+
+
+def play(source: AsyncSource, steps) -> list[list[str]]:
+    """Each step's trained prompts (one per group); every response is whole: the long prompts'
+    ran to 40 tokens in a long launch, the others' within the budget."""
+    trained = []
+    for step in steps:
+        trajectories = source.next_batch(step, step - 1, SamplingParams(max_new_tokens=60))
+        assert len(trajectories) == 6
+        for t in trajectories:
+            assert len(t.response_ids) == 40 or len(t.response_ids) < 20
+        trained.append([t.prompt_text for t in trajectories[::2]])
+        time.sleep(0.05)  # the trainer's update: long against a decoding step, as on a real run
+        source.engine.load_weights([], step)
+    return trained
+
+
+def test_async_tail_batching_sets_long_prompts_aside_and_runs_them_together(tokenizer):
+    """Async with tail batching: a group that reaches the budget is set aside, not trained cut;
+    once 3 prompts wait they run again with the full length and are trained whole. Each prompt
+    of the first epoch is trained once, long ones included; a checkpoint owes the prompts set
+    aside, and the resumed run trains them."""
+    table = [PromptRow([{"role": "user", "content": f"question {i}"}], "0", {}, f"t:{i}")
+             for i in range(24)]
+    long_rows = {f"t:{i}" for i in range(0, 24, 4)}
+    is_long = {row.prompt_text: row.source in long_rows for row in table}
+    source = async_source(tokenizer, table, long_rows)
+    try:
+        trained = sum(play(source, range(1, 7)), [])
+        metrics = source.metrics()
+    finally:
+        source.close()
+    assert len(trained) == len(set(trained)) == 18  # no prompt twice, none lost to the budget
+    assert sum(is_long[p] for p in trained) >= 3 and metrics["tail/long_groups"] >= 3
+    assert metrics["tail/deferred_total"] >= 3
+
+    def make():
+        s = async_source(tokenizer, table, long_rows)
+        return s, s.close
+
+    r = stop_and_resume(make, play, steps=8, stop=3)
+    sampler = r.state["sampler"]
+    assert sampler["epoch"] == 0 and not sampler["carry"]
+    stream = PromptStream(PromptSampler(table, seed=0))
+    drawn = {next(stream).prompt_text for _ in range(sampler["index"])}
+    untrained = drawn - set(sum(r.before, []))
+    assert any(is_long[p] for p in untrained)  # set aside, or running long, at the checkpoint
+    assert untrained <= set(sum(r.after, []))  # the resumed run trains them: none lost
+
+
+def test_async_takes_tail_batching_but_not_speculative_responses():
+    base = {"model": {"path": "m"}, "data": {"train": "t"}, "steps": 1,
+            "rollout": {"max_new_tokens": 100}, "async_training": {"enabled": True}}
+    RLConfig(**base, tail_batching={"enabled": True, "length_budget": 20})
+    with pytest.raises(ValueError, match="response_oversample .* not available with async"):
+        RLConfig(**base, tail_batching={"enabled": True, "length_budget": 20,
+                                        "response_oversample": 1.5})
