@@ -1,8 +1,9 @@
-"""A whole GRPO run on the tiny VLM with `distributed.executor: ray`: 2 FSDP2 policy workers, the
-reference colocated with them, the HF engine in an engine actor fed by the object store. The
-images go to the engine actor (in each request's model inputs) and to the policy and reference
-workers (in each trajectory's): the engine's and the trainer's logprobs agree, and the engine's
-are the model's on those images, not on blank ones."""
+"""A whole PPO run (GAE, a critic, a KL reference) on the tiny VLM with `distributed.executor:
+ray`: 2 FSDP2 policy workers, the reference and the critic colocated with them, the HF engine in
+an engine actor fed by the object store. The images go to the engine actor (in each request's
+model inputs) and to the policy, reference and critic workers (in each trajectory's): the
+engine's and the trainer's logprobs agree, the engine's are the model's on those images, not on
+blank ones, and so are the critic worker's values."""
 
 from __future__ import annotations
 
@@ -14,12 +15,13 @@ import torch
 import yaml
 
 from reroll.config import load_config
-from reroll.data.batch import collate
+from reroll.data.batch import collate, model_kwargs
 from reroll.data.images import write_count_task
 from reroll.models.loading import load_tokenizer
 from reroll.pipelines.rlvr import train
 from reroll.rollout.recording import batch_path, load_batch
 from reroll.tracking import read_metrics
+from reroll.training.critic import load_value_model
 
 pytestmark = [pytest.mark.ray, pytest.mark.e2e]
 PIPELINES = Path(__file__).resolve().parents[1] / "pipelines"  # parity_reward.py
@@ -35,10 +37,13 @@ def vlm_ray_run(tmp_path: Path, tiny_vlm: str, name: str) -> list[dict]:
         "rollout": {"prompts_per_step": 2, "group_size": 4, "max_new_tokens": 4},
         # Odd vs even response length: a random model's groups carry signal, so the step trains.
         "reward": {"type": "custom", "function": "parity_reward:odd_length"},
-        "algorithm": {"kl": {"coef": 0.05}},  # the reference scores the images too
+        # the reference and the critic score the images too
+        "algorithm": {"kl": {"coef": 0.05}, "advantage": {"name": "gae", "lam": 0.95},
+                      "critic": {"lr": 1e-2}},
         "optimizer": {"lr": 1e-3},
-        "train": {"micro_batch_size": 2, "num_threads": 1},
-        "checkpoint": {"every_steps": 0},
+        # one micro-batch: the critic's values_mean is one forward's, comparable below
+        "train": {"micro_batch_size": 4, "num_threads": 1},
+        "checkpoint": {"every_steps": 1},
         "tracking": {"progress": False, "tensorboard": False},
         "distributed": {"executor": "ray", "policy": {"num_workers": 2, "num_cpus": 0.5},
                         "rollout": {"num_cpus": 0.5}, "reference": {"colocate_with": "policy"},
@@ -63,7 +68,7 @@ def trainer_logprobs(model_path: str, tensors, blank: bool = False):
     return strategy.forward_logprobs(tensors)
 
 
-def test_a_ray_grpo_run_on_a_vlm_trains_on_its_images(ray_session, tiny_vlm, tmp_path,
+def test_a_ray_ppo_run_on_a_vlm_trains_on_its_images(ray_session, tiny_vlm, tmp_path,
                                                       monkeypatch):
     monkeypatch.syspath_prepend(str(PIPELINES))
     rows = vlm_ray_run(tmp_path, tiny_vlm, "images")
@@ -87,3 +92,19 @@ def test_a_ray_grpo_run_on_a_vlm_trains_on_its_images(ray_session, tiny_vlm, tmp
     assert trainer_logprobs(tiny_vlm, tensors)[mask] == pytest.approx(engine, abs=1e-4)
     blank = trainer_logprobs(tiny_vlm, tensors, blank=True)[mask]
     assert (blank - engine).abs().max() > 1e-3
+
+    # The critic worker read the images: its values of step 2's batch (one forward, the critic
+    # of step 1's checkpoint) are those of a one-process value model with the images, and part
+    # from those with blank images.
+    critic = load_value_model(str(tmp_path / "images" / "checkpoints" / "step_1" / "critic_0"))
+    tensors, _ = collate(load_batch(batch_path(tmp_path / "images", 2)),
+                         pad_token_id=load_tokenizer(tiny_vlm).pad_token_id)
+    mask = tensors["response_mask"].float()
+    with torch.no_grad():
+        values = critic(tensors["input_ids"], tensors["attention_mask"], model_kwargs(tensors))
+        pixels = tensors["model_inputs"]["pixel_values"]["values"]
+        pixels.copy_(torch.ones_like(pixels))
+        blank = critic(tensors["input_ids"], tensors["attention_mask"], model_kwargs(tensors))
+    mean = float((values * mask).sum() / mask.sum())
+    assert rows[1]["critic/values_mean"] == pytest.approx(mean, abs=1e-5)
+    assert abs(float((blank * mask).sum() / mask.sum()) - mean) > 1e-4
