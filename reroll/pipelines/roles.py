@@ -124,8 +124,7 @@ def critic_spec(c: RLConfig, total_steps: int, plan: Plan) -> WorkerSpec:
 
 def rollout_engine_factory(c: RLConfig, pad_token_id: int, plan: Plan):
     """The configured engine's builder on the planned device and weight dtype."""
-    rollout = c.rollout.model_copy(update={"dtype": plan["rollout"].engine_dtype}) \
-        if hasattr(c.rollout, "dtype") else c.rollout
+    rollout = c.rollout.model_copy(update={"dtype": plan["rollout"].engine_dtype})
     return engine_factory(rollout, c.model.path, c.model.dtype, pad_token_id, c.seed,
                           c.model.attn_implementation, plan["rollout"].device,
                           lora_rank=adapter_rank(c),
