@@ -49,8 +49,9 @@ def check_prompts(config, tokenizer, splits: dict[str, list[PromptRow]]) -> None
 def check_image_support(config, field: str, rows: list[PromptRow], train: bool) -> None:
     """What does not take image prompts yet refuses rows with images here, at start, rather than
     drop the images or fail mid-run (docs/vlm.md): the vLLM engine and a serving endpoint (every
-    split they sample), dense on-policy distillation and a text-only critic model (the training
-    split). The data decides, not the model: a VLM's text-only prompts pass."""
+    split they sample; vLLM takes an Idefics3's, `vllm_image_refusal`), dense on-policy
+    distillation and a text-only critic model (the training split). The data decides: a VLM's
+    text-only prompts pass."""
     first = next((row for row in rows if row.has_images), None)
     if first is None:
         return
