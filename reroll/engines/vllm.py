@@ -9,6 +9,9 @@ Weights reach the engine as a safetensors file in shared memory, loaded by the w
 (reroll/engines/vllm_worker.py) through vLLM's `reload_weights` (which re-applies the CPU
 backend's weight repacking, unlike `model.load_weights`). On a GPU cluster the same code runs
 with the official `vllm` package.
+
+Image prompts (of the architectures in IMAGE_ARCHITECTURES) go as the images and the prompt ids
+with each image's tokens folded back to its placeholder: vLLM runs the processor itself.
 """
 
 from __future__ import annotations
