@@ -187,16 +187,20 @@ def _sample(spec: EvalSpec, tasks: list, tokenizer, scratch: Path) -> tuple[list
 
 
 def _refuse_images(spec: EvalSpec, tasks: list) -> None:
-    """`--engine vllm` on held-out prompts with images: refused before the engine starts (it
-    does not take them yet, docs/vlm.md), not an error mid-evaluation."""
+    """`--engine vllm` on held-out prompts with images of a model whose image prompts vLLM is
+    not given (docs/vlm.md): refused before the engine starts, not an error mid-evaluation."""
+    from reroll.pipelines.validation import vllm_image_refusal
+
     if spec.engine != "vllm":
         return
     parts = [part for task in tasks for part in [task, *getattr(task, "domains", [])]]
     row = next((row for part in parts for row in getattr(part, "eval_rows", [])
                 if row.has_images), None)
-    if row is not None:
-        raise ConfigError(f"--engine vllm: vLLM does not take image prompts yet (the held-out "
-                          f"prompts hold images, e.g. {row.source}); use --engine hf")
+    why = vllm_image_refusal(spec.model) if row is not None else ""
+    if why:
+        raise ConfigError(f"--engine vllm: vLLM does not take these image prompts yet (the "
+                          f"held-out prompts hold images, e.g. {row.source}; {why}); use "
+                          f"--engine hf")
 
 
 def _headline(spec: EvalSpec, per_part: dict[str, dict[str, float]]) -> dict[str, Any]:

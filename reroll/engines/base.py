@@ -46,6 +46,9 @@ class Request:
     """The prompt's model inputs beyond its token ids (an image's `pixel_values`,
     `image_grid_thw`...), as the model's processor built them for this prompt; {}: tokens only.
     An engine that cannot take them refuses the request rather than drop them."""
+    images: list = field(default_factory=list)
+    """The prompt's images (PIL) that `model_inputs` were built from, in order, for an engine
+    that runs the model's processor itself (vLLM); [] with tokens only."""
 
 
 @dataclass

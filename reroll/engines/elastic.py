@@ -475,11 +475,11 @@ def _settle(future: asyncio.Future, side: str) -> None:
 
 def continuation(request: Request, partial: Completion) -> Request:
     """The rest of `request` after the tokens of `partial`: its prompt plus them, the remaining
-    token budget, the same seed and model inputs (a fresh id)."""
+    token budget, the same seed, model inputs and images (a fresh id)."""
     left = request.params.max_new_tokens - len(partial.token_ids)
     return Request(list(request.prompt_ids) + list(partial.token_ids),
                    replace(request.params, max_new_tokens=max(left, 1)), request.seed,
-                   model_inputs=request.model_inputs)
+                   model_inputs=request.model_inputs, images=request.images)
 
 
 def joined(first: Completion, rest: Completion) -> Completion:

@@ -9,6 +9,9 @@ Weights reach the engine as a safetensors file in shared memory, loaded by the w
 (reroll/engines/vllm_worker.py) through vLLM's `reload_weights` (which re-applies the CPU
 backend's weight repacking, unlike `model.load_weights`). On a GPU cluster the same code runs
 with the official `vllm` package.
+
+Image prompts (of the architectures in IMAGE_ARCHITECTURES) go as the images and the prompt ids
+with each image's tokens folded back to its placeholder: vLLM runs the processor itself.
 """
 
 from __future__ import annotations
@@ -33,6 +36,11 @@ from reroll.engines.base import (
     fingerprint,
 )
 from reroll.engines.loop import BackgroundLoop
+from reroll.models.logprobs import config_placeholder_ids
+
+IMAGE_ARCHITECTURES = ("Idefics3ForConditionalGeneration",)
+"""The vision-language architectures whose image prompts vLLM is given: those its logprobs were
+checked against the trainer's on (docs/vlm.md). Others are refused rather than trusted."""
 
 # Environment vLLM reads at import time; set here and nowhere else. Values the user already
 # exported win. VLLM_CPU_KVCACHE_SPACE is set per engine from its settings (see _environment).
@@ -101,6 +109,7 @@ class VLLMEngine:
         self._latest: dict[str, object] = {}
         self.sleep_supported = current_platform.is_sleep_mode_available()
         self._weights_dir = Path(tempfile.mkdtemp(prefix="reroll-vllm-", dir=_shared_memory()))
+        self._vision = _VisionPrompts(model_path)
         args = AsyncEngineArgs(
             model=model_path, dtype=options.dtype, seed=options.seed,
             max_model_len=options.max_model_len, max_num_seqs=options.max_num_seqs,
@@ -124,11 +133,10 @@ class VLLMEngine:
     # -- Engine protocol -------------------------------------------------------------------------
 
     async def generate(self, request: Request) -> Completion:
-        # A run refuses image data with this engine at start (pipelines.validation); this
-        # guards direct callers: dropping them would sample from the text alone, silently.
+        # A run refuses what this engine cannot take at start (pipelines.validation); this
+        # guards direct callers: dropping the images would sample from the text alone, silently.
         if request.model_inputs:
-            raise ValueError("the vLLM engine does not take image prompts yet (model "
-                                      "inputs beyond tokens); use rollout.engine: hf")
+            self._vision.check(request)
         try:
             return await self._loop.wait(self._generate(request))
         except asyncio.CancelledError:
@@ -151,6 +159,7 @@ class VLLMEngine:
             path.unlink(missing_ok=True)
         if len(set(digests)) != 1:
             raise RuntimeError(f"vLLM workers disagree on the loaded weights: {digests}")
+        self._loop.run(_forget_cached(self.llm))
         self._fingerprint, self.version = digests[0], version
         self._loaded_in_full = True
         self._drop_adapter()  # the weights are merged ones now: no adapter on top of them
@@ -241,11 +250,13 @@ class VLLMEngine:
         final = None
         try:
             if rid not in self._aborted:
-                stream = self.llm.generate({"prompt_token_ids": list(request.prompt_ids)},
-                                           _sampling_params(request), request_id=rid,
-                                           lora_request=self._lora)
+                stream = self.llm.generate(self._vision.prompt(request),
+                                           _sampling_params(request, self._vision.placeholders),
+                                           request_id=rid, lora_request=self._lora)
                 async for output in stream:
                     final = output
+                if final is not None and request.images:
+                    self._vision.check_expanded(request, final.prompt_token_ids)
         finally:
             aborted = rid in self._aborted
             self._aborted.discard(rid)
@@ -270,11 +281,23 @@ async def _build(async_llm_class, args):
     return async_llm_class.from_engine_args(args)
 
 
+async def _forget_cached(llm) -> None:
+    """After new weights: the workers dropped their image features (vLLM's reload_weights), so
+    the scheduler must forget it holds them (or it schedules a prompt on features that are gone,
+    and the engine dies); and cached prefixes' KV, computed by the old weights, must not be
+    reused. A prefix still held by a running request (an in-flight update) stays."""
+    await llm.reset_encoder_cache()
+    await llm.reset_prefix_cache()
+
+
 async def _shutdown(llm) -> None:
     llm.shutdown()
 
 
-def _sampling_params(request: Request):
+def _sampling_params(request: Request, placeholders: list[int]):
+    """vLLM's sampling parameters for `request`; a VLM's image placeholder tokens out of the
+    distribution (-inf logit bias, before vLLM's processed logprobs), as the HF engine's and the
+    trainer's are (`reroll.models.logprobs.placeholder_ids`)."""
     from vllm import SamplingParams as VSamplingParams
 
     p = request.params
@@ -283,7 +306,91 @@ def _sampling_params(request: Request):
         max_tokens=p.max_new_tokens, seed=request.seed, logprobs=0,
         stop_token_ids=list(p.stop_token_ids), ignore_eos=True,  # stops are the request's only
         skip_special_tokens=False, detokenize=False,
+        logit_bias={i: float("-inf") for i in placeholders} or None,
     )
+
+
+class _VisionPrompts:
+    """A vision-language model's prompts as vLLM takes them. vLLM runs the model's processor on
+    the images itself and expands each image placeholder in the prompt ids, so given ids the
+    processor already expanded it would expand the first image's tokens again; it takes the ids
+    with each image's tokens folded back to the placeholder, and the images. A text model: the
+    ids alone."""
+
+    def __init__(self, model_path: str):
+        from transformers import AutoConfig
+
+        config = AutoConfig.from_pretrained(model_path)
+        self.model_path = model_path
+        self.architecture = (getattr(config, "architectures", None) or ["?"])[0]
+        self.placeholders = config_placeholder_ids(config)
+        self._processor = None
+
+    def check(self, request: Request) -> None:
+        """Raise ValueError for image data this engine cannot take."""
+        if self.architecture not in IMAGE_ARCHITECTURES:
+            raise ValueError(f"the vLLM engine does not take image prompts of a "
+                             f"{self.architecture} ({vllm_image_refusal(self.architecture)}); "
+                             f"use rollout.engine: hf")
+        if not request.images:
+            raise ValueError("an image prompt for the vLLM engine needs the request's images "
+                             "(Request.images), not its pixel values alone")
+
+    def prompt(self, request: Request) -> dict:
+        ids = list(request.prompt_ids)
+        if not request.images:
+            return {"prompt_token_ids": ids}
+        return {"prompt_token_ids": self._folded(ids, request.images),
+                "multi_modal_data": {"image": list(request.images)}}
+
+    def check_expanded(self, request: Request, expanded: list[int] | None) -> None:
+        """vLLM's expansion of the image tokens must be the processor's the trainer scores."""
+        if list(expanded or []) != list(request.prompt_ids):
+            raise ValueError(f"vLLM expanded the image tokens of a {self.architecture} prompt "
+                             f"into {len(expanded or [])} tokens, the model's processor into "
+                             f"{len(request.prompt_ids)}; use rollout.engine: hf")
+
+    def _folded(self, ids: list[int], images: list) -> list[int]:
+        """`ids` with each image's expanded tokens (what the processor makes of the placeholder
+        and that image, in order) back to the placeholder's."""
+        processor = self._load_processor()
+        token = processor.image_token
+        placeholder = processor.tokenizer(token, add_special_tokens=False)["input_ids"]
+        out, start = [], 0
+        for k, image in enumerate(images):
+            run = processor(text=[token], images=[[image]],
+                            add_special_tokens=False)["input_ids"][0]
+            run = [int(t) for t in run]
+            at = _find(ids, run, start)
+            if at < 0:
+                raise ValueError(f"image {k} of the prompt: its {len(run)} tokens from the "
+                                 f"model's processor are not in the prompt ids")
+            out += ids[start:at] + placeholder
+            start = at + len(run)
+        return out + ids[start:]
+
+    def _load_processor(self):
+        if self._processor is None:
+            from transformers import AutoProcessor
+
+            self._processor = AutoProcessor.from_pretrained(self.model_path)
+        return self._processor
+
+
+def _find(ids: list[int], run: list[int], start: int) -> int:
+    """The first index >= start where `run` occurs in `ids` (-1: none)."""
+    for i in range(start, len(ids) - len(run) + 1):
+        if ids[i:i + len(run)] == run:
+            return i
+    return -1
+
+
+def vllm_image_refusal(architecture: str) -> str:
+    """Why vLLM is not given image prompts of `architecture` ("" for one it is)."""
+    if architecture in IMAGE_ARCHITECTURES:
+        return ""
+    return (f"vLLM's image path is checked against the trainer's logprobs for "
+            f"{', '.join(IMAGE_ARCHITECTURES)} only")
 
 
 def _completion(request: Request, output, aborted: bool, version: int) -> Completion:

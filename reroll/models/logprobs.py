@@ -161,7 +161,11 @@ def placeholder_ids(model: torch.nn.Module) -> list[int]:
     puts an image, never an action of the policy. The engine never samples them and the
     trainer's logprobs leave them out alike, so both see one distribution (a random-init VLM
     would otherwise sample one, and the trainer's forward would look for its image)."""
-    config = getattr(model, "config", None)
+    return config_placeholder_ids(getattr(model, "config", None))
+
+
+def config_placeholder_ids(config) -> list[int]:
+    """`placeholder_ids` from a model's config (an engine that holds no transformers model)."""
     found = (getattr(config, name, None) for name in ("image_token_id", "video_token_id"))
     return [i for i in found if isinstance(i, int)]
 

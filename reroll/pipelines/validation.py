@@ -50,15 +50,22 @@ def check_prompts(config: RLConfig, tokenizer, splits: dict[str, list[PromptRow]
 def check_image_support(config, field: str, rows: list[PromptRow], train: bool) -> None:
     """What does not take image prompts yet refuses rows with images here, at start, rather than
     drop the images or fail mid-run (docs/vlm.md): the vLLM engine and a serving endpoint (every
-    split they sample), dense on-policy distillation and a text-only critic model (the training
-    split). The data decides, not the model: a VLM's text-only prompts pass."""
+    split they sample; vLLM takes an Idefics3's, `vllm_image_refusal`), dense on-policy
+    distillation and a text-only critic model (the training split). The data decides: a VLM's
+    text-only prompts pass."""
     first = next((row for row in rows if row.has_images), None)
     if first is None:
         return
     held = f"{field} holds images, e.g. {first.source}"
     if config.rollout.engine.type == "vllm":
-        raise ConfigError(f"rollout.engine: vllm does not take image prompts yet ({held}); use "
-                          f"rollout.engine: hf")
+        why = vllm_image_refusal(config.model.path)
+        lora = config.model.lora
+        if not why and lora is not None and lora.sync != "merged":
+            why = (f"a LoRA adapter synced alone, model.lora.sync: {lora.sync}, is not checked "
+                   f"on vLLM's image path; model.lora.sync: merged is")
+        if why:
+            raise ConfigError(f"rollout.engine: vllm does not take these image prompts yet "
+                              f"({held}; {why}); use rollout.engine: hf")
     if config.rollout.serving_endpoint is not None:  # lent requests go as token ids alone
         raise ConfigError(f"rollout.serving_endpoint: a serving endpoint does not take image "
                           f"prompts yet ({held}); drop it to generate on the rollout engine")
@@ -73,6 +80,21 @@ def check_image_support(config, field: str, rows: list[PromptRow], train: bool) 
     if distill is not None and distill.mode == "dense":
         raise ConfigError(f"algorithm.distill.mode: dense does not take image prompts yet "
                           f"({held}); use mode: pure or mixed")
+
+
+def vllm_image_refusal(path: str) -> str:
+    """Why the vLLM engine is not given image prompts of the model at `path` ("": it is, or the
+    model is text-only or unreadable, which encoding the rows or loading it names)."""
+    from transformers import AutoConfig  # deferred: image rows with vLLM only
+
+    from reroll.engines.vllm import vllm_image_refusal as refusal
+
+    if not (Path(path).expanduser() / "config.json").is_file():
+        return ""
+    config = AutoConfig.from_pretrained(path)
+    if not is_vision_language(config):
+        return ""
+    return refusal((getattr(config, "architectures", None) or ["?"])[0])
 
 
 def reads_images(path: str) -> bool:

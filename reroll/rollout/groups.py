@@ -85,6 +85,8 @@ class Group:
     model_inputs: dict = field(default_factory=dict)
     """The prompt's model inputs beyond `prompt_ids` (images...), sent with each request and
     kept on each trajectory ({}: tokens only)."""
+    images: list = field(default_factory=list)
+    """The prompt's images the model inputs were built from, sent with each request."""
     scorer: Any = None
     """The `RewardRunner` that scores this group's samples (None: the scheduler's own). A
     multi-domain run's groups carry their domain's."""

@@ -213,7 +213,7 @@ class RolloutScheduler:
         samples = [Sample(seed_fn(index * group_size + k), engine) for k in range(group_size)]
         self.lifecycle[State.QUEUED.value] += group_size
         return Group(index, row, prompt.ids, engine, samples, start_version=version,
-                     model_inputs=prompt.model_inputs)
+                     model_inputs=prompt.model_inputs, images=prompt.images)
 
     async def run_group(self, group: Group, params: SamplingParams, needed: int | None = None
                         ) -> Group:
@@ -269,7 +269,7 @@ class RolloutScheduler:
                 request = Request(group.prompt_ids + sample.tokens,
                                   replace(params, max_new_tokens=remaining),
                                   seed=sample.seed + 7919 * sample.resumes,
-                                  model_inputs=group.model_inputs)
+                                  model_inputs=group.model_inputs, images=group.images)
                 sample.request_id = request.request_id
                 state.in_engine += 1
                 try:

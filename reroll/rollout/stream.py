@@ -27,6 +27,9 @@ class EncodedPrompt:
 
     ids: list[int]
     model_inputs: dict[str, torch.Tensor] = field(default_factory=dict)
+    images: list = field(default_factory=list)
+    """The PIL images the processor took, in order: an engine that runs the processor itself
+    (vLLM) takes these, not the pixel values."""
 
     @classmethod
     def of(cls, prompt: list[int] | EncodedPrompt) -> EncodedPrompt:
@@ -58,11 +61,12 @@ def encode_image_prompt(tokenizer, row: PromptRow, max_tokens: int) -> EncodedPr
                           f"{tokenizer.name_or_path} has no image processor (a text-only model)")
     text = processor.apply_chat_template(row.messages, add_generation_prompt=True,
                                          tokenize=False)
-    encoded = processor(text=[text], images=[load_images(row.messages)], return_tensors="pt")
+    images = load_images(row.messages)
+    encoded = processor(text=[text], images=[images], return_tensors="pt")
     ids = encoded["input_ids"][0].tolist()
     _check_length(ids, row, max_tokens)
     return EncodedPrompt(ids, {k: v for k, v in encoded.items()
-                               if k not in ("input_ids", "attention_mask")})
+                               if k not in ("input_ids", "attention_mask")}, images)
 
 
 @functools.cache

@@ -197,10 +197,23 @@ def test_train_refuses_an_oversize_image_with_exit_2(tiny_vlm, tmp_path, capsys)
     assert "train.jsonl:1: image" in err and "max_image_pixels=4096" in err
 
 
-def test_what_does_not_take_images_is_checked_on_the_splits_it_reads(tmp_path):
+def qwen2_vl_config(folder) -> str:
+    """A Qwen2-VL model folder's config.json alone: an architecture vLLM is not given image
+    prompts of (the check reads the config before any model loads)."""
+    from transformers import Qwen2VLConfig
+
+    config = Qwen2VLConfig()
+    config.architectures = ["Qwen2VLForConditionalGeneration"]
+    config.save_pretrained(folder)
+    return str(folder)
+
+
+def test_what_does_not_take_images_is_checked_on_the_splits_it_reads(tmp_path, tiny_vlm):
     """The vLLM engine samples every split; dense distillation trains on the training split
     only; text rows pass whatever the settings (a VLM's text prompts too). The critic takes
-    image rows (its value model reads the images, tests/pipelines/test_critic.py)."""
+    image rows (its value model reads the images, tests/pipelines/test_critic.py). vLLM takes
+    the image prompts of an Idefics3 (tests/engines/test_vllm_vlm.py), not of other
+    architectures, nor with a LoRA adapter synced alone."""
     from reroll.config.schema import RLConfig
     from reroll.pipelines.validation import check_image_support
 
@@ -208,10 +221,18 @@ def test_what_does_not_take_images_is_checked_on_the_splits_it_reads(tmp_path):
     (tmp_path / "text.jsonl").write_text(json.dumps({"prompt": "1+1", "answer": "2"}) + "\n")
     text = load_prompts(tmp_path / "text.jsonl")
 
-    def config(**values):
-        return RLConfig(model={"path": "m"}, data={"train": "t.jsonl"}, steps=1, **values)
+    def config(model: str | dict = "m", **values):
+        model = model if isinstance(model, dict) else {"path": model}
+        return RLConfig(model=model, data={"train": "t.jsonl"}, steps=1, **values)
 
-    vllm = config(rollout={"engine": "vllm"})
+    vllm = config(qwen2_vl_config(tmp_path / "qwen2-vl"), rollout={"engine": "vllm"})
+    check_image_support(config(tiny_vlm, rollout={"engine": "vllm"}), "data.train", images,
+                        train=True)
+    check_image_support(config({"path": tiny_vlm, "lora": {"sync": "merged"}},
+                               rollout={"engine": "vllm"}), "data.train", images, train=True)
+    with pytest.raises(ConfigError, match=r"model.lora.sync: auto, is not checked on vLLM's "):
+        check_image_support(config({"path": tiny_vlm, "lora": {}}, rollout={"engine": "vllm"}),
+                            "data.train", images, train=True)
     lend = config(rollout={"serving_endpoint": {"url": "http://127.0.0.1:9/v1",
                                                 "ttft_p99_s": 1, "tpot_p99_s": 1}})
     critic = config(algorithm={"advantage": {"name": "gae"}, "critic": {}})
@@ -219,7 +240,10 @@ def test_what_does_not_take_images_is_checked_on_the_splits_it_reads(tmp_path):
     for c in (vllm, lend, critic, dense):
         check_image_support(c, "data.train", text, train=True)
     with pytest.raises(ConfigError, match=r"rollout.engine: vllm .* \(data.eval holds images, "
-                                          r"e.g. .*train.jsonl:1\); use rollout.engine: hf"):
+                                          r"e.g. .*train.jsonl:1; vLLM's image path is checked "
+                                          r"against the trainer's logprobs for "
+                                          r"Idefics3ForConditionalGeneration only\); use "
+                                          r"rollout.engine: hf"):
         check_image_support(vllm, "data.eval", images, train=False)
     with pytest.raises(ConfigError, match=r"^rollout.serving_endpoint: a serving endpoint does "
                                           r"not take image prompts yet \(data.eval holds"):
@@ -252,15 +276,15 @@ def test_a_text_only_critic_model_is_refused_on_image_rows(tmp_path, tiny_model,
         check_image_support(config(tiny_model), "data.train", images, train=True)
 
 
-def test_a_domain_with_images_is_refused_by_its_name(tmp_path, tiny_model, tokenizer):
+def test_a_domain_with_images_is_refused_by_its_name(tmp_path, tokenizer):
     from reroll.config.schema import RLConfig
     from reroll.pipelines.domains import build_domain
 
     path = str(write_count_task(tmp_path, 2, 1, seed=0)["train"])
-    c = RLConfig(steps=1, model={"path": tiny_model}, rollout={"engine": "vllm"},
-                 data={"domains": [{"name": "count", "train": path}]})
-    with pytest.raises(ConfigError, match=r"rollout.engine: vllm does not take image prompts "
-                                          r"yet \(data.domains\[0\] \(count\).train holds"):
+    c = RLConfig(steps=1, model={"path": qwen2_vl_config(tmp_path / "qwen2-vl")},
+                 rollout={"engine": "vllm"}, data={"domains": [{"name": "count", "train": path}]})
+    with pytest.raises(ConfigError, match=r"rollout.engine: vllm does not take these image "
+                                          r"prompts yet \(data.domains\[0\] \(count\).train holds"):
         build_domain(c, tokenizer, 0, c.data.domains[0])
 
 
@@ -283,28 +307,36 @@ def test_the_remote_engine_refuses_model_inputs_rather_than_drop_them():
 
 
 @pytest.mark.e2e
-def test_eval_with_vllm_refuses_image_prompts_before_the_engine_starts(tiny_vlm, tmp_path,
-                                                                        capsys):
+@pytest.mark.vllm
+def test_eval_with_vllm_on_image_prompts_scores_as_the_hf_engine(tiny_vlm, tmp_path):
+    """`reroll eval --engine vllm` on a VLM's image task: vLLM is given the images (the
+    tiny VLM is an Idefics3, docs/vlm.md), through the rollout scheduler's requests, and
+    answers each as the HF engine does (greedy; tests/engines/test_vllm_vlm.py checks that its
+    logprobs follow the image)."""
     from reroll.cli import main
 
-    task = write_count_task(tmp_path / "task", train_size=1, eval_size=2, seed=0)["eval"]
-    out = tmp_path / "r.json"
-    assert main(["eval", "--model", tiny_vlm, "--task", str(task), "--engine", "vllm",
-                 "--out", str(out)]) == 2
-    err = capsys.readouterr().err
-    assert (f"--engine vllm: vLLM does not take image prompts yet (the held-out prompts hold "
-            f"images, e.g. {task}:1); use --engine hf") in err, err
-    assert "Traceback" not in err and not out.exists()
+    task = write_count_task(tmp_path / "task", train_size=1, eval_size=8, seed=0)["eval"]
+    answers = {}
+    for engine in ("hf", "vllm"):
+        out = tmp_path / f"{engine}.json"
+        assert main(["eval", "--model", tiny_vlm, "--task", str(task), "--engine", engine,
+                     "--max-new-tokens", "6", "--out", str(out)]) == 0
+        rows = [json.loads(line) for line in
+                out.with_suffix(".samples.jsonl").read_text().splitlines()]
+        assert len(rows) == 8 and all(row["images"] for row in rows)
+        answers[engine] = [row["response"] for row in rows]
+    assert answers["vllm"] == answers["hf"]
 
 
 @pytest.mark.e2e
 @pytest.mark.parametrize("setting, said", [
-    ({"rollout": {"engine": "vllm"}},
-     "rollout.engine: vllm does not take image prompts yet (data.train holds images, e.g. "),
+    ({"rollout": {"engine": "vllm"}, "model": {"path": "TINY_VLM", "lora": {"rank": 4}}},
+     "rollout.engine: vllm does not take these image prompts yet (data.train holds images, "
+     "e.g. "),
     ({"algorithm": {"distill": {"mode": "dense", "teacher": {"path": "TINY_VLM"}}}},
      "algorithm.distill.mode: dense does not take image prompts yet (data.train holds images, "
      "e.g. "),
-], ids=["vllm", "dense_distill"])
+], ids=["vllm_lora_adapter", "dense_distill"])
 def test_train_refuses_what_does_not_take_images_at_start(tiny_vlm, tmp_path, capsys, setting,
                                                           said):
     """What does not take image prompts yet is refused before any model loads, with one message
@@ -323,6 +355,6 @@ def test_train_refuses_what_does_not_take_images_at_start(tiny_vlm, tmp_path, ca
         **setting}).replace("TINY_VLM", tiny_vlm))
     assert main(["train", str(config)]) == 2
     err = capsys.readouterr().err
-    assert said + f"{paths['train']}:1)" in err, err
+    assert said + f"{paths['train']}:1" in err, err
     assert "Traceback" not in err and "NotImplementedError" not in err
     assert not (run / "metrics.jsonl").exists() and not (run / "checkpoints").exists()
