@@ -374,8 +374,12 @@ class RunConfig(RunSection):
 
 class RLRunConfig(RunConfig):
     """What every RL pipeline's config has: the run, the model and its roles, the algorithm, the
-    optimisation, evaluation, checkpoints and tracking. `RLConfig` (prompts and a reward) and
-    `AgenticConfig` (an environment) add their task."""
+    optimisation, scheduling (`scheduler`, `async_training`, `tail_batching`), evaluation,
+    checkpoints and tracking. The task is a tagged union whose tag is `pipeline`: `rlvr`
+    (`RLConfig`: prompts, `data.train`, or domains, `data.domains`) or `agentic`
+    (`AgenticConfig`: one environment, `env`, several, `envs`, or an agent program, `agent`);
+    exactly one variant per config. The rollout sources read only the narrow sections they use
+    (`reroll.rollout.settings.SourceSettings`)."""
 
     steps: int = Field(..., ge=1)
     """Training steps (one rollout batch each)."""
