@@ -12,6 +12,8 @@ needs) differ. Held-out success is greedy, over `--eval-episodes` env seeds the 
 draws (the layouts are not new: this level distribution has only 112), evaluated every
 `--eval-every` steps. Runs go seed by seed (every method on a seed before the next seed) and
 the figures are rewritten after each run, so a run stopped early still compares like with like.
+A rerun into the same --out reuses the warm start and every run already finished with the same
+settings (so `--seeds` can grow).
 
     .venv/bin/python benchmarks/credit.py [--steps N] [--seeds S] [--groups G] [--group-size K]
         [--lr LR] [--sft-episodes E] [--sft-epochs X] [--out DIR] [--warm-only]
@@ -86,7 +88,7 @@ def train(model: str, method: str, seed: int, args: argparse.Namespace,
     from reroll.api import train as run
     from reroll.tracking import read_metrics
 
-    summary = run({
+    config = {
         "pipeline": "agentic", "name": f"credit-{method}-{seed}",
         "output_dir": str(out / f"{method}-{seed}"), "overwrite": True, "seed": seed,
         "steps": args.steps, "model": {"path": model},
@@ -99,17 +101,38 @@ def train(model: str, method: str, seed: int, args: argparse.Namespace,
         "optimizer": {"lr": args.lr},
         "train": {"micro_batch_size": args.groups * args.group_size, "num_threads": 1},
         "eval": {"every_steps": args.eval_every}, "checkpoint": {"every_steps": 0},
-        "tracking": TRACKING})
+        "tracking": TRACKING}
+    run_dir = Path(config["output_dir"])
+    done = finished(run_dir, config)
+    if done is None:
+        done = run(config).summary
     # reward 1 exactly when solved: the start's reward mean is its success rate
-    curve = {0: summary.summary["eval_reward_start"]}
+    curve = {0: done["eval_reward_start"]}
     training: dict[int, dict[str, float]] = {}
-    for row in read_metrics(summary.run_dir):
+    for row in read_metrics(run_dir):
         if "eval/success_rate" in row:
             curve[int(row["step"])] = row["eval/success_rate"]
         if "train/success_rate" in row:
             training[int(row["step"])] = {"success": round(row["train/success_rate"], 4),
                                           "truncated": round(row["env/truncated_replies_frac"], 4)}
     return curve, training
+
+
+def finished(run_dir: Path, config: dict) -> dict | None:
+    """The summary of a run already finished in `run_dir` with every setting of `config` (a
+    rerun into the same --out with more seeds trains only the new ones), else None."""
+    import yaml
+
+    if not (run_dir / "summary.json").is_file() or not (run_dir / "config.yaml").is_file():
+        return None
+    stored = yaml.safe_load((run_dir / "config.yaml").read_text())
+
+    def within(want, have) -> bool:
+        if isinstance(want, dict):
+            return isinstance(have, dict) and all(within(v, have.get(k)) for k, v in want.items())
+        return want == have
+
+    return json.loads((run_dir / "summary.json").read_text()) if within(config, stored) else None
 
 
 def summarize(curves: dict[str, dict[int, dict[int, float]]]) -> dict:
