@@ -33,3 +33,18 @@ def test_every_method_differs_only_in_its_credit(bench):
     for section in bench.METHODS.values():
         assert set(section) == {"advantage", "policy_loss"}
     assert bench.METHODS["ipa_chunk"]["policy_loss"]["name"] == "ipa_chunk"
+
+
+def test_a_rerun_reuses_only_a_finished_run_with_the_same_settings(bench, tmp_path):
+    # growing --seeds into the same --out trains only the new seeds; a changed setting retrains
+    config = {"seed": 0, "steps": 20, "optimizer": {"lr": 3e-4},
+              "env": {"kwargs": {"size": 5}}, "output_dir": str(tmp_path)}
+    assert bench.finished(tmp_path, config) is None  # nothing there yet
+    (tmp_path / "config.yaml").write_text(
+        "seed: 0\nsteps: 20\noptimizer: {lr: 0.0003, betas: [0.9, 0.999]}\n"
+        f"env: {{kwargs: {{size: 5}}, max_turns: 8}}\noutput_dir: {tmp_path}\n")
+    assert bench.finished(tmp_path, config) is None  # a run that did not finish
+    (tmp_path / "summary.json").write_text('{"eval_reward_start": 0.25}')
+    assert bench.finished(tmp_path, config) == {"eval_reward_start": 0.25}
+    assert bench.finished(tmp_path, {**config, "optimizer": {"lr": 1e-3}}) is None
+    assert bench.finished(tmp_path, {**config, "steps": 12}) is None
