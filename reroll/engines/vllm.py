@@ -322,7 +322,7 @@ class _VisionPrompts:
 
         config = AutoConfig.from_pretrained(model_path)
         self.model_path = model_path
-        self.architecture = (getattr(config, "architectures", None) or ["?"])[0]
+        self.architecture = architecture(config)
         self.placeholders = config_placeholder_ids(config)
         self._processor = None
 
@@ -383,6 +383,11 @@ def _find(ids: list[int], run: list[int], start: int) -> int:
         if ids[i:i + len(run)] == run:
             return i
     return -1
+
+
+def architecture(config) -> str:
+    """A transformers config's model class name ("?" when it names none)."""
+    return (getattr(config, "architectures", None) or ["?"])[0]
 
 
 def vllm_image_refusal(architecture: str) -> str:

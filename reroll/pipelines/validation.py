@@ -85,26 +85,29 @@ def check_image_support(config, field: str, rows: list[PromptRow], train: bool) 
 def vllm_image_refusal(path: str) -> str:
     """Why the vLLM engine is not given image prompts of the model at `path` ("": it is, or the
     model is text-only or unreadable, which encoding the rows or loading it names)."""
-    from transformers import AutoConfig  # deferred: image rows with vLLM only
-
+    from reroll.engines.vllm import architecture
     from reroll.engines.vllm import vllm_image_refusal as refusal
 
-    if not (Path(path).expanduser() / "config.json").is_file():
+    config = _saved_config(path)
+    if config is None or not is_vision_language(config):
         return ""
-    config = AutoConfig.from_pretrained(path)
-    if not is_vision_language(config):
-        return ""
-    return refusal((getattr(config, "architectures", None) or ["?"])[0])
+    return refusal(architecture(config))
 
 
 def reads_images(path: str) -> bool:
     """Whether the model saved at `path` is a vision-language one (True without a config.json
     there: loading the model names that problem)."""
-    from transformers import AutoConfig  # deferred: critic runs only
+    config = _saved_config(path)
+    return config is None or is_vision_language(config)
+
+
+def _saved_config(path: str):
+    """The transformers config saved at `path`; None without a config.json there."""
+    from transformers import AutoConfig  # deferred: image rows only
 
     if not (Path(path).expanduser() / "config.json").is_file():
-        return True
-    return is_vision_language(AutoConfig.from_pretrained(path))
+        return None
+    return AutoConfig.from_pretrained(path)
 
 
 def check_max_tokens(config) -> None:

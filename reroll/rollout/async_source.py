@@ -200,7 +200,7 @@ class AsyncSource:
                 tail.launched_long(index)
                 return index, long
             row = next(self.stream)
-            if tail is None or not tail.known_long(index, row):
+            if tail is None or not tail.sets_aside_known(index, row):
                 return index, row
             self.buffer.skip(index)
 

@@ -115,8 +115,8 @@ class AsyncTail:
         self.long.add(index)
         self.long_groups += 1
 
-    def known_long(self, index: int, row: PromptRow) -> bool:
-        """Whether the prompt is known to run long and was set aside instead of launched."""
+    def sets_aside_known(self, index: int, row: PromptRow) -> bool:
+        """Whether the prompt is known to run long, and so set aside instead of launched."""
         if not (self.batcher.use_history and self.batcher.known_long(row)):
             return False
         self._set_aside(index, row)
