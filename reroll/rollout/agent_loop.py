@@ -238,17 +238,9 @@ async def run_episode(job: AgentJob, env_seed: int, sample_seed: int, group_id: 
     from `sample_seed`. Failures of the env are recorded in the trajectory, never raised.
     One trajectory (its last token chain after a context edit), or with `strip` one per turn
     (`one_sample`: its last chain)."""
-    tok, fmt = job.tokenizer, job.format
+    tok = job.tokenizer
     finish, info = "truncated", {}
-    env, obs, error = await _reset(job, env_seed, stats)
-    try:
-        tools = as_tools(getattr(env, "tools", None)) if error is None else []
-    except (ValueError, TypeError) as e:  # a broken `tools` fails only its episode
-        error, tools = str(e), []
-    if tools:
-        fmt = fmt.with_tools([t.schema for t in tools], job.tool_parser)
-    episode = _Episode(fmt.prompt_ids(obs), obs)
-    episode.messages, episode.tools = fmt.first_messages(obs), fmt.tools
+    env, tools, fmt, episode, error = await _start(job, env_seed, stats)
     view = list(episode.messages)  # the conversation the model sees: edited by `job.context`
     strip = job.history_thinking == "strip"
     following = episode.context()  # the next request's tokens
@@ -310,6 +302,30 @@ async def run_episode(job: AgentJob, env_seed: int, sample_seed: int, group_id: 
     trajectory = _trajectory(job, episode, env_seed, group_id, finish, info, error, stats)
     if job.episode_reward is not None:
         await job.episode_reward.score(trajectory)
+    return _samples(job, episode, trajectory, stats)
+
+
+async def _start(job: AgentJob, env_seed: int, stats: AgentStats):
+    """(env, its tools, the chat format with them, the episode's first record, error or None):
+    a fresh reset; a broken `tools` fails only its episode."""
+    fmt = job.format
+    env, obs, error = await _reset(job, env_seed, stats)
+    try:
+        tools = as_tools(getattr(env, "tools", None)) if error is None else []
+    except (ValueError, TypeError) as e:
+        error, tools = str(e), []
+    if tools:
+        fmt = fmt.with_tools([t.schema for t in tools], job.tool_parser)
+    episode = _Episode(fmt.prompt_ids(obs), obs)
+    episode.messages, episode.tools = fmt.first_messages(obs), fmt.tools
+    return env, tools, fmt, episode, error
+
+
+def _samples(job: AgentJob, episode: _Episode, trajectory: Trajectory,
+             stats: AgentStats) -> list[Trajectory]:
+    """The episode's training samples: one per turn (`strip`, unless `one_sample`), else its
+    one chain (append-only) or its last chain after a context edit."""
+    strip = job.history_thinking == "strip"
     if strip and not job.one_sample:
         return _turn_samples(job, episode, trajectory)
     if not strip and not job.context.edits:  # append-only: the episode is one chain
