@@ -48,6 +48,7 @@ class ValueModel(torch.nn.Module):
         self.config = backbone.config
         width = backbone.config.get_text_config().hidden_size  # a VLM's is its language model's
         self.value_head = torch.nn.Linear(width, 1, dtype=backbone.dtype)
+        self.vision = bool(placeholder_ids(backbone))  # it reads images (a VLM's base model)
         # A fresh head predicts 0 everywhere: GAE starts as discounted returns, not as noise.
         torch.nn.init.zeros_(self.value_head.weight)
         torch.nn.init.zeros_(self.value_head.bias)
@@ -59,7 +60,7 @@ class ValueModel(torch.nn.Module):
         to the backbone, without position ids for them or for any VLM, as in
         `reroll.models.logprobs.forward_logprobs` (the model places its image features and
         positions by its image tokens)."""
-        vision = bool(placeholder_ids(self.backbone))
+        vision = self.vision
         if model_inputs and not vision:  # refused at start (validation)
             raise ValueError("the critic's model is text-only: it would score these rows "
                              "without their images")
